@@ -6,11 +6,12 @@ import logging
 import os
 from collections.abc import Callable
 from functools import cache
-from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import ClassVar
 
 import torch
+
+from deepinfer.plugins import load_entry_points
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +72,7 @@ class Ops:
 @cache
 def available_backends() -> dict[str, Backend]:
     """Installed backends by name (entry points are scanned once per process)."""
-    found: dict[str, Backend] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            backend = ep.load()()
-        except Exception as exc:  # a broken plugin must not take the engine down
-            logger.warning("backend %r (%s) failed to load: %s", ep.name, ep.value, exc)
-            continue
-        found[ep.name] = backend
-    return found
+    return {name: backend_class() for name, backend_class in load_entry_points(ENTRY_POINT_GROUP).items()}
 
 
 def _select(name: str | None, device: torch.device) -> Backend:

@@ -1,0 +1,1 @@
+"""Ascend NPU ops on torch-npu, registered as deepinfer's `ascend` backend."""

@@ -1,0 +1,30 @@
+"""The `ascend` backend: torch-npu fused ops where CANN has them; the rest run the reference ops,
+which are plain PyTorch and therefore execute on the NPU through torch-npu."""
+
+from collections.abc import Callable
+
+import torch
+
+from deepinfer.ops import Backend
+
+
+def _torch_npu_available() -> bool:
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class AscendBackend(Backend):
+    name = "ascend"
+    package = "deepinfer-kernels-ascend"
+    priority = 100
+
+    def supports(self, device: torch.device) -> bool:
+        return device.type == "npu" and _torch_npu_available()
+
+    def ops(self) -> dict[str, Callable]:
+        from deepinfer_kernels_ascend import norm
+
+        return {"rms_norm": norm.rms_norm}

@@ -1,0 +1,1 @@
+"""Triton kernels for NVIDIA GPUs, registered as deepinfer's `cuda` backend."""

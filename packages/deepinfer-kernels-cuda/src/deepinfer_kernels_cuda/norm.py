@@ -1,0 +1,30 @@
+"""RMSNorm: one program per row, float32 accumulation, output in the input dtype."""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_stride, out_stride, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    tl.store(out_ptr + row * out_stride + cols, (x * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty_like(x2)
+    block = triton.next_power_of_2(shape[-1])
+    _rms_norm_kernel[(x2.shape[0],)](
+        x2, weight, out, shape[-1], x2.stride(0), out.stride(0), eps,
+        BLOCK=block, num_warps=min(max(block // 256, 1), 16),
+    )
+    return out.reshape(shape)
