@@ -2,8 +2,20 @@
 
 from collections.abc import Callable
 
-from deepinfer.ops.reference import norm
+from deepinfer.ops.reference import engram, linear, mhc, moe, norm
 
 REFERENCE_OPS: dict[str, Callable] = {
     "rms_norm": norm.rms_norm,
+    "fp8_block_linear": linear.fp8_block_linear,
+    "fp4_linear": linear.fp4_linear,
+    "dense_linear": linear.dense_linear,
+    "hc_coefficients": mhc.hc_coefficients,
+    "hc_collapse": mhc.hc_collapse,
+    "hc_expand": mhc.hc_expand,
+    "moe_route": moe.moe_route,
+    "moe_experts_fp4": moe.moe_experts_fp4,
+    "swiglu_clamped": moe.swiglu_clamped,
+    "engram_hash": engram.engram_hash,
+    "engram_lookup": engram.engram_lookup,
+    "engram_gate": engram.engram_gate,
 }
