@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.reference.linear import BLOCK, ue8m0_to_float
+from deepinfer.checkpoint.formats import dequantize_fp8_rows
 
 
-def engram_hash(ngrams: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor,
-                offsets: torch.Tensor) -> torch.Tensor:
+def engram_hash(
+    ngrams: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
     """Table rows [T, (N-1)*heads] of n-gram ids [T, N] (x_0 = current token, pads already applied).
 
     p_s = x_s * mu_s; the order-n hash is p_0 ^ ... ^ p_{n-1}; row = hash mod prime + offset, with
@@ -22,12 +23,13 @@ def engram_hash(ngrams: torch.Tensor, multipliers: torch.Tensor, primes: torch.T
     return torch.cat(rows, dim=-1)
 
 
-def engram_lookup(table: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor,
-                  dtype: torch.dtype) -> torch.Tensor:
+def engram_lookup(
+    table: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """Gather FP8 rows [T, heads] of a [N, D] table with [N, D/32] scales -> [T, heads * D] in dtype."""
-    data = table[rows].to(torch.float32)  # [T, heads, D]
-    s = ue8m0_to_float(scale[rows]).repeat_interleave(BLOCK, -1)
-    return (data * s).flatten(-2).to(dtype)
+    flat = rows.reshape(-1)
+    data = dequantize_fp8_rows(table[flat], scale[flat], dtype)
+    return data.reshape(*rows.shape[:-1], -1)
 
 
 def engram_gate(

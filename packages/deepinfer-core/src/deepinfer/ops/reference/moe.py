@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer.ops.reference.linear import dequant_fp4
+from deepinfer.checkpoint.formats import dequantize_fp4
 
 
 def moe_route(
@@ -58,8 +58,8 @@ def moe_experts_fp4(
     for e in torch.unique(ids).tolist():
         tok, slot = torch.where(ids == e)
         xe = x[tok]
-        gate = F.linear(xe, dequant_fp4(w1[e], w1_scale[e], dtype))
-        up = F.linear(xe, dequant_fp4(w3[e], w3_scale[e], dtype))
+        gate = F.linear(xe, dequantize_fp4(w1[e], w1_scale[e], dtype=dtype))
+        up = F.linear(xe, dequantize_fp4(w3[e], w3_scale[e], dtype=dtype))
         act = (swiglu_clamped(gate, up, swiglu_limit) * weights[tok, slot].unsqueeze(-1)).to(dtype)
-        out.index_add_(0, tok, F.linear(act, dequant_fp4(w2[e], w2_scale[e], dtype)).float())
+        out.index_add_(0, tok, F.linear(act, dequantize_fp4(w2[e], w2_scale[e], dtype=dtype)).float())
     return out.to(dtype)

@@ -1,0 +1,67 @@
+"""Shifted (single-pass) mHC residual: 4 streams per token, coefficients per sub-layer.
+
+A sub-layer collapses the streams with the `pre` computed by the sub-layer before it, runs, and
+writes R'[k] = post[k] * y + sum_j comb[j, k] R[j]; its own `pre` is carried to the next one.
+The first sub-layer's carried pre is one-hot on stream 0, so its input is exactly the embedding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.config import TextConfig
+from deepinfer.models.deepseek_v41.weights import Weights
+from deepinfer.ops import Ops
+
+
+@dataclass(frozen=True)
+class Mix:
+    pre: torch.Tensor  # [T, m] float32, carried to the next sub-layer
+    post: torch.Tensor  # [T, m] float32
+    comb: torch.Tensor  # [T, m_in, m_out] float32
+
+
+@dataclass
+class HyperConnection:
+    """One sub-layer's coefficient predictor (`hc_attn_*` or `hc_ffn_*`)."""
+
+    fn: torch.Tensor  # [m(m+2), m*H] float32, norm weight folded in
+    base: torch.Tensor  # [m(m+2)]
+    scale: torch.Tensor  # [3]
+    cfg: TextConfig
+    ops: Ops
+
+    @classmethod
+    def load(cls, w: Weights, name: str, cfg: TextConfig, ops: Ops) -> HyperConnection:
+        m, h = cfg.hc_mult, cfg.hidden_size
+        width = m * (m + 2)
+        return cls(
+            w.get(f"{name}_fn", (width, m * h)),
+            w.get(f"{name}_base", (width,)),
+            w.get(f"{name}_scale", (3,)),
+            cfg,
+            ops,
+        )
+
+    def __call__(self, streams: torch.Tensor) -> Mix:
+        c = self.cfg
+        pre, post, comb = self.ops.hc_coefficients(
+            streams, self.fn, self.base, self.scale, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+        )
+        return Mix(pre, post, comb)
+
+    def collapse(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        return self.ops.hc_collapse(streams, pre)
+
+    def expand(self, y: torch.Tensor, streams: torch.Tensor, mix: Mix) -> torch.Tensor:
+        return self.ops.hc_expand(y, streams, mix.post, mix.comb)
+
+
+def initial_streams(embedding: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Streams [T, m, H] (the embedding copied m times) and the carried pre, one-hot on stream 0."""
+    streams = embedding.unsqueeze(1).expand(-1, m, -1).contiguous()
+    pre = torch.zeros(embedding.shape[0], m, dtype=torch.float32, device=embedding.device)
+    pre[:, 0] = 1
+    return streams, pre
