@@ -5,5 +5,16 @@
 //! reasoning, content and tool calls, producing protocol responses and stream chunks.
 //! The `python` feature adds the PyO3 bindings exposed as `deepseek_recipe._native`.
 
+pub mod conversation;
+pub mod convert;
+pub mod error;
+pub mod image_source;
+pub mod messages;
+pub mod options;
+pub mod py_json;
+pub mod render;
+pub mod tokenizer;
+pub mod tokens;
+
 #[cfg(feature = "python")]
 mod python;

@@ -1,11 +1,20 @@
 //! PyO3 bindings: the `deepseek_recipe._native` module. Each submodule registers its own classes.
 use pyo3::prelude::*;
 
-mod conversion;
-mod streaming;
+pub mod conversion;
+pub mod messages;
+pub mod render;
+pub mod streaming;
+pub mod tokenizer;
+pub mod tokens;
+mod value;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    tokens::register(m)?;
+    messages::register(m)?;
+    render::register(m)?;
+    tokenizer::register(m)?;
     conversion::register(m)?;
     streaming::register(m)?;
     Ok(())

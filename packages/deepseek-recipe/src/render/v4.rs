@@ -1,0 +1,155 @@
+//! The DeepSeek-V4 prompt format.
+
+use super::common::{
+    has_listed_tools, response_format_section, tool_calls_block, tool_calls_open, tools_section,
+};
+use super::{PromptBuilder, PromptFormat};
+use crate::conversation::{Conversation, ReasoningEffort, ToolChoice};
+use crate::messages::Message;
+use crate::tokens::SpecialToken;
+
+const FORMAT: PromptFormat = PromptFormat::V4;
+
+const EFFORT_HIGH: &str = "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n\
+You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root \
+cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial \
+scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, \
+considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
+
+const EFFORT_MAX: &str = "Reasoning Effort: Beyond maximum — exhaustive, relentless, and uncompromising.\n\
+You MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively \
+decompose the problem into its most fundamental components, trace every causal chain to its root, and \
+resolve the underlying cause rather than any surface symptom.\nDo not stop reasoning until you have \
+independently verified the solution from multiple angles and are certain that no assumption remains \
+unchecked and no error remains undiscovered.\n\n";
+
+/// Which kind of message opened the user turn that is still open.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OpenTurn {
+    None,
+    User,
+    Tool,
+}
+
+pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
+    out.special(SpecialToken::Bos);
+    if conversation.thinking_mode {
+        match conversation.reasoning_effort {
+            Some(ReasoningEffort::Low) => {}
+            Some(ReasoningEffort::Max) => out.text(EFFORT_MAX),
+            _ => out.text(EFFORT_HIGH),
+        }
+    }
+    system_part(out, conversation);
+
+    let tools_declared = !conversation.tools.is_empty();
+    let last = conversation.messages.len().wrapping_sub(1);
+    let mut open = OpenTurn::None;
+    for (i, message) in conversation.messages.iter().enumerate() {
+        match message {
+            // All system messages were gathered into the system part.
+            Message::System { .. } => {}
+            Message::User { content } => {
+                if open == OpenTurn::None {
+                    out.special(SpecialToken::User);
+                } else {
+                    out.text("\n\n");
+                }
+                out.image_content(content);
+                open = OpenTurn::User;
+            }
+            Message::Tool { content, .. } => {
+                if open == OpenTurn::Tool {
+                    out.text("\n\n");
+                } else {
+                    out.special(SpecialToken::User);
+                }
+                out.text("<tool_result>");
+                out.image_content(content);
+                out.text("</tool_result>");
+                open = OpenTurn::Tool;
+            }
+            Message::LatestReminder { content } => {
+                out.special(SpecialToken::LatestReminder);
+                out.text(content);
+                open = OpenTurn::None;
+            }
+            Message::Assistant { content, reasoning_content, tool_calls, prefix } => {
+                out.special(SpecialToken::Assistant);
+                let reasoning = if tools_declared || (*prefix && i == last) {
+                    reasoning_content.as_deref()
+                } else {
+                    None
+                };
+                if *prefix && i == last {
+                    prefix_turn(out, conversation.thinking_mode, reasoning, content);
+                    return;
+                }
+                match reasoning {
+                    Some(rc) => {
+                        out.special(SpecialToken::ThinkingStart);
+                        out.text(rc);
+                    }
+                    None => {}
+                }
+                out.special(SpecialToken::ThinkingEnd);
+                out.text(content);
+                if let Some(calls) = tool_calls.as_deref().filter(|c| !c.is_empty()) {
+                    tool_calls_block(out, FORMAT, calls);
+                }
+                out.special(SpecialToken::Eos);
+                open = OpenTurn::None;
+            }
+        }
+    }
+    generation_prompt(out, conversation);
+}
+
+fn system_part(out: &mut PromptBuilder, conversation: &Conversation) {
+    let mut first = true;
+    for message in &conversation.messages {
+        if let Message::System { content, .. } = message {
+            if !first {
+                out.text("\n\n");
+            }
+            out.image_content(content);
+            first = false;
+        }
+    }
+    tools_section(out, FORMAT, conversation);
+    response_format_section(out, FORMAT, &conversation.response_format);
+}
+
+/// A continued final assistant message: no EOS, no new generation prompt.
+fn prefix_turn(out: &mut PromptBuilder, thinking_mode: bool, reasoning: Option<&str>, content: &str) {
+    match reasoning {
+        Some(rc) if thinking_mode && content.is_empty() => {
+            out.special(SpecialToken::ThinkingStart);
+            out.text(rc);
+            return;
+        }
+        Some(rc) => {
+            out.special(SpecialToken::ThinkingStart);
+            out.text(rc);
+        }
+        None => {}
+    }
+    out.special(SpecialToken::ThinkingEnd);
+    out.text(content);
+}
+
+pub(super) fn thinking_tag(thinking_mode: bool) -> SpecialToken {
+    if thinking_mode {
+        SpecialToken::ThinkingStart
+    } else {
+        SpecialToken::ThinkingEnd
+    }
+}
+
+fn generation_prompt(out: &mut PromptBuilder, conversation: &Conversation) {
+    out.special(SpecialToken::Assistant);
+    out.special(thinking_tag(conversation.thinking_mode));
+    if conversation.tool_choice == ToolChoice::Required && has_listed_tools(conversation) {
+        tool_calls_open(out, FORMAT);
+    }
+}
