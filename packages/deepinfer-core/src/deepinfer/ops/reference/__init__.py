@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 
-from deepinfer.ops.reference import engram, linear, mhc, moe, norm
+from deepinfer.ops.reference import attention, cache_quant, engram, indexer, linear, mhc, moe, norm, rotary
 
 REFERENCE_OPS: dict[str, Callable] = {
     "rms_norm": norm.rms_norm,
@@ -18,4 +18,13 @@ REFERENCE_OPS: dict[str, Callable] = {
     "engram_hash": engram.engram_hash,
     "engram_lookup": engram.engram_lookup,
     "engram_gate": engram.engram_gate,
+    "rope_interleaved": rotary.rope_interleaved,
+    "sparse_attention_sink": attention.sparse_attention_sink,
+    "indexer_logits": indexer.indexer_logits,
+    "fp8_quantize": cache_quant.fp8_quantize,
+    "fp8_dequantize": cache_quant.fp8_dequantize,
+    "nvfp4_quantize": cache_quant.nvfp4_quantize,
+    "nvfp4_dequantize": cache_quant.nvfp4_dequantize,
+    "mxfp4_quantize": cache_quant.mxfp4_quantize,
+    "mxfp4_dequantize": cache_quant.mxfp4_dequantize,
 }

@@ -1,0 +1,21 @@
+"""Interleaved (adjacent-pair) rotary embedding on the last channels of a vector (model spec §6.3)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of the last 2*P channels of x [N, ..., D] by angles [N, P] (float32).
+
+    The rotation is a complex multiply in float32 (the released rounding); other channels pass through.
+    `inverse` applies the conjugate rotation (undoing RoPE on attention outputs).
+    """
+    rot = 2 * angles.shape[-1]
+    pairs = torch.view_as_complex(x[..., -rot:].float().unflatten(-1, (-1, 2)).contiguous())
+    phase = torch.polar(torch.ones_like(angles), angles)
+    phase = phase.view(phase.shape[0], *([1] * (pairs.ndim - 2)), phase.shape[-1])
+    if inverse:
+        phase = phase.conj()
+    rotated = torch.view_as_real(pairs * phase).flatten(-2).to(x.dtype)
+    return torch.cat((x[..., :-rot], rotated), dim=-1)
