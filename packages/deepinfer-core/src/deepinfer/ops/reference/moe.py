@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -40,21 +42,22 @@ def moe_experts_fp4(
     x: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
-    w1: torch.Tensor,
-    w1_scale: torch.Tensor,
-    w3: torch.Tensor,
-    w3_scale: torch.Tensor,
-    w2: torch.Tensor,
-    w2_scale: torch.Tensor,
+    w1: Sequence[torch.Tensor],
+    w1_scale: Sequence[torch.Tensor],
+    w3: Sequence[torch.Tensor],
+    w3_scale: Sequence[torch.Tensor],
+    w2: Sequence[torch.Tensor],
+    w2_scale: Sequence[torch.Tensor],
     swiglu_limit: float,
 ) -> torch.Tensor:
-    """Sum over selected experts of weight * W2 (swiglu(W1 x, W3 x)); stacked packed weights [E, ...].
+    """Sum over selected experts of weight * W2 (swiglu(W1 x, W3 x)); per-expert packed weights
+    (indexable by expert id: a list, or a stacked [E, ...] tensor).
 
     Products run in x's dtype; the routing weight multiplies the activation before W2 and the sum
     over experts accumulates in float32. Returns [T, H] in x's dtype.
     """
     dtype = x.dtype
-    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
         tok, slot = torch.where(ids == e)
         xe = x[tok]

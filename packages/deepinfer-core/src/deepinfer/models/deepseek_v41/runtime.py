@@ -1,0 +1,149 @@
+"""The engine-facing runtime (CausalLM): ForwardBatch -> StepState -> layers -> ForwardOutput.
+
+Besides the attention caches (deepinfer.cache, per-slot rings and paged blocks) the runtime keeps one
+small per-slot ring of recent token ids, so Engram n-grams can look back across forward calls and
+across rollbacks of up to `max_backtrack` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from deepinfer.cache import KVCache, cache_layout
+from deepinfer.config import TextConfig
+from deepinfer.models.deepseek_v41.dspark import DSpark
+from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
+from deepinfer.models.deepseek_v41.step_state import BoundedReplay, StepState
+from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput, SequenceSegment
+
+CachePrecision = Literal["exact", "release"]
+_ID_BYTES = 8
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    cache_precision: CachePrecision = "exact"
+    max_backtrack: int | None = None  # None: DSpark block size + 1 (at least 1)
+    replay_mode: Literal["off", "mask", "compact"] = "off"
+    replay_keep: int = 140
+
+
+class DeepseekV41Runtime:
+    """CausalLM for DeepSeek-V4.1 on one device."""
+
+    def __init__(self, model: DeepseekV41Model, dspark: DSpark | None, options: RuntimeOptions) -> None:
+        cfg: TextConfig = model.cfg
+        self.model, self.dspark, self.options = model, dspark, options
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_id = cfg.eos_token_id
+        self.max_backtrack = options.max_backtrack or max((cfg.dspark_block_size or 0) + 1, 1)
+        self.replay = BoundedReplay(options.replay_mode, options.replay_keep)
+        if options.replay_mode != "off" and options.replay_keep < cfg.sliding_window + self.max_backtrack:
+            raise ValueError(
+                f"bounded replay keep={options.replay_keep} must cover the window plus backtracking "
+                f"({cfg.sliding_window} + {self.max_backtrack} = {cfg.sliding_window + self.max_backtrack})"
+            )
+        self.history_len = self.max_backtrack + max((cfg.engram_max_ngram_size or 1) - 1, 0)
+        self.device = model.embed.device
+        self.cache: KVCache | None = None
+        self.history: torch.Tensor | None = None  # [slots, history_len] token ids, position p at p % len
+
+    # --- cache management (interface.CausalLM)
+
+    def cache_layout(self) -> CacheLayout:
+        layout = cache_layout(self.cfg, self.options.cache_precision, self.model.dtype, self.max_backtrack)
+        extra = self.history_len * _ID_BYTES
+        return CacheLayout(layout.block_size, layout.bytes_per_block, layout.bytes_per_slot + extra)
+
+    def allocate_cache(self, num_blocks: int, num_slots: int) -> None:
+        self.cache = KVCache(
+            self.cfg,
+            num_blocks,
+            num_slots,
+            self.options.cache_precision,
+            self.model.dtype,
+            self.max_backtrack,
+            self.device,
+        )
+        self.history = torch.zeros(num_slots, max(self.history_len, 1), dtype=torch.int64, device=self.device)
+
+    def reset_slot(self, slot: int) -> None:
+        self._require_cache().reset_slot(slot)
+        self.history[slot].zero_()
+
+    def _require_cache(self) -> KVCache:
+        if self.cache is None:
+            raise RuntimeError("allocate_cache() must be called before forward()")
+        return self.cache
+
+    # --- forward
+
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        cache = self._require_cache()
+        segs = batch.segments
+        if self.replay.mode == "compact" and any(s.logits == "all" for s in segs):
+            raise ValueError("compact bounded replay drops prompt rows: logits='all' is not available")
+        ids = torch.tensor([t for s in segs for t in s.token_ids], dtype=torch.int64, device=self.device)
+        inputs = TokenInputs(ids=ids, ngrams=self._ngrams(segs) if self.model.hasher is not None else None)
+        step = StepState.build(batch, self.cfg, cache, replay=self.replay)
+        out = self.model.forward(inputs, step)
+        self._remember(segs)
+
+        last = step.rows(self.model.blocks[-1].spec)
+        if self.dspark is not None and out.target_features is not None:
+            self.dspark.write_context(cache, segs, last, out.target_features)
+        picks, offsets = [], [0]
+        for (begin, end), seg in zip(last.bounds, segs):
+            rows = range(begin, end) if seg.logits == "all" else [end - 1] if seg.logits == "last" else []
+            picks.extend(rows)
+            offsets.append(offsets[-1] + len(rows))
+        index = torch.tensor(picks, dtype=torch.int64, device=self.device)
+        logits = self.model.logits(out.hidden[index])
+        return ForwardOutput(logits=logits, row_offsets=offsets)
+
+    # --- Engram look-back across forwards
+
+    def _ngrams(self, segs: Sequence[SequenceSegment]) -> torch.Tensor:
+        n = self.cfg.engram_max_ngram_size
+        out = []
+        for s in segs:
+            back = min(s.start_pos, n - 1)
+            past = torch.arange(s.start_pos - back, s.start_pos, device=self.device) % self.history_len
+            new = torch.tensor(s.token_ids, dtype=torch.int64, device=self.device)
+            context = torch.cat((self.history[s.slot, past], new))
+            # image tokens block the look-back; this runtime has no vision tower, so there are none
+            blocked = torch.zeros_like(context, dtype=torch.bool)
+            out.append(self.model.hasher.ngrams(context, blocked, len(s.token_ids)))
+        return torch.cat(out)
+
+    def _remember(self, segs: Sequence[SequenceSegment]) -> None:
+        for s in segs:
+            pos = torch.arange(s.start_pos, s.start_pos + len(s.token_ids), device=self.device)
+            ids = torch.tensor(s.token_ids, dtype=torch.int64, device=self.device)
+            keep = slice(-self.history_len, None)  # only the newest entries survive the ring anyway
+            self.history[s.slot, pos[keep] % self.history_len] = ids[keep]
+
+    # --- full-sequence scoring
+
+    def score(self, prompts: Sequence[Sequence[int]], chunk: int | None = None) -> list[torch.Tensor]:
+        """fp32 logits [len, vocab] of every position of each prompt (fresh cache, slot 1)."""
+        block = self.cache_layout().block_size
+        longest = max(len(p) for p in prompts)
+        blocks = -(-longest // block)
+        self.allocate_cache(blocks + 1, 2)
+        table = list(range(1, blocks + 1))
+        results = []
+        for prompt in prompts:
+            self.reset_slot(1)
+            step = chunk or len(prompt)
+            parts = []
+            for start in range(0, len(prompt), step):
+                seg = SequenceSegment(1, table, start, list(prompt[start : start + step]), logits="all")
+                parts.append(self.forward(ForwardBatch([seg])).logits)
+            results.append(torch.cat(parts))
+        return results
