@@ -7,18 +7,24 @@ across rollbacks of up to `max_backtrack` tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
+from tokenizers import Tokenizer
 
 from deepinfer.cache import KVCache, cache_layout
-from deepinfer.config import TextConfig
+from deepinfer.checkpoint.loader import load_checkpoint
+from deepinfer.config import ModelConfig, TextConfig, load_model_config
+from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.dspark import DSpark
 from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
 from deepinfer.models.deepseek_v41.step_state import BoundedReplay, StepState
 from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput, SequenceSegment
+from deepinfer.ops import Ops, get_ops
+from deepinfer.tokenizer import compressed_vocab
 
 CachePrecision = Literal["exact", "release"]
 _ID_BYTES = 8
@@ -43,11 +49,6 @@ class DeepseekV41Runtime:
         self.eos_token_id = cfg.eos_token_id
         self.max_backtrack = options.max_backtrack or max((cfg.dspark_block_size or 0) + 1, 1)
         self.replay = BoundedReplay(options.replay_mode, options.replay_keep)
-        if options.replay_mode != "off" and options.replay_keep < cfg.sliding_window + self.max_backtrack:
-            raise ValueError(
-                f"bounded replay keep={options.replay_keep} must cover the window plus backtracking "
-                f"({cfg.sliding_window} + {self.max_backtrack} = {cfg.sliding_window + self.max_backtrack})"
-            )
         self.history_len = self.max_backtrack + max((cfg.engram_max_ngram_size or 1) - 1, 0)
         self.device = model.embed.device
         self.cache: KVCache | None = None
@@ -147,3 +148,40 @@ class DeepseekV41Runtime:
                 parts.append(self.forward(ForwardBatch([seg])).logits)
             results.append(torch.cat(parts))
         return results
+
+
+def build_runtime(
+    config: ModelConfig,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype = torch.float32,
+    ops: Ops | None = None,
+    engram_token_map: Sequence[int] | None = None,
+    options: RuntimeOptions | None = None,
+) -> DeepseekV41Runtime:
+    """A runtime over already-loaded tensors (storage dtypes, on the target device)."""
+    device = next(iter(tensors.values())).device
+    ops = ops or get_ops(device=device)
+    cfg = config.text
+    model = DeepseekV41Model(cfg, tensors, Attention, ops, dtype, engram_token_map)
+    dspark = DSpark(cfg, tensors, model, Attention) if cfg.has_dspark else None
+    return DeepseekV41Runtime(model, dspark, options or RuntimeOptions())
+
+
+def load_runtime(
+    model_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    backend: str | None = None,
+    options: RuntimeOptions | None = None,
+) -> DeepseekV41Runtime:
+    """Load a release-format checkpoint directory (config.json, tokenizer.json, safetensors)."""
+    model_dir = Path(model_dir)
+    config = load_model_config(model_dir / "config.json")
+    tensors = load_checkpoint(model_dir, config, device=device)
+    token_map = None
+    if config.text.has_engram:
+        token_map = compressed_vocab(Tokenizer.from_file(str(model_dir / "tokenizer.json"))).token_map
+    ops = get_ops(backend, device)
+    return build_runtime(config, tensors, dtype=dtype, ops=ops, engram_token_map=token_map, options=options)

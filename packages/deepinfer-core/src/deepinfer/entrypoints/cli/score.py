@@ -1,0 +1,66 @@
+"""`deepinfer score`: full-sequence float32 logits of token-id prompts, for parity checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "score",
+        help="write full-sequence logits of token-id prompts",
+        description="Run each prompt through the model (one sequence at a time, through the stateful "
+        "cache) and write its float32 logits for every position to a safetensors file. The input JSON "
+        "is a list of token-id lists (keys `prompt.0`, `prompt.1`, ...) or an object name -> token ids "
+        "(keys = names).",
+    )
+    parser.add_argument("--model", required=True, help="checkpoint directory (config.json, safetensors)")
+    parser.add_argument("--input", required=True, help="prompts JSON")
+    parser.add_argument("--out", required=True, help="output .safetensors")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype")
+    parser.add_argument("--backend", default=None, help="op backend (default: best installed)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cache-precision", choices=["exact", "release"], default="exact")
+    parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (default: whole prompt)")
+    parser.set_defaults(func=run)
+
+
+def read_prompts(path: str | Path) -> dict[str, list[int]]:
+    data = json.loads(Path(path).read_text())
+    items = data.items() if isinstance(data, dict) else ((f"prompt.{i}", p) for i, p in enumerate(data))
+    prompts = {}
+    for name, ids in items:
+        if not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            raise ValueError(f"{path}: prompt {name!r} must be a non-empty list of token ids")
+        prompts[str(name)] = ids
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
+    from deepinfer.models.registry import load_model
+
+    prompts = read_prompts(args.input)
+    runtime = load_model(
+        args.model,
+        dtype=DTYPES[args.dtype],
+        device=args.device,
+        backend=args.backend,
+        options=RuntimeOptions(cache_precision=args.cache_precision),
+    )
+    for name, ids in prompts.items():
+        if max(ids) >= runtime.vocab_size:
+            raise ValueError(f"prompt {name!r}: token id {max(ids)} >= vocab size {runtime.vocab_size}")
+    logits = runtime.score(list(prompts.values()), chunk=args.chunk)
+    save_file({name: x.float().cpu().contiguous() for name, x in zip(prompts, logits)}, args.out)
+    print(f"wrote {len(prompts)} prompt(s) to {args.out}")
+    return 0
