@@ -1,0 +1,148 @@
+"""CSA2 attention of one DeepSeek-V4.1 layer (model spec §4-§6), stateful over the paged cache.
+
+Interface (full protocol in NOTES.md):
+    attn = Attention(cfg, spec, weights, ops, dtype)    # weights: Weights view at "layers.{i}.attn."
+    y = attn(x, step)                                    # x [rows, H] normed input -> [rows, H]
+`step` is the forward's StepState: it says which rows this layer computes, holds the cache and
+carries the compressed stream / top-k / candidate masks from source layers to Reuse layers.
+
+Every layer attends, with one softmax and a per-head sink, over its sliding window (own `wkv`,
+keys (t - W, t]) plus, on compressed layers, the top-k selected entries of its KV source's stream.
+Keys and values are the same vector; RoPE sits on its last 64 channels and is undone on the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from deepinfer.config import LayerSpec, TextConfig
+from deepinfer.models.deepseek_v41.compressor import Compressor
+from deepinfer.models.deepseek_v41.indexer import Indexer
+from deepinfer.models.deepseek_v41.linear import Linear, make_linear
+from deepinfer.models.deepseek_v41.rope import Rope
+from deepinfer.models.deepseek_v41.step_state import CompressedStream, Segment, StepState
+from deepinfer.models.deepseek_v41.weights import Weights
+from deepinfer.ops import Ops
+
+
+def _row_groups(lin: Linear, groups: int) -> list[Linear]:
+    """Split a linear into `groups` equal row blocks (views; FP8 scale rows follow their 32-row blocks)."""
+    rows = lin.out_features // groups
+    if lin.kind == "fp8" and rows % 32:
+        raise ValueError(f"grouped FP8 projection needs rows per group divisible by 32, got {rows}")
+    out = []
+    for g in range(groups):
+        scale = None if lin.scale is None else lin.scale[g * rows // 32 : (g + 1) * rows // 32]
+        out.append(Linear(lin.kind, lin.weight[g * rows : (g + 1) * rows], scale, lin.ops, lin.dtype))
+    return out
+
+
+class Attention:
+    def __init__(
+        self,
+        cfg: TextConfig,
+        spec: LayerSpec,
+        weights: Weights | Mapping[str, torch.Tensor],
+        ops: Ops,
+        dtype: torch.dtype,
+    ):
+        if spec.role == "dspark":
+            raise ValueError("DSpark blocks attend over target-feature keys; they are not built from Attention")
+        if spec.owns_index_keys and not spec.owns_compressor:
+            raise NotImplementedError(f"layer {spec.index}: index-K sources that are not KV sources are unsupported")
+        w = weights if isinstance(weights, Weights) else Weights(weights)
+        h, d, groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        self.cfg, self.spec, self.ops, self.dtype = cfg, spec, ops, dtype
+        self.heads, self.dim, self.window, self.eps = h, d, cfg.sliding_window, cfg.rms_norm_eps
+        self.wq_a = make_linear(w, "wq_a", ops, dtype, (cfg.q_lora_rank, cfg.hidden_size))
+        self.q_norm = w.get("q_norm.weight", (cfg.q_lora_rank,))
+        self.wq_b = make_linear(w, "wq_b", ops, dtype, (h * d, cfg.q_lora_rank))
+        self.wkv = make_linear(w, "wkv", ops, dtype, (d, cfg.hidden_size))
+        self.kv_norm = w.get("kv_norm.weight", (d,))
+        wo_a = make_linear(w, "wo_a", ops, dtype, (groups * cfg.o_lora_rank, h // groups * d))
+        self.wo_a = _row_groups(wo_a, groups)
+        self.wo_b = make_linear(w, "wo_b", ops, dtype, (cfg.hidden_size, groups * cfg.o_lora_rank))
+        self.sink = w.get("attn_sink", (h,)).float()
+        device = self.q_norm.device
+        self.rope = Rope.for_layer(cfg, spec, device)
+        self.compressor = Compressor(cfg, spec, w.sub("compressor."), ops, dtype) if spec.owns_compressor else None
+        has_indexer = spec.owns_index_keys or spec.owns_indexer_query
+        self.indexer = Indexer(cfg, spec, w.sub("indexer."), ops, dtype) if has_indexer else None
+
+    def __call__(self, x: torch.Tensor, step: StepState) -> torch.Tensor:
+        spec, ops = self.spec, self.ops
+        rows = step.rows(spec)
+        if x.shape[0] != rows.count:
+            raise ValueError(f"layer {spec.index}: {x.shape[0]} input rows, the step computes {rows.count}")
+        angles = self.rope.angles(rows.positions)
+        q_latent = ops.rms_norm(self.wq_a(x), self.q_norm, self.eps)
+        q = ops.rope_interleaved(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), angles)
+        kv = ops.rope_interleaved(ops.rms_norm(self.wkv(x), self.kv_norm, self.eps), angles)
+        ring = step.cache.window(spec.index)
+        kv_bytes, kv = ring.codec.round_trip(kv, ops)  # current keys cross the same boundary as cached ones
+
+        stream, topk = None, None
+        if spec.compress_ratio:
+            if self.compressor is not None:
+                self._compress(x, step)
+            if spec.owns_indexer_query:
+                self.indexer.select(q_latent, x, angles, rows, step)
+            stream, topk = step.stream(spec), step.selection(spec).per_segment
+
+        out = torch.empty_like(q)
+        for i, (seg, (b, e)) in enumerate(zip(step.segments, rows.bounds, strict=True)):
+            # consumer layers under bounded replay see no window keys before the kept suffix
+            lo = seg.consumer_from if spec.is_yoco_consumer else 0
+            buf, idx = self._window(seg, rows.positions[b:e], kv[b:e], ring, lo)
+            if stream is not None:
+                sel = topk[i]
+                idx = torch.cat((idx, torch.where(sel >= 0, sel + buf.shape[0], -1)), dim=-1)
+                buf = torch.cat((buf, stream.kv[i]))
+            out[b:e] = ops.sparse_attention_sink(q[b:e], buf, idx, self.sink, self.dim**-0.5)
+            keep = rows.positions[b:e] >= lo
+            pos, enc = rows.positions[b:e][keep][-ring.length :], kv_bytes[b:e][keep][-ring.length :]
+            ring.write(seg.slot, pos, enc)
+
+        o = ops.rope_interleaved(out, angles, inverse=True).flatten(1).chunk(len(self.wo_a), dim=-1)
+        return self.wo_b(torch.cat([wo(og) for wo, og in zip(self.wo_a, o, strict=True)], dim=-1))
+
+    def _window(
+        self, seg: Segment, pos: torch.Tensor, kv: torch.Tensor, ring, lo: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV buffer [history from the ring | current rows] and each row's window indices into it (-1 = none)."""
+        hist_start = max(seg.start - self.window + 1, lo, 0)
+        hist = ring.load(seg.slot, torch.arange(hist_start, seg.start, device=kv.device))
+        first = int(pos[0])
+        keys = pos.unsqueeze(-1) - self.window + 1 + torch.arange(self.window, device=kv.device)  # [n, W]
+        from_ring = keys < seg.start
+        idx = torch.where(from_ring, keys - hist_start, hist.shape[0] + keys - first)
+        # rows skipped by compaction ([start, first)) lie before `lo`, so they are never visible
+        valid = (keys >= max(lo, 0)) & torch.where(from_ring, keys >= hist_start, keys >= first)
+        return torch.cat((hist, kv)), torch.where(valid, idx, -1)
+
+    def _compress(self, x: torch.Tensor, step: StepState) -> None:
+        """Append this step's complete groups to the KV source's paged stream; publish the decoded stream."""
+        spec, ratio = self.spec, self.spec.compress_ratio
+        if spec.is_yoco_consumer:  # YOCO: consumer KV comes from the shared input of all rows
+            if step.shared_input is None:
+                raise RuntimeError("call step.enter_consumer_half(x_all) at the first YOCO consumer layer")
+            x, rows = step.shared_input, step.all_rows
+        else:
+            rows = step.rows(spec)
+        kv_pages, key_pages = step.cache.compressed_kv(spec.index), step.cache.index_keys(spec.index)
+        state = step.cache.compressor_state(spec.index) if ratio > 1 else None
+        kv_all, keys_all = [], []
+        for seg, (b, e) in zip(step.segments, rows.bounds, strict=True):
+            first, latent = self.compressor(x[b:e], seg, state)
+            if latent.shape[0]:
+                entries = torch.arange(first, first + latent.shape[0], device=x.device)
+                angles = self.rope.angles(entries * ratio)  # entry j sits at its group's first token
+                kc = self.ops.rope_interleaved(latent, angles)
+                kv_pages.write(seg.block_table, entries, kv_pages.codec.encode(kc, self.ops))
+                ik = self.indexer.keys(latent, angles)
+                key_pages.write(seg.block_table, entries, key_pages.codec.encode(ik, self.ops))
+            kv_all.append(kv_pages.load(seg.block_table, seg.end // ratio))
+            keys_all.append(key_pages.load(seg.block_table, seg.end // ratio))
+        step.compressed = CompressedStream(spec.index, kv_all, keys_all)
