@@ -61,8 +61,9 @@ class ModelConfig(BaseModel):
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The config.json content (keys as in the file; defaults never given stay absent)."""
-        out = self.model_dump(mode="json", by_alias=True, exclude_unset=True,
-                              exclude={"quantization", "text", "vision"})
+        out = self.model_dump(
+            mode="json", by_alias=True, exclude_unset=True, exclude={"quantization", "text", "vision"}
+        )
         out["architectures"] = list(self.architectures)
         out["quantization_config"] = self.quantization.to_hf_dict()
         out["text_config"] = self.text.to_hf_dict()

@@ -23,8 +23,11 @@ class QuantizationConfig(BaseModel):
     @classmethod
     def release(cls) -> QuantizationConfig:
         return cls(
-            quant_method="fp8", expert_dtype="fp4", activation_scheme="dynamic",
-            weight_block_size=(FP8_BLOCK, FP8_BLOCK), scale_fmt="ue8m0",
+            quant_method="fp8",
+            expert_dtype="fp4",
+            activation_scheme="dynamic",
+            weight_block_size=(FP8_BLOCK, FP8_BLOCK),
+            scale_fmt="ue8m0",
         )
 
     def to_hf_dict(self) -> dict:

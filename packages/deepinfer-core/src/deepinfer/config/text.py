@@ -263,8 +263,14 @@ def _check_engram(c: TextConfig) -> None:
     check_layer_ids("engram_layer_ids", c.engram_layer_ids, L, "backbone layers")
     _require(
         c,
-        ["engram_max_ngram_size", "engram_vocab_size", "engram_n_heads", "engram_head_dim",
-         "engram_pad_token_id", "engram_compressed_vocab_size"],
+        [
+            "engram_max_ngram_size",
+            "engram_vocab_size",
+            "engram_n_heads",
+            "engram_head_dim",
+            "engram_pad_token_id",
+            "engram_compressed_vocab_size",
+        ],
         "engram_layer_ids is non-empty",
     )
     consumers = [i for i in c.engram_layer_ids if i >= c.n_prefill_layer]
@@ -292,8 +298,14 @@ def _check_dspark(c: TextConfig) -> None:
     L = c.num_hidden_layers
     _require(
         c,
-        ["dspark_block_size", "dspark_noise_token_id", "dspark_target_layer_ids", "dspark_markov_rank",
-         "dspark_n_routed_experts", "dspark_num_experts_per_tok"],
+        [
+            "dspark_block_size",
+            "dspark_noise_token_id",
+            "dspark_target_layer_ids",
+            "dspark_markov_rank",
+            "dspark_n_routed_experts",
+            "dspark_num_experts_per_tok",
+        ],
         "num_nextn_predict_layers > 0",
     )
     if not c.dspark_target_layer_ids:

@@ -136,9 +136,19 @@ def topology(c: TextConfig) -> tuple[LayerSpec, ...]:
     for j in range(c.num_nextn_predict_layers):
         specs.append(
             LayerSpec(
-                index=L + j, compress_ratio=0, role="dspark", kv_source=None, index_k_source=None,
-                topk_source=None, is_candidate_source=False, restricted_to_candidates=False, is_engram=False,
-                is_yoco_consumer=False, is_dspark_target=False, rope_theta=c.rope_theta, uses_yarn=False,
+                index=L + j,
+                compress_ratio=0,
+                role="dspark",
+                kv_source=None,
+                index_k_source=None,
+                topk_source=None,
+                is_candidate_source=False,
+                restricted_to_candidates=False,
+                is_engram=False,
+                is_yoco_consumer=False,
+                is_dspark_target=False,
+                rope_theta=c.rope_theta,
+                uses_yarn=False,
                 dspark_block=j,
             )
         )

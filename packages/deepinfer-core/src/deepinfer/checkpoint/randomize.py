@@ -1,0 +1,84 @@
+"""Seeded random values of a realistic scale for every release tensor (used by the writer).
+
+Every tensor gets its own generator seeded from (seed, name), so values do not depend on shard
+layout or generation order, and is produced in row chunks to bound memory. Nothing is left at a
+constant: norms, sinks, router biases, mHC base/scale and Engram q/k weights are all random.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8, quantize_fp8_rows
+from deepinfer.checkpoint.inventory import TORCH_DTYPES, TensorSpec
+
+CHUNK_ELEMENTS = 1 << 24  # rows per generation chunk are sized to about this many elements
+LOGIT_STD = 3.0  # LM head scaled so logits of a unit-RMS hidden state have this std
+
+
+def _seed(seed: int, name: str, chunk: int) -> int:
+    digest = hashlib.sha256(f"{seed}/{name}/{chunk}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _distribution(name: str, shape: tuple[int, ...]) -> tuple[str, float, float]:
+    """(law, a, b): "normal" mean a std b, or "uniform" on [a, b), chosen by tensor role."""
+    fan_in = shape[-1]
+    if name.endswith("norm.weight") or name.endswith(("q_weight", "k_weight")):
+        return "uniform", 0.7, 1.3  # RMSNorm gains (and Engram's folded norm weights) around 1
+    if name.endswith("attn_sink"):
+        return "normal", 0.0, 1.0
+    if name.endswith(("gate.bias", "gate.bias_vl")):
+        return "normal", 0.0, 0.2
+    if name.endswith(("_base", "hc_head_base")):
+        return "normal", 0.0, 1.0
+    if name.endswith("_scale") and "hc_" in name:
+        return "uniform", 0.1, 1.0
+    if name in ("embed.weight",) or name.endswith(("engram.embed.weight", "markov_head.embed.weight")):
+        return "normal", 0.0, 1.0
+    if name == "head.weight":
+        return "normal", 0.0, LOGIT_STD / math.sqrt(fan_in)
+    if name.endswith("markov_head.head.weight"):
+        return "normal", 0.0, 0.5 / math.sqrt(fan_in)
+    return "normal", 0.0, 1.0 / math.sqrt(fan_in)  # every projection: unit-variance outputs
+
+
+def _sample(shape: tuple[int, ...], law: tuple[str, float, float], gen: torch.Generator) -> torch.Tensor:
+    kind, a, b = law
+    if kind == "uniform":
+        return torch.rand(shape, generator=gen).mul_(b - a).add_(a)
+    return torch.randn(shape, generator=gen).mul_(b).add_(a)
+
+
+def random_tensors(spec: TensorSpec, scale_spec: TensorSpec | None, seed: int) -> dict[str, torch.Tensor]:
+    """Storage tensors for one weight (and its `.scale` companion for quantised kinds)."""
+    if spec.kind == "dense":
+        logical = spec.shape
+    elif spec.kind == "fp4":
+        logical = (spec.shape[0], spec.shape[1] * 2)
+    else:
+        logical = spec.shape
+    law = _distribution(spec.name, logical)
+    rows = logical[0] if len(logical) > 1 else 1
+    per_row = math.prod(logical) // rows
+    # FP8 32x32 blocks must not be split across chunks
+    step = max(32, (CHUNK_ELEMENTS // max(per_row, 1)) // 32 * 32)
+    parts, scales = [], []
+    for chunk, begin in enumerate(range(0, rows, step)):
+        n = min(step, rows - begin)
+        gen = torch.Generator().manual_seed(_seed(seed, spec.name, chunk))
+        shape = (n, *logical[1:]) if len(logical) > 1 else logical
+        w = _sample(shape, law, gen)
+        if spec.kind == "dense":
+            parts.append(w.to(TORCH_DTYPES[spec.dtype]))
+            continue
+        q, s = {"fp8": quantize_fp8, "fp4": quantize_fp4, "fp8_rows": quantize_fp8_rows}[spec.kind](w)
+        parts.append(q)
+        scales.append(s)
+    out = {spec.name: parts[0] if len(parts) == 1 else torch.cat(parts)}
+    if scale_spec is not None:
+        out[scale_spec.name] = scales[0] if len(scales) == 1 else torch.cat(scales)
+    return out
