@@ -1,0 +1,35 @@
+"""`EngineConfig`: batch limits, memory budget and scheduling mode, validated at the boundary."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_model_len: int = Field(4096, ge=2, description="prompt + output tokens per sequence")
+    max_num_seqs: int = Field(256, ge=1, description="sequences running at once")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="tokens per step (prefill chunks + decodes); None: max(2048, max_num_seqs)")
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="GPU: share of device memory")
+    cache_bytes: int | None = Field(
+        None, ge=1, description="explicit cache budget in bytes (default on CPU: 1 GiB)")
+    async_scheduling: bool = Field(True, description="overlap CPU scheduling with the device step")
+    watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free at admission")
+    seed: int = Field(0, ge=0, description="seeds requests that give no seed, for reproducible runs")
+    log_stats_interval: float = Field(10.0, ge=0.0, description="seconds between stats logs; 0: off")
+
+    @model_validator(mode="after")
+    def _token_budget(self) -> EngineConfig:
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(2048, self.max_num_seqs)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({self.max_num_seqs}) so every running sequence can decode")
+        return self
+
+    @property
+    def token_budget(self) -> int:
+        assert self.max_num_batched_tokens is not None
+        return self.max_num_batched_tokens

@@ -1,0 +1,264 @@
+"""`LLMEngine`: requests in, per-token outputs out, one `step()` at a time.
+
+A step plans a batch (scheduler), runs it (model runner: forward + sampler) and turns the sampled
+tokens into outputs (detokenization, stop checks, freeing finished sequences). With async scheduling
+(the default) the model runner works on a single worker thread: `step()` plans and launches step N,
+then post-processes step N-1 while step N runs, so the device never waits for the Python side longer
+than a thread hand-off. Sampled tokens depend only on logits and (seed, position), never on timing,
+so outputs are identical in both modes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from deepinfer.engine.cache_manager import CacheManager, cache_budget, plan_cache
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.model_runner import ModelRunner, StepResult, SupportsFork
+from deepinfer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer.engine.sequence import FinishReason, Request, SeqStatus, Sequence
+from deepinfer.engine.stats import EngineStats, StepStat
+from deepinfer.models.interface import CausalLM
+from deepinfer.sampling import rng
+from deepinfer.sampling.detokenizer import IncrementalDetokenizer, Tokenizer
+from deepinfer.sampling.params import SamplingParams
+from deepinfer.sampling.sampler import Sampler, TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer | None = None,
+                 config: EngineConfig | None = None, device: torch.device | str = "cpu"):
+        self.config = config = config or EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vocab_size = model.vocab_size
+        self.eos_token_id = model.eos_token_id
+        layout = model.cache_layout()
+        plan = plan_cache(layout, cache_budget(config, torch.device(device)), config)
+        model.allocate_cache(plan.num_blocks, plan.num_slots)
+        logger.info("cache: %s", plan.describe(layout))
+        self.max_model_len = min(config.max_model_len, (plan.num_blocks - 1) * layout.block_size)
+        if self.max_model_len < config.max_model_len:
+            logger.warning("max_model_len lowered from %d to %d: the cache holds no more",
+                           config.max_model_len, self.max_model_len)
+        self.cache = CacheManager(layout.block_size, plan)
+        self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork), self._pending_done)
+        self.runner = ModelRunner(model, Sampler(model.eos_token_id))
+        self._worker = (ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step")
+                        if config.async_scheduling else None)
+        self._inflight: deque[tuple[SchedulerOutput, float, Future[StepResult] | StepResult]] = deque()
+        self.requests: dict[str, Request] = {}
+        self._ready: list[RequestOutput] = []  # outputs due without a step (aborts, over-long prompts)
+        self._seed_rng = random.Random(config.seed)
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()  # also names requests that come without an id
+        self._prev_end: float | None = None
+        self._last_log = time.monotonic()
+        self.stats = EngineStats()
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
+                    request_id: str | None = None, stream: bool = False) -> str:
+        """Queue a request (text or token ids). Raises ValueError, before any work, if it is malformed.
+
+        With `stream=True` every step that produces tokens for it yields an output holding only the
+        new text/tokens; otherwise one output with everything is produced when it finishes.
+        """
+        params = params if isinstance(params, SamplingParams) else SamplingParams.model_validate(params or {})
+        params.check_vocab(self.vocab_size)
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, ids = None, [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:8]} outside [0, vocab_size={self.vocab_size})")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; use stop_token_ids")
+        arrival = next(self._arrivals)
+        request_id = request_id if request_id is not None else f"req-{arrival}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+
+        req = Request(request_id, text, ids, params, arrival, time.time(), stream)
+        req.prompt_logprobs = [None] if params.prompt_logprobs is not None else []
+        base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(64)
+        for i in range(params.n):
+            detok = (IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
+                                            params.skip_special_tokens) if self.tokenizer else None)
+            seed = rng.as_int64(rng.child_seed(base_seed, i))
+            req.seqs.append(Sequence(next(self._seq_ids), req, i, seed, list(ids), detok))
+        self.requests[request_id] = req
+
+        if len(ids) >= self.max_model_len:
+            logger.warning("request %s: prompt of %d tokens leaves no room under max_model_len=%d",
+                           request_id, len(ids), self.max_model_len)
+            for seq in req.seqs:
+                self._finish(seq, FinishReason.PROMPT_TOO_LONG)
+            self._ready.extend(self._outputs(req, req.seqs))
+            return request_id
+        self.scheduler.add(req.seqs[0])
+        for seq in req.seqs[1:]:
+            if self.scheduler.can_fork:
+                seq.fork_parent = req.seqs[0]  # copies completion 0's cache once its prompt is in
+            else:
+                self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its cache; its final output comes with the next step."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        live = [s for s in req.seqs if s.status is not SeqStatus.FINISHED]
+        for seq in live:
+            self._finish(seq, FinishReason.ABORT)
+        self._ready.extend(self._outputs(req, live))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests or self._ready)
+
+    # ---- the step loop --------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._ready = self._ready, []
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule() if self.scheduler.has_work() else None
+        launched = sched is not None and bool(sched.segments)
+        if launched:
+            assert sched is not None
+            job = self._worker.submit(self.runner.execute, sched) if self._worker else None
+            self._inflight.append((sched, time.perf_counter() - t0, job or self.runner.execute(sched)))
+        # async keeps the step just launched running and post-processes the one before it
+        keep = 1 if launched and self._worker else 0
+        while len(self._inflight) > keep:
+            done, schedule_s, job = self._inflight.popleft()
+            result = job.result() if isinstance(job, Future) else job
+            outputs.extend(self._process(done, schedule_s, result))
+        if not self._inflight:
+            self._prev_end = None  # idle from here on is not overhead
+        self._maybe_log()
+        return outputs
+
+    def _process(self, sched: SchedulerOutput, schedule_s: float, result: StepResult) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        for req, first, rows in result.prompt_logprobs:
+            for pos, lp in enumerate(rows, start=first):
+                if pos == len(req.prompt_logprobs):  # recompute after preemption repeats none
+                    req.prompt_logprobs.append(lp)
+        now = time.time()
+        touched: dict[str, tuple[Request, list[Sequence]]] = {}
+        for seq, token, logprob in result.sampled:
+            seq.num_inflight -= 1
+            if seq.status is SeqStatus.FINISHED:
+                continue  # planned before its stop was seen (async) or aborted: discard
+            self._append(seq, token, logprob, now)
+            touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
+        outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
+        self.stats.generated_tokens += len(result.sampled)
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+        idle = None if self._prev_end is None else max(0.0, result.start - self._prev_end)
+        self._prev_end = result.end
+        self.stats.steps.append(StepStat(result.num_seqs, result.num_tokens, schedule_s,
+                                         time.perf_counter() - t0, result.end - result.start, idle))
+        return outputs
+
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> None:
+        req, p = seq.request, seq.request.params
+        seq.token_ids.append(token)
+        if p.logprobs is not None:
+            seq.logprobs.append(logprob)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        if token == self.eos_token_id and not p.ignore_eos:
+            self._finish(seq, FinishReason.STOP)  # the sampler masks EOS until min_tokens
+        elif token in p.stop_token_ids:
+            self._finish(seq, FinishReason.STOP, token)
+        elif seq.detok is not None and (stop := seq.detok.add(token)) is not None:
+            self._finish(seq, FinishReason.STOP, stop)
+        elif self._at_length(seq, len(seq.token_ids)):
+            self._finish(seq, FinishReason.LENGTH)
+
+    def _pending_done(self, seq: Sequence) -> bool:
+        """The scheduler's question: will the tokens already sampled or in flight finish `seq`?"""
+        return self._at_length(seq, len(seq.token_ids) + seq.num_inflight)
+
+    def _at_length(self, seq: Sequence, num_tokens: int) -> bool:
+        max_tokens = seq.request.params.max_tokens
+        return num_tokens >= self.max_model_len or (
+            max_tokens is not None and num_tokens - seq.prompt_len >= max_tokens)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop: str | int | None = None) -> None:
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop
+        if seq.detok is not None and not isinstance(stop, str):
+            seq.detok.flush()
+        self.scheduler.remove(seq)
+        req = seq.request
+        if req.finished:
+            req.finish_time = time.time()
+
+    def _outputs(self, req: Request, seqs: list[Sequence]) -> list[RequestOutput]:
+        finished = req.finished
+        if finished:
+            del self.requests[req.request_id]
+        if not req.stream and not finished:
+            return []
+        completions = []
+        for seq in seqs if req.stream else req.seqs:
+            start = seq.streamed if req.stream else 0
+            seq.streamed = seq.num_outputs
+            text = seq.detok.take_delta(seq.status is SeqStatus.FINISHED) if seq.detok else ""
+            logprobs = seq.logprobs[start:] if req.params.logprobs is not None else None
+            completions.append(CompletionOutput(
+                seq.index, text, seq.output_ids[start:], logprobs,
+                seq.finish_reason.value if seq.finish_reason else None, seq.stop_reason))
+        n_out = max((s.num_outputs for s in req.seqs), default=0)
+        metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, n_out)
+        prompt_lp = req.prompt_logprobs if req.params.prompt_logprobs is not None and finished else None
+        return [RequestOutput(req.request_id, req.prompt, req.prompt_ids, completions, finished, metrics,
+                              prompt_lp)]
+
+    # ---- housekeeping ---------------------------------------------------------------------------
+
+    def _maybe_log(self) -> None:
+        interval = self.config.log_stats_interval
+        now = time.monotonic()
+        if not interval or now - self._last_log < interval:
+            return
+        self._last_log = now
+        logger.info("running %d, waiting %d, cache %.0f%% used, %d tokens generated, %d preemptions",
+                    len(self.scheduler.running), len(self.scheduler.waiting), 100 * self.cache.usage,
+                    self.stats.generated_tokens, self.stats.num_preemptions)
+
+    def close(self) -> None:
+        """Finish the in-flight step and stop the worker thread."""
+        while self._inflight:
+            _, _, job = self._inflight.popleft()
+            if isinstance(job, Future):
+                job.result()
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,196 @@
+"""Continuous batching: which tokens of which sequences run in the next step.
+
+One step mixes decodes and prefill chunks under a token budget (`max_num_batched_tokens`) and a
+sequence cap (`max_num_seqs`). Running sequences go first, oldest first; waiting ones are admitted in
+strict arrival order (FCFS: a request that does not fit blocks those behind it). When a running
+sequence needs a block and none is free, the youngest running sequence is preempted by recompute: its
+cache is freed and it returns to the waiting queue to prefill prompt + generated tokens again.
+
+Under async scheduling the step before is still running when this one is planned, so a sequence's
+last token may not be known yet: its segment then ends in `PLACEHOLDER`, which the model runner
+replaces by that step's sampled token. `num_computed` and `num_inflight` count such tokens ahead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from deepinfer.engine.cache_manager import CacheManager
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.sequence import SeqStatus, Sequence
+from deepinfer.models.interface import LogitsWanted
+from deepinfer.sampling.sampler import SampleRow
+
+logger = logging.getLogger(__name__)
+
+PLACEHOLDER = -1  # "the token this sequence sampled in the previous step"
+
+
+@dataclass
+class ScheduledSegment:
+    seq: Sequence
+    slot: int
+    blocks: list[int]  # snapshot: later steps may grow the sequence's table
+    start_pos: int
+    token_ids: list[int]
+    logits: LogitsWanted
+    samples: list[SampleRow]  # the segment's last row is sampled once per entry (n > 1 forks)
+    sample_seqs: list[Sequence]
+    prompt_logprobs: int | None = None  # top-k for the prompt tokens this chunk predicts
+
+
+@dataclass
+class ForkCopy:
+    """Copy a finished prefill's cache into a sibling completion's slot and blocks (after the step)."""
+
+    src_slot: int
+    dst_slot: int
+    src_blocks: list[int]
+    dst_blocks: list[int]
+
+
+@dataclass
+class SchedulerOutput:
+    step_id: int
+    segments: list[ScheduledSegment] = field(default_factory=list)
+    resets: list[int] = field(default_factory=list)  # slots to clear before the forward
+    forks: list[ForkCopy] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, cache: CacheManager, can_fork: bool,
+                 pending_done: Callable[[Sequence], bool]):
+        self.config = config
+        self.cache = cache
+        self.can_fork = can_fork
+        # a sequence whose in-flight tokens will already finish it (max_tokens, max_model_len)
+        self._pending_done = pending_done
+        self.waiting: list[Sequence] = []  # sorted by arrival
+        self.running: list[Sequence] = []  # sorted by arrival; the tail is preempted first
+        self.num_preemptions = 0
+        self._step = 0
+        self._watermark = int(config.watermark * cache.num_blocks)
+
+    def add(self, seq: Sequence) -> None:
+        bisect.insort(self.waiting, seq, key=lambda s: s.order)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and free its cache."""
+        for queue in (self.running, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
+        self.cache.free(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def schedule(self) -> SchedulerOutput:
+        self._step += 1
+        out = SchedulerOutput(step_id=self._step)
+        budget = self.config.token_budget
+        scheduled: set[int] = set()  # seq ids: forks join `running` mid-loop and must not run twice
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            todo = len(seq.token_ids) + seq.num_inflight - seq.num_computed
+            if (seq.status is not SeqStatus.RUNNING or seq.seq_id in scheduled or todo <= 0
+                    or self._pending_done(seq)):
+                continue
+            n = min(todo, budget)
+            while not self.cache.grow(seq, seq.num_computed + n):
+                victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
+                self._preempt(victim, f"no free cache block for request {seq.request.request_id}")
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                break  # it was the youngest unscheduled sequence: nothing after it can run either
+            self._add_segment(out, seq, n, scheduled)
+            budget -= n
+        self._admit(out, budget, scheduled)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int, scheduled: set[int]) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.num_inflight:
+                break  # preempted while a step for it was in flight: wait for that token
+            n = min(len(seq.token_ids), budget)
+            reserve = self._watermark if self.running else 0  # an idle engine admits any that fits
+            if (self.cache.blocks_for(n) + reserve > self.cache.free_blocks
+                    or not self.cache.take_slot(seq)):
+                break
+            self.cache.grow(seq, n)
+            self.waiting.pop(0)
+            seq.status = SeqStatus.RUNNING
+            bisect.insort(self.running, seq, key=lambda s: s.order)
+            out.resets.append(seq.slot)
+            self._add_segment(out, seq, n, scheduled)
+            budget -= n
+
+    def _add_segment(self, out: SchedulerOutput, seq: Sequence, n: int, scheduled: set[int]) -> None:
+        scheduled.add(seq.seq_id)
+        start = seq.num_computed
+        known = len(seq.token_ids)
+        ids = seq.token_ids[start:start + n]
+        if len(ids) < n:  # the last token is being sampled by the step in flight
+            ids.append(PLACEHOLDER)
+        seq.num_computed += n
+        sampling = seq.num_computed == known + seq.num_inflight
+        req = seq.request
+        # prompt logprobs are collected once per request, by completion 0, even across recompute
+        have = len(req.prompt_logprobs)
+        want_prompt_lp = (req.params.prompt_logprobs is not None and seq.index == 0
+                          and have < seq.prompt_len and start + n >= have)
+        logits: LogitsWanted = "all" if want_prompt_lp else ("last" if sampling else "none")
+        seg = ScheduledSegment(seq, seq.slot, list(seq.blocks), start, ids, logits, [], [],
+                               req.params.prompt_logprobs if want_prompt_lp else None)
+        if sampling:
+            self._sample(seg, seq)
+            if self.can_fork:
+                self._fork_children(out, seg, seq, scheduled)
+        out.segments.append(seg)
+        out.num_tokens += n
+
+    @staticmethod
+    def _sample(seg: ScheduledSegment, seq: Sequence) -> None:
+        p = seq.request.params
+        position = seq.num_computed  # index of the token to be generated
+        row = SampleRow(p, seq.seed, position, position - seq.prompt_len)
+        if p.has_penalties:  # snapshot: post-processing appends while the step runs
+            row.prompt_ids = seq.request.prompt_ids
+            row.output_ids = seq.output_ids
+        seg.samples.append(row)
+        seg.sample_seqs.append(seq)
+        seq.num_inflight += 1
+
+    def _fork_children(self, out: SchedulerOutput, seg: ScheduledSegment, parent: Sequence,
+                       scheduled: set[int]) -> None:
+        """Siblings waiting on this prompt copy its cache after the step and sample from its logits."""
+        for child in [s for s in parent.request.seqs if s.fork_parent is parent]:
+            child.fork_parent = None
+            if (len(self.running) >= self.config.max_num_seqs
+                    or len(parent.blocks) + self._watermark > self.cache.free_blocks
+                    or not self.cache.take_slot(child)):
+                self.add(child)  # no room to share: it prefills on its own later
+                continue
+            self.cache.grow(child, parent.num_computed)
+            child.status = SeqStatus.RUNNING
+            child.num_computed = parent.num_computed
+            bisect.insort(self.running, child, key=lambda s: s.order)
+            out.forks.append(ForkCopy(parent.slot, child.slot, list(parent.blocks), list(child.blocks)))
+            scheduled.add(child.seq_id)
+            self._sample(seg, child)
+
+    def _preempt(self, seq: Sequence, reason: str) -> None:
+        self.running.remove(seq)
+        self.cache.free(seq)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.add(seq)
+        self.num_preemptions += 1
+        logger.info("preempted request %s (completion %d, %d tokens) by recompute: %s",
+                    seq.request.request_id, seq.index, len(seq.token_ids), reason)

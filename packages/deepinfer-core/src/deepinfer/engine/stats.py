@@ -1,0 +1,31 @@
+"""Per-step engine statistics: CPU overhead, device time, and how much of the CPU work async hides."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepStat:
+    num_seqs: int  # sequences in the step
+    num_tokens: int
+    schedule_s: float  # CPU: planning this step
+    process_s: float  # CPU: post-processing this step's samples into outputs
+    device_s: float  # worker: resets + forward + sampling
+    idle_s: float | None  # worker idle between the previous step's end and this one's start
+
+
+@dataclass
+class EngineStats:
+    steps: deque[StepStat] = field(default_factory=lambda: deque(maxlen=100_000))
+    generated_tokens: int = 0
+    num_preemptions: int = 0
+
+    def hidden_fraction(self) -> float | None:
+        """Share of the per-step CPU work (schedule + post-process) during which the device was busy."""
+        timed = [s for s in self.steps if s.idle_s is not None]
+        cpu = sum(s.schedule_s + s.process_s for s in timed)
+        if not cpu:
+            return None
+        return max(0.0, 1.0 - sum(s.idle_s for s in timed) / cpu)  # type: ignore[misc]

@@ -1,0 +1,75 @@
+"""Incremental detokenization and stop-string matching for one output sequence."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class Tokenizer(Protocol):
+    """What the engine needs from a tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without ever splitting a UTF-8 character.
+
+    Only a short window of ids is re-decoded each step: `prefix` ids give context (byte-level BPE and
+    sentencepiece pieces can change how their neighbour renders), ids after `read` are new. While the
+    window decodes to a trailing U+FFFD the last character is incomplete and nothing is emitted.
+    Stop strings are matched on the text, so they are found across token boundaries; the last
+    `len(longest stop) - 1` characters are held back from streaming until they cannot start a match.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], include_stop: bool, skip_special: bool):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.include_stop = include_stop
+        self.skip_special = skip_special
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""
+        self.emitted = 0  # characters of `text` already handed out as deltas
+        self._prefix = 0
+        self._read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
+    def add(self, token_id: int) -> str | None:
+        """Append a token; returns the stop string it completed, if any (text is then truncated)."""
+        self.ids.append(token_id)
+        before = self._decode(self.ids[self._prefix:self._read])
+        after = self._decode(self.ids[self._prefix:])
+        if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
+            return None
+        return self._append(after[len(before):])
+
+    def flush(self) -> None:
+        """At the end, emit whatever an incomplete trailing character left pending."""
+        before = self._decode(self.ids[self._prefix:self._read])
+        after = self._decode(self.ids[self._prefix:])
+        if len(after) > len(before):
+            self._append(after[len(before):])
+
+    def _append(self, delta: str) -> str | None:
+        start = max(0, len(self.text) - self.holdback)  # a match may begin in earlier text
+        self.text += delta
+        self._prefix, self._read = self._read, len(self.ids)
+        hits = [(at, s) for s in self.stop if (at := self.text.find(s, start)) >= 0]
+        if not hits:
+            return None
+        at, s = min(hits)
+        self.text = self.text[: at + len(s) if self.include_stop else at]
+        return s
+
+    def take_delta(self, finished: bool) -> str:
+        """Text not yet handed out; while running, keeps back a possible stop-string prefix."""
+        end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
+        delta = self.text[self.emitted:end]
+        self.emitted = end
+        return delta

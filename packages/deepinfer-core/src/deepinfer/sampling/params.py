@@ -1,0 +1,92 @@
+"""`SamplingParams`: what a request asks of the sampler, validated before any work is done."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SamplingParams(BaseModel):
+    """Per-request sampling and stopping settings.
+
+    Unknown keys and out-of-range values raise `pydantic.ValidationError` (a `ValueError`) at
+    construction, so `LLMEngine.add_request` rejects a malformed request before scheduling it.
+    `temperature=0` means greedy. `seed` (alias `seq_seed`) keys a counter-based RNG on
+    (seed, position, purpose): a seeded request samples the same tokens whatever else is batched.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+    n: int = Field(1, ge=1, le=128, description="independent completions sharing one prompt prefill")
+    max_tokens: int | None = Field(16, ge=1, description="None: until max_model_len")
+    min_tokens: int = Field(0, ge=0, description="EOS and stop_token_ids are masked until this many")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
+    top_k: int = Field(-1, description="-1 (or 0) disables; otherwise keep the k most likely tokens")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20, description="top-k logprobs per output token")
+    prompt_logprobs: int | None = Field(None, ge=0, le=20, description="top-k logprobs per prompt token")
+    seed: int | None = Field(None, ge=0, lt=2**64, alias="seq_seed")
+    skip_special_tokens: bool = True
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop_string(cls, v: object) -> object:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, v: list[str]) -> list[str]:
+        if any(not s for s in v):
+            raise ValueError("stop strings must be non-empty")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {v}")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[int, float]) -> dict[int, float]:
+        bad = {k: b for k, b in v.items() if not -100.0 <= b <= 100.0 or k < 0}
+        if bad:
+            raise ValueError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got {bad}")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v: list[int]) -> list[int]:
+        if any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> SamplingParams:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the params mention must exist in the model's vocabulary."""
+        ids = [*self.logit_bias, *self.stop_token_ids]
+        bad = [t for t in ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad} in sampling params are >= vocab_size {vocab_size}")
