@@ -95,8 +95,9 @@ class ToyLMNoFork:
 
 
 @pytest.fixture
-def toy_lm() -> ToyLM:
-    return ToyLM()
+def toy_models() -> tuple[type[ToyLM], type[ToyLMNoFork]]:
+    """The toy model classes: (with cache copies for n > 1 sharing, without)."""
+    return ToyLM, ToyLMNoFork
 
 
 @pytest.fixture(scope="session")
