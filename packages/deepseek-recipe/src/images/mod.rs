@@ -1,0 +1,1 @@
+//! V4.1 image handling: token-count arithmetic, preprocessing and fetching.

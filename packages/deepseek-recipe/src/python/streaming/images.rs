@@ -1,0 +1,7 @@
+//! Image classes (filled in with the images module).
+
+use pyo3::prelude::*;
+
+pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}

@@ -1,0 +1,306 @@
+//! OpenAI Responses: `response.*` stream events and the final `response` object.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use super::unix_now;
+use crate::stream::processor::{Completion, Delta, Generator};
+use crate::stream::{FinishReason, PromptUsage};
+
+/// Request settings the response object reports back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Echo {
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_logprobs: u64,
+    pub user: Option<String>,
+    /// The requested effort name (`"none"`, `"high"`, ...).
+    pub reasoning_effort: Option<String>,
+    /// `text.format` as requested.
+    pub text_format: Value,
+    pub tool_choice: Value,
+    pub tools: Value,
+}
+
+impl Default for Echo {
+    fn default() -> Self {
+        Self {
+            instructions: None,
+            max_output_tokens: None,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_logprobs: 0,
+            user: None,
+            reasoning_effort: None,
+            text_format: json!({"type": "text"}),
+            tool_choice: json!("auto"),
+            tools: json!([]),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResponsesConfig {
+    pub thinking_mode: bool,
+    pub echo: Echo,
+    /// Flattened tool name -> (namespace, local name).
+    pub namespace_tool_map: HashMap<String, (String, String)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResponsesEvent(pub Value);
+
+impl ResponsesEvent {
+    pub fn to_json(&self) -> String {
+        self.0.to_string()
+    }
+
+    pub fn event_type(&self) -> &str {
+        self.0["type"].as_str().unwrap_or_default()
+    }
+}
+
+/// The response object before any output: shared by the generator and an empty accumulator.
+pub fn response_object(id: &str, model: &str, created_at: u64, echo: &Echo) -> Value {
+    json!({
+        "id": id, "object": "response", "created_at": created_at, "status": "in_progress",
+        "background": false, "completed_at": null, "content_filters": null, "error": null,
+        "frequency_penalty": 0.0, "incomplete_details": null, "instructions": echo.instructions,
+        "max_output_tokens": echo.max_output_tokens, "max_tool_calls": null, "model": model,
+        "moderation": null, "output": [], "parallel_tool_calls": true, "presence_penalty": 0.0,
+        "previous_response_id": null, "prompt_cache_key": null, "prompt_cache_retention": null,
+        "reasoning": {"effort": echo.reasoning_effort, "summary": null}, "safety_identifier": null,
+        "service_tier": "default", "store": false, "temperature": echo.temperature,
+        "text": {"format": echo.text_format, "verbosity": null}, "tool_choice": echo.tool_choice,
+        "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": echo.top_p,
+        "truncation": "disabled", "usage": null, "user": echo.user, "metadata": {},
+    })
+}
+
+#[derive(Debug)]
+enum Item {
+    Reasoning { text: String },
+    Message { text: String },
+    FunctionCall { call_id: String, name: String, namespace: Option<String>, arguments: String },
+}
+
+pub struct ResponsesGenerator {
+    config: ResponsesConfig,
+    id: String,
+    response: Value,
+    sequence: u64,
+    items: Vec<Value>,
+    open: Option<Item>,
+}
+
+impl ResponsesGenerator {
+    pub fn new(config: ResponsesConfig, id: impl Into<String>, model: impl Into<String>) -> Self {
+        let id = id.into();
+        let response = response_object(&id, &model.into(), unix_now(), &config.echo);
+        Self { config, id, response, sequence: 0, items: Vec::new(), open: None }
+    }
+
+    /// Emits an event; `fields` must not contain `type` or `sequence_number` (added here, in the
+    /// alphabetical key order the protocol uses after `type`).
+    fn event(&mut self, kind: &str, fields: Value, out: &mut Vec<ResponsesEvent>) {
+        let mut sorted: Vec<(String, Value)> = match fields {
+            Value::Object(map) => map.into_iter().collect(),
+            _ => Vec::new(),
+        };
+        sorted.push(("sequence_number".to_owned(), json!(self.sequence)));
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut event = serde_json::Map::new();
+        event.insert("type".to_owned(), json!(kind));
+        event.extend(sorted);
+        self.sequence += 1;
+        out.push(ResponsesEvent(Value::Object(event)));
+    }
+
+    fn output_index(&self) -> usize {
+        self.items.len()
+    }
+
+    fn item_id(&self, prefix: &str) -> String {
+        format!("{prefix}_{}_{}", self.id, self.output_index())
+    }
+
+    fn item_json(&self, item: &Item, status: &str, phase: &str) -> Value {
+        let n = self.output_index();
+        match item {
+            Item::Reasoning { text } => json!({"type": "reasoning", "id": self.item_id("rs"), "status": status,
+                "content": if status == "in_progress" { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) },
+                "summary": [], "encrypted_content": format!("{}-{n}", self.id)}),
+            Item::Message { text } => json!({"type": "message", "id": self.item_id("msg"), "status": status,
+                "role": "assistant", "phase": phase,
+                "content": if status == "in_progress" { json!([]) } else { json!([output_text(text)]) }}),
+            Item::FunctionCall { call_id, name, namespace, arguments } => {
+                let mut item = json!({"type": "function_call", "id": self.item_id("fc"), "status": status,
+                    "call_id": call_id, "name": name});
+                if let Some(ns) = namespace {
+                    item["namespace"] = json!(ns);
+                }
+                item["arguments"] = json!(arguments);
+                item
+            }
+        }
+    }
+
+    fn open_item(&mut self, item: Item, out: &mut Vec<ResponsesEvent>) {
+        self.close_item("completed", false, out);
+        let n = self.output_index();
+        let added = self.item_json(&item, "in_progress", "final_answer");
+        self.event("response.output_item.added", json!({"item": added, "output_index": n}), out);
+        let part = match &item {
+            Item::Reasoning { .. } => Some(json!({"type": "reasoning_text", "text": ""})),
+            Item::Message { .. } => Some(output_text("")),
+            Item::FunctionCall { .. } => None,
+        };
+        if let Some(part) = part {
+            let item_id = added["id"].clone();
+            self.event("response.content_part.added",
+                json!({"content_index": 0, "item_id": item_id, "output_index": n, "part": part}), out);
+        }
+        self.open = Some(item);
+    }
+
+    /// Closes the open item; `tools_follow` marks a message as commentary before tool calls.
+    fn close_item(&mut self, status: &str, tools_follow: bool, out: &mut Vec<ResponsesEvent>) {
+        let Some(item) = self.open.take() else { return };
+        let n = self.output_index();
+        let phase = if tools_follow { "commentary" } else { "final_answer" };
+        let done = self.item_json(&item, status, phase);
+        let item_id = done["id"].clone();
+        match &item {
+            Item::Reasoning { text } => {
+                self.event("response.reasoning_text.done",
+                    json!({"content_index": 0, "item_id": item_id, "output_index": n, "text": text}), out);
+                self.event("response.content_part.done", json!({"content_index": 0, "item_id": item_id,
+                    "output_index": n, "part": {"type": "reasoning_text", "text": text}}), out);
+            }
+            Item::Message { text } => {
+                self.event("response.output_text.done", json!({"content_index": 0, "item_id": item_id,
+                    "logprobs": [], "output_index": n, "text": text}), out);
+                self.event("response.content_part.done", json!({"content_index": 0, "item_id": item_id,
+                    "output_index": n, "part": output_text(text)}), out);
+            }
+            Item::FunctionCall { arguments, .. } => {
+                self.event("response.function_call_arguments.done",
+                    json!({"arguments": arguments, "item_id": item_id, "output_index": n}), out);
+            }
+        }
+        self.event("response.output_item.done", json!({"item": done, "output_index": n}), out);
+        self.items.push(done);
+    }
+}
+
+fn output_text(text: &str) -> Value {
+    json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text})
+}
+
+impl Generator for ResponsesGenerator {
+    type Event = ResponsesEvent;
+
+    fn thinking_mode(&self) -> bool {
+        self.config.thinking_mode
+    }
+
+    fn start(&mut self, _prompt: &PromptUsage, _fingerprint: Option<&str>, out: &mut Vec<ResponsesEvent>) {
+        let response = self.response.clone();
+        self.event("response.created", json!({"response": response}), out);
+        self.event("response.in_progress", json!({"response": response}), out);
+    }
+
+    fn delta(&mut self, delta: Delta, out: &mut Vec<ResponsesEvent>) {
+        let n = self.output_index();
+        match delta {
+            Delta::Reasoning(text) => {
+                if !matches!(self.open, Some(Item::Reasoning { .. })) {
+                    self.open_item(Item::Reasoning { text: String::new() }, out);
+                }
+                if let Some(Item::Reasoning { text: acc }) = &mut self.open {
+                    acc.push_str(&text);
+                }
+                let item_id = self.item_id("rs");
+                self.event("response.reasoning_text.delta",
+                    json!({"content_index": 0, "delta": text, "item_id": item_id, "output_index": n}), out);
+            }
+            Delta::Content(text) => {
+                if !matches!(self.open, Some(Item::Message { .. })) {
+                    self.open_item(Item::Message { text: String::new() }, out);
+                }
+                let n = self.output_index();
+                if let Some(Item::Message { text: acc }) = &mut self.open {
+                    acc.push_str(&text);
+                }
+                let item_id = self.item_id("msg");
+                self.event("response.output_text.delta", json!({"content_index": 0, "delta": text,
+                    "item_id": item_id, "logprobs": [], "output_index": n}), out);
+            }
+            Delta::ToolCallStart { id, name, .. } => {
+                self.close_item("completed", true, out);
+                let (namespace, name) = match self.config.namespace_tool_map.get(&name) {
+                    Some((ns, local)) => (Some(ns.clone()), local.clone()),
+                    None => (None, name),
+                };
+                self.open_item(Item::FunctionCall { call_id: id, name, namespace, arguments: String::new() }, out);
+            }
+            Delta::ToolCallArguments { fragment, .. } => {
+                if let Some(Item::FunctionCall { arguments, .. }) = &mut self.open {
+                    arguments.push_str(&fragment);
+                }
+                let item_id = self.item_id("fc");
+                self.event("response.function_call_arguments.delta",
+                    json!({"delta": fragment, "item_id": item_id, "output_index": n}), out);
+            }
+        }
+    }
+
+    fn complete(&mut self, completion: &Completion, out: &mut Vec<ResponsesEvent>) {
+        let (status, incomplete) = match completion.reason {
+            FinishReason::Stop => ("completed", None),
+            FinishReason::Length => ("incomplete", Some("max_output_tokens")),
+            FinishReason::ContentFilter => ("incomplete", Some("content_filter")),
+        };
+        self.close_item(status, false, out);
+        let u = &completion.usage;
+        let mut response = self.response.clone();
+        response["status"] = json!(status);
+        response["completed_at"] = json!(unix_now());
+        response["incomplete_details"] = incomplete.map_or(Value::Null, |r| json!({"reason": r}));
+        response["output"] = Value::Array(self.items.clone());
+        response["usage"] = json!({
+            "input_tokens": u.prompt.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.prompt.prompt_cache_hit_tokens},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens.unwrap_or(0)},
+            "total_tokens": u.prompt.prompt_tokens + u.completion_tokens,
+        });
+        let kind = if status == "completed" { "response.completed" } else { "response.incomplete" };
+        self.event(kind, json!({"response": response}), out);
+    }
+}
+
+/// The final response: the latest response object carried by the stream.
+#[derive(Debug)]
+pub struct ResponsesResponse {
+    response: Value,
+}
+
+impl ResponsesResponse {
+    pub fn new(id: &str, model: &str, created: u64) -> Self {
+        Self { response: response_object(id, model, created, &Echo::default()) }
+    }
+
+    pub fn accumulate(&mut self, event: &ResponsesEvent) {
+        if let Some(response) = event.0.get("response") {
+            self.response = response.clone();
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        self.response.to_string()
+    }
+}

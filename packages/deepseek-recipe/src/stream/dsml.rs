@@ -1,0 +1,286 @@
+//! The DSML tool-call block, parsed one character at a time into streamed tool calls.
+//!
+//! Both dialects are accepted: V4 (`<｜DSML｜tool_calls>`, `<｜DSML｜invoke`, `<｜DSML｜parameter`) and
+//! V4.1 (`<｜DSML｜ calls>`, `<｜DSML｜ invoke`, `<｜DSML｜ parameter`). Arguments are built as JSON while the
+//! block streams: `{` when the first parameter starts, the key as a JSON string, `: `, then the value
+//! (a JSON string for `string="true"`, verbatim otherwise), `, ` between parameters and `}` at the end.
+
+use super::fragments::{Channel, Class, Fragments};
+
+/// The literal tags of the block, spelled with the configured DSML token.
+#[derive(Clone, Debug)]
+pub struct DsmlTags {
+    invoke: [String; 2],
+    parameter: [String; 2],
+    /// `</｜DSML｜`: closes a value, an invoke or the block depending on where it appears.
+    close: String,
+    /// Tags that open a block from reasoning or content, with whether they already opened an invoke.
+    pub openers: Vec<(String, bool)>,
+}
+
+impl DsmlTags {
+    pub fn new(dsml: &str) -> Self {
+        Self {
+            invoke: [format!("<{dsml}invoke"), format!("<{dsml} invoke")],
+            parameter: [format!("<{dsml}parameter name="), format!("<{dsml} parameter name=")],
+            close: format!("</{dsml}"),
+            openers: vec![
+                (format!("<{dsml}tool_calls>"), false),
+                (format!("<{dsml} calls>"), false),
+                (format!("<{dsml}invoke"), true),
+                (format!("<{dsml} invoke"), true),
+            ],
+        }
+    }
+}
+
+const NAME_ATTR: &str = " name=\"";
+
+#[derive(Debug)]
+enum State {
+    /// Between invokes: looking for an invoke or the end of the block; anything else is ignored.
+    Block,
+    /// After `<｜DSML｜invoke`: expecting ` name="`.
+    InvokeAttr,
+    InvokeName(String),
+    /// Up to the `>` that ends a tag.
+    SkipToGt(Box<State>),
+    /// Inside an invoke, between parameters.
+    Params { first: bool },
+    /// After `name=` of a parameter: expecting the key's opening quote.
+    KeyOpen,
+    Key,
+    /// After the key: collecting the rest of the parameter tag up to `>`.
+    Attributes(String),
+    Value { string: bool },
+    Done,
+    Failed,
+}
+
+/// Incremental parser of one tool-call block.
+#[derive(Debug)]
+pub struct DsmlParser {
+    tags: DsmlTags,
+    state: State,
+    /// Characters that may be the start of a tag (with their pieces).
+    buf: Vec<(char, u64)>,
+    calls: usize,
+}
+
+enum Scan {
+    Matched(usize),
+    Pending,
+    /// The buffer cannot start any tag; the characters in it are ordinary input.
+    Mismatch,
+}
+
+impl DsmlParser {
+    /// A parser positioned inside a block; `in_invoke` when the opening tag was a bare invoke.
+    pub fn new(tags: DsmlTags, in_invoke: bool) -> Self {
+        let state = if in_invoke { State::InvokeAttr } else { State::Block };
+        Self { tags, state, buf: Vec::new(), calls: 0 }
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, State::Done | State::Failed)
+    }
+
+    /// The piece of the earliest buffered character that may still become argument text.
+    pub fn undecided_piece(&self) -> Option<u64> {
+        match self.state {
+            State::Value { .. } => self.buf.first().map(|&(_, p)| p),
+            _ => None,
+        }
+    }
+
+    pub fn feed(&mut self, c: char, piece: u64, out: &mut Fragments) {
+        let args = Channel::Arguments(self.calls);
+        match std::mem::replace(&mut self.state, State::Failed) {
+            State::Block => {
+                self.buf.push((c, piece));
+                let [v4, v41] = &self.tags.invoke;
+                let cands = [v4.as_str(), v41.as_str(), self.tags.close.as_str()];
+                self.state = match scan_ignoring(&mut self.buf, &cands) {
+                    Some(2) => State::Done,
+                    Some(_) => State::InvokeAttr,
+                    None => State::Block,
+                };
+            }
+            State::InvokeAttr => {
+                self.buf.push((c, piece));
+                self.state = match scan(&self.buf, &[NAME_ATTR]) {
+                    Scan::Matched(_) => {
+                        self.buf.clear();
+                        State::InvokeName(String::new())
+                    }
+                    Scan::Pending => State::InvokeAttr,
+                    Scan::Mismatch => {
+                        // Not an invoke after all: go back to scanning the block with this input.
+                        let rest = std::mem::take(&mut self.buf);
+                        self.state = State::Block;
+                        for (c, p) in rest {
+                            self.feed(c, p, out);
+                        }
+                        return;
+                    }
+                };
+            }
+            State::InvokeName(mut name) => {
+                self.state = if c == '"' {
+                    out.push_tool_start(piece, self.calls, std::mem::take(&mut name));
+                    State::SkipToGt(Box::new(State::Params { first: true }))
+                } else {
+                    name.push(c);
+                    State::InvokeName(name)
+                };
+            }
+            State::SkipToGt(next) => {
+                self.state = if c == '>' { *next } else { State::SkipToGt(next) };
+            }
+            State::Params { first } => {
+                self.buf.push((c, piece));
+                let [v4, v41] = &self.tags.parameter;
+                let cands = [v4.as_str(), v41.as_str(), self.tags.close.as_str()];
+                self.state = match scan_ignoring(&mut self.buf, &cands) {
+                    Some(2) => {
+                        out.push_str(piece, args, Class::ArgsClose, if first { "{}" } else { "}" });
+                        self.calls += 1;
+                        State::SkipToGt(Box::new(State::Block))
+                    }
+                    Some(_) => {
+                        let (text, class) = if first { ("{", Class::ArgsOpen) } else { (", ", Class::Separator) };
+                        out.push_str(piece, args, class, text);
+                        State::KeyOpen
+                    }
+                    None => State::Params { first },
+                };
+            }
+            State::KeyOpen => {
+                self.state = if c == '"' {
+                    out.push_char(piece, args, Class::Key, '"');
+                    State::Key
+                } else {
+                    State::Failed
+                };
+            }
+            State::Key => {
+                if c == '"' {
+                    out.push_char(piece, args, Class::Key, '"');
+                    self.state = State::Attributes(String::new());
+                } else {
+                    push_json_escaped(out, piece, args, Class::Key, c);
+                    self.state = State::Key;
+                }
+            }
+            State::Attributes(mut attrs) => {
+                if attrs.is_empty() {
+                    out.push_str(piece, args, Class::Colon, ": ");
+                }
+                if c != '>' {
+                    attrs.push(c);
+                    self.state = State::Attributes(attrs);
+                    return;
+                }
+                self.state = match attrs.trim() {
+                    "string=\"true\"" => {
+                        out.push_char(piece, args, Class::ValueOpen, '"');
+                        State::Value { string: true }
+                    }
+                    "string=\"false\"" => State::Value { string: false },
+                    _ => State::Failed,
+                };
+            }
+            State::Value { string } => {
+                self.state = State::Value { string };
+                self.feed_value(c, piece, string, out);
+            }
+            State::Done => self.state = State::Done,
+            State::Failed => {}
+        }
+    }
+
+    fn feed_value(&mut self, c: char, piece: u64, string: bool, out: &mut Fragments) {
+        let args = Channel::Arguments(self.calls);
+        if self.buf.is_empty() && c != '<' {
+            push_value_char(out, piece, args, string, c);
+            return;
+        }
+        self.buf.push((c, piece));
+        match scan(&self.buf, &[self.tags.close.as_str()]) {
+            Scan::Matched(_) => {
+                self.buf.clear();
+                if string {
+                    out.push_char(piece, args, Class::ValueClose, '"');
+                }
+                self.state = State::SkipToGt(Box::new(State::Params { first: false }));
+            }
+            Scan::Pending => {}
+            Scan::Mismatch => {
+                let mut rest = std::mem::take(&mut self.buf).into_iter();
+                let (c0, p0) = rest.next().expect("non-empty buffer");
+                push_value_char(out, p0, args, string, c0);
+                for (c, p) in rest {
+                    self.feed_value(c, p, string, out);
+                }
+            }
+        }
+    }
+}
+
+fn scan(buf: &[(char, u64)], candidates: &[&str]) -> Scan {
+    let s: String = buf.iter().map(|&(c, _)| c).collect();
+    if let Some(i) = candidates.iter().position(|c| *c == s) {
+        return Scan::Matched(i);
+    }
+    if candidates.iter().any(|c| c.starts_with(&s)) {
+        Scan::Pending
+    } else {
+        Scan::Mismatch
+    }
+}
+
+/// Tag scanning where unmatched input is ignored: drops leading characters until the buffer is again
+/// a possible tag start. Returns the index of a completed tag.
+fn scan_ignoring(buf: &mut Vec<(char, u64)>, candidates: &[&str]) -> Option<usize> {
+    loop {
+        match scan(buf, candidates) {
+            Scan::Matched(i) => {
+                buf.clear();
+                return Some(i);
+            }
+            Scan::Pending => return None,
+            Scan::Mismatch => {
+                buf.remove(0);
+                if buf.is_empty() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+fn push_value_char(out: &mut Fragments, piece: u64, args: Channel, string: bool, c: char) {
+    if string {
+        push_json_escaped(out, piece, args, Class::Value, c);
+    } else {
+        out.push_char(piece, args, Class::Value, c);
+    }
+}
+
+fn push_json_escaped(out: &mut Fragments, piece: u64, channel: Channel, class: Class, c: char) {
+    match c {
+        '"' => out.push_str(piece, channel, class, "\\\""),
+        '\\' => out.push_str(piece, channel, class, "\\\\"),
+        '\n' => out.push_str(piece, channel, class, "\\n"),
+        '\r' => out.push_str(piece, channel, class, "\\r"),
+        '\t' => out.push_str(piece, channel, class, "\\t"),
+        '\u{8}' => out.push_str(piece, channel, class, "\\b"),
+        '\u{c}' => out.push_str(piece, channel, class, "\\f"),
+        c if (c as u32) < 0x20 => out.push_str(piece, channel, class, &format!("\\u{:04x}", c as u32)),
+        c => out.push_char(piece, channel, class, c),
+    }
+}

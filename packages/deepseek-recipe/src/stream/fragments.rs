@@ -1,0 +1,96 @@
+//! Groups parser output into deltas the way the protocols stream them.
+//!
+//! Every pushed piece of text is parsed on its own: the output that one piece produces for one channel
+//! and class forms one fragment, and a fragment is released whole once nothing undecided from its piece
+//! can still join it (a held trailing newline or a partial tag stays with the fragment it came from).
+
+use std::collections::VecDeque;
+
+/// Where parsed output goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    Reasoning,
+    Content,
+    /// Arguments of the tool call with this index.
+    Arguments(usize),
+}
+
+/// Kinds of output that never share a fragment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Text,
+    /// Text around JSON output: a whole fragment of it becomes one space.
+    Filler,
+    /// The bracket that opens bare JSON output.
+    JsonStart,
+    ArgsOpen,
+    Key,
+    Colon,
+    ValueOpen,
+    Value,
+    ValueClose,
+    Separator,
+    ArgsClose,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    Text { channel: Channel, text: String },
+    ToolStart { index: usize, name: String },
+}
+
+#[derive(Debug)]
+struct Fragment {
+    piece: u64,
+    channel: Channel,
+    class: Class,
+    output: Output,
+}
+
+#[derive(Debug, Default)]
+pub struct Fragments {
+    queue: VecDeque<Fragment>,
+}
+
+impl Fragments {
+    pub fn push_char(&mut self, piece: u64, channel: Channel, class: Class, c: char) {
+        if let Some(last) = self.queue.back_mut() {
+            if last.piece == piece && last.channel == channel && last.class == class {
+                if let Output::Text { text, .. } = &mut last.output {
+                    if class != Class::Filler {
+                        text.push(c);
+                    }
+                    return;
+                }
+            }
+        }
+        let text = if class == Class::Filler { " ".to_owned() } else { c.to_string() };
+        self.queue.push_back(Fragment { piece, channel, class, output: Output::Text { channel, text } });
+    }
+
+    pub fn push_str(&mut self, piece: u64, channel: Channel, class: Class, s: &str) {
+        for c in s.chars() {
+            self.push_char(piece, channel, class, c);
+        }
+    }
+
+    pub fn push_tool_start(&mut self, piece: u64, index: usize, name: String) {
+        self.queue.push_back(Fragment {
+            piece,
+            channel: Channel::Arguments(index),
+            class: Class::ArgsOpen,
+            output: Output::ToolStart { index, name },
+        });
+    }
+
+    /// Releases every settled fragment. `undecided_piece` is the piece of the earliest input character
+    /// the parser has not decided yet; the last fragment waits while it comes from that piece.
+    pub fn release(&mut self, undecided_piece: Option<u64>, out: &mut Vec<Output>) {
+        let keep_last = match (self.queue.back(), undecided_piece) {
+            (Some(last), Some(p)) => matches!(last.output, Output::Text { .. }) && last.piece == p,
+            _ => false,
+        };
+        let n = self.queue.len() - usize::from(keep_last);
+        out.extend(self.queue.drain(..n).map(|f| f.output));
+    }
+}

@@ -1,0 +1,253 @@
+//! The character-level output parser: reasoning, content, tool-call blocks, stop sequences.
+//!
+//! Characters that cannot be classified yet stay undecided: a partial tag or stop sequence, and
+//! trailing newlines, which are dropped when a section ends (`</think>`, a tool-call block) but kept
+//! otherwise.
+
+use super::dsml::{DsmlParser, DsmlTags};
+use super::fragments::{Channel, Class, Fragments};
+use super::json_output::JsonOutput;
+use crate::options::ParsingOptions;
+use crate::tokens::SpecialToken;
+
+#[derive(Debug)]
+enum Mode {
+    Reasoning,
+    Content,
+    Tools(DsmlParser),
+}
+
+/// What a completed tag does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tag {
+    ThinkEnd,
+    /// Opens a tool-call block; `true` when the tag already opened an invoke.
+    Dsml(bool),
+    Stop(usize),
+}
+
+/// How the parser ended early.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Halt {
+    /// A stop sequence matched (its index in the options).
+    Stop(usize),
+}
+
+#[derive(Debug)]
+pub struct Parser {
+    mode: Mode,
+    think_end: String,
+    dsml: DsmlTags,
+    stops: Vec<String>,
+    parse_tool_calls: bool,
+    json: Option<JsonOutput>,
+    /// Drop newlines until the first other character of the section.
+    at_section_start: bool,
+    /// Pieces of held trailing newlines.
+    newlines: Vec<u64>,
+    /// A possible tag or stop sequence in progress.
+    tag: Vec<(char, u64)>,
+    reasoning_text: String,
+    halted: Option<Halt>,
+}
+
+impl Parser {
+    pub fn new(options: &ParsingOptions) -> Self {
+        let tokens = &options.special_tokens;
+        let dsml = DsmlTags::new(tokens.token(SpecialToken::Dsml));
+        let starts_in_reasoning = options.thinking_initial_stage.is_some_and(|s| s.starts_in_reasoning());
+        let mode = if options.starts_in_tool_calls {
+            Mode::Tools(DsmlParser::new(dsml.clone(), false))
+        } else if starts_in_reasoning {
+            Mode::Reasoning
+        } else {
+            Mode::Content
+        };
+        use crate::options::ThinkingInitialStage as S;
+        let at_section_start = matches!(options.thinking_initial_stage, None | Some(S::ReasoningStart));
+        Self {
+            mode,
+            think_end: tokens.token(SpecialToken::ThinkingEnd).to_owned(),
+            dsml,
+            stops: options.stop_sequences.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            parse_tool_calls: options.parse_tool_calls,
+            json: options.parse_json_output.then(JsonOutput::default),
+            at_section_start,
+            newlines: Vec::new(),
+            tag: Vec::new(),
+            reasoning_text: String::new(),
+            halted: None,
+        }
+    }
+
+    pub fn halted(&self) -> Option<&Halt> {
+        self.halted.as_ref()
+    }
+
+    pub fn stop_sequence(&self, index: usize) -> &str {
+        &self.stops[index]
+    }
+
+    /// Number of tool calls parsed so far.
+    pub fn tool_calls(&self) -> usize {
+        match &self.mode {
+            Mode::Tools(p) => p.calls(),
+            _ => 0,
+        }
+    }
+
+    /// All reasoning text produced so far (trailing newlines of a finished section trimmed).
+    pub fn reasoning_text(&self) -> &str {
+        &self.reasoning_text
+    }
+
+    /// The piece of the earliest input character not decided yet.
+    pub fn undecided_piece(&self) -> Option<u64> {
+        let text_held = self.newlines.first().copied().or(self.tag.first().map(|&(_, p)| p));
+        match &self.mode {
+            Mode::Tools(p) => p.undecided_piece(),
+            _ => text_held,
+        }
+    }
+
+    pub fn feed_str(&mut self, text: &str, piece: u64, out: &mut Fragments) {
+        for c in text.chars() {
+            if self.halted.is_some() {
+                return;
+            }
+            self.feed(c, piece, out);
+        }
+    }
+
+    fn feed(&mut self, c: char, piece: u64, out: &mut Fragments) {
+        if let Mode::Tools(parser) = &mut self.mode {
+            parser.feed(c, piece, out);
+            return;
+        }
+        if self.tag.is_empty() && !self.may_start_tag(c) {
+            self.text_char(c, piece, out);
+            return;
+        }
+        self.tag.push((c, piece));
+        match self.match_tag() {
+            Some(Ok(tag)) => {
+                self.tag.clear();
+                self.on_tag(tag, out);
+            }
+            Some(Err(())) => {
+                let mut held = std::mem::take(&mut self.tag).into_iter();
+                let (c0, p0) = held.next().expect("non-empty tag buffer");
+                self.text_char(c0, p0, out);
+                for (c, p) in held {
+                    self.feed(c, p, out);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn tags(&self) -> impl Iterator<Item = (&str, Tag)> {
+        let dsml = self.parse_tool_calls.then_some(&self.dsml.openers).into_iter().flatten();
+        let stops = matches!(self.mode, Mode::Content).then_some(&self.stops).into_iter().flatten();
+        std::iter::once((self.think_end.as_str(), Tag::ThinkEnd))
+            .chain(dsml.map(|(t, invoke)| (t.as_str(), Tag::Dsml(*invoke))))
+            .chain(stops.enumerate().map(|(i, s)| (s.as_str(), Tag::Stop(i))))
+    }
+
+    fn may_start_tag(&self, c: char) -> bool {
+        self.tags().any(|(t, _)| t.starts_with(c))
+    }
+
+    /// `Some(Ok)` on a complete tag, `Some(Err)` when the buffer can no longer become one.
+    fn match_tag(&self) -> Option<Result<Tag, ()>> {
+        let s: String = self.tag.iter().map(|&(c, _)| c).collect();
+        let mut prefix = false;
+        for (t, tag) in self.tags() {
+            if t == s {
+                return Some(Ok(tag));
+            }
+            prefix |= t.starts_with(&s);
+        }
+        (!prefix).then_some(Err(()))
+    }
+
+    fn holds_newlines(&self) -> bool {
+        match self.mode {
+            Mode::Reasoning => true,
+            Mode::Content => self.parse_tool_calls,
+            Mode::Tools(_) => false,
+        }
+    }
+
+    fn channel(&self) -> Channel {
+        match self.mode {
+            Mode::Reasoning => Channel::Reasoning,
+            _ => Channel::Content,
+        }
+    }
+
+    fn text_char(&mut self, c: char, piece: u64, out: &mut Fragments) {
+        if c == '\n' {
+            if self.at_section_start {
+                return;
+            }
+            if self.holds_newlines() {
+                self.newlines.push(piece);
+                return;
+            }
+        }
+        self.at_section_start = false;
+        self.release_newlines(out);
+        self.emit(c, piece, out);
+    }
+
+    fn release_newlines(&mut self, out: &mut Fragments) {
+        for piece in std::mem::take(&mut self.newlines) {
+            self.emit('\n', piece, out);
+        }
+    }
+
+    fn emit(&mut self, c: char, piece: u64, out: &mut Fragments) {
+        let channel = self.channel();
+        if channel == Channel::Reasoning {
+            self.reasoning_text.push(c);
+            out.push_char(piece, channel, Class::Text, c);
+        } else if let Some(json) = &mut self.json {
+            json.push(c, piece, out);
+        } else {
+            out.push_char(piece, channel, Class::Text, c);
+        }
+    }
+
+    fn on_tag(&mut self, tag: Tag, out: &mut Fragments) {
+        match (tag, &self.mode) {
+            (Tag::ThinkEnd, Mode::Reasoning) => {
+                self.newlines.clear();
+                self.mode = Mode::Content;
+                self.at_section_start = true;
+            }
+            // A closing think tag inside the answer is dropped; the section goes on.
+            (Tag::ThinkEnd, _) => {}
+            (Tag::Dsml(in_invoke), _) => {
+                self.newlines.clear();
+                self.mode = Mode::Tools(DsmlParser::new(self.dsml.clone(), in_invoke));
+            }
+            (Tag::Stop(i), _) => {
+                self.release_newlines(out);
+                self.halted = Some(Halt::Stop(i));
+            }
+        }
+    }
+
+    /// End of input: undecided characters become text.
+    pub fn finish(&mut self, out: &mut Fragments) {
+        if matches!(self.mode, Mode::Tools(_)) {
+            return;
+        }
+        let held = std::mem::take(&mut self.tag);
+        for (c, p) in held {
+            self.text_char(c, p, out);
+        }
+        self.release_newlines(out);
+    }
+}

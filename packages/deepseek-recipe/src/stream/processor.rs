@@ -1,0 +1,283 @@
+//! The stream processor: backend chunks in, protocol events out.
+
+use super::chunk::{FinishReason, InferenceChunk, PromptUsage, TokenLogprob};
+use super::decode::TokenDecoder;
+use super::fragments::{Channel, Fragments, Output};
+use super::parser::{Halt, Parser};
+use crate::options::ParsingOptions;
+use crate::tokenizer::Tokenizer;
+
+/// One piece of parsed output, in protocol-neutral form.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Delta {
+    Reasoning(String),
+    Content(String),
+    ToolCallStart { index: usize, id: String, name: String },
+    ToolCallArguments { index: usize, fragment: String },
+}
+
+/// Token counts of a finished stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt: PromptUsage,
+    pub completion_tokens: u64,
+    /// Reported only when parsing has a thinking stage.
+    pub reasoning_tokens: Option<u64>,
+}
+
+/// How the stream ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    /// The backend's reason (`Stop` when the stream ended without one or on a stop sequence).
+    pub reason: FinishReason,
+    pub tool_calls: usize,
+    pub stop_sequence: Option<String>,
+    pub usage: Usage,
+}
+
+/// Turns parsed output into protocol events.
+pub trait Generator {
+    type Event;
+    /// Thinking mode of the request (selects delta shapes and the tool-call id marker).
+    fn thinking_mode(&self) -> bool;
+    /// Called once, on the `ready` chunk or the first output chunk.
+    fn start(&mut self, prompt: &PromptUsage, system_fingerprint: Option<&str>, out: &mut Vec<Self::Event>);
+    fn delta(&mut self, delta: Delta, out: &mut Vec<Self::Event>);
+    fn complete(&mut self, completion: &Completion, out: &mut Vec<Self::Event>);
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StreamError {
+    #[error("token chunk received without a tokenizer")]
+    NoTokenizer,
+    #[error("invalid log probabilities: {logprobs} log probabilities for {tokens} token IDs")]
+    LogprobCount { logprobs: usize, tokens: usize },
+    #[error("stream processor has finished")]
+    Finished,
+    #[error("stream processor is closed")]
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lifecycle {
+    Open,
+    Completed,
+    Closed,
+}
+
+pub struct StreamProcessor<G: Generator> {
+    generator: G,
+    parser: Parser,
+    fragments: Fragments,
+    decoder: Option<TokenDecoder>,
+    lifecycle: Lifecycle,
+    started: bool,
+    prompt: PromptUsage,
+    system_fingerprint: Option<String>,
+    completion_tokens: u64,
+    piece: u64,
+    report_reasoning: bool,
+    /// Tool-call ids carry `ET_` when thinking mode produced calls without a reasoning phase.
+    id_marker: &'static str,
+    ids: IdSource,
+    released: Vec<Output>,
+}
+
+impl<G: Generator> StreamProcessor<G> {
+    pub fn new(generator: G, options: &ParsingOptions, tokenizer: Option<Tokenizer>) -> Self {
+        let starts_in_reasoning = !options.starts_in_tool_calls
+            && options.thinking_initial_stage.is_some_and(|s| s.starts_in_reasoning());
+        let id_marker = if generator.thinking_mode() && !starts_in_reasoning { "ET_" } else { "" };
+        Self {
+            generator,
+            parser: Parser::new(options),
+            fragments: Fragments::default(),
+            decoder: tokenizer.map(TokenDecoder::new),
+            lifecycle: Lifecycle::Open,
+            started: false,
+            prompt: PromptUsage::default(),
+            system_fingerprint: None,
+            completion_tokens: 0,
+            piece: 0,
+            report_reasoning: options.thinking_initial_stage.is_some(),
+            id_marker,
+            ids: IdSource::new(),
+            released: Vec::new(),
+        }
+    }
+
+    /// True after a normal completion until `close`.
+    pub fn finished(&self) -> bool {
+        self.lifecycle == Lifecycle::Completed
+    }
+
+    pub fn generator(&self) -> &G {
+        &self.generator
+    }
+
+    fn check_open(&self) -> Result<(), StreamError> {
+        match self.lifecycle {
+            Lifecycle::Open => Ok(()),
+            Lifecycle::Completed => Err(StreamError::Finished),
+            Lifecycle::Closed => Err(StreamError::Closed),
+        }
+    }
+
+    pub fn push(&mut self, chunk: InferenceChunk) -> Result<Vec<G::Event>, StreamError> {
+        self.check_open()?;
+        let mut out = Vec::new();
+        match chunk {
+            InferenceChunk::Ready { prompt_usage, system_fingerprint } => {
+                if let Some(usage) = prompt_usage {
+                    self.prompt = usage;
+                }
+                if system_fingerprint.is_some() {
+                    self.system_fingerprint = system_fingerprint;
+                }
+                self.ensure_started(&mut out);
+            }
+            InferenceChunk::Text { content, token_count } => {
+                self.ensure_started(&mut out);
+                self.completion_tokens += token_count;
+                self.feed(&content, &mut out);
+            }
+            InferenceChunk::Tokens { token_ids, logprobs } => {
+                if let Some(lp) = &logprobs {
+                    if lp.len() != token_ids.len() {
+                        self.lifecycle = Lifecycle::Closed;
+                        return Err(StreamError::LogprobCount { logprobs: lp.len(), tokens: token_ids.len() });
+                    }
+                }
+                let Some(decoder) = &mut self.decoder else {
+                    self.lifecycle = Lifecycle::Closed;
+                    return Err(StreamError::NoTokenizer);
+                };
+                let text = decoder.decode(&token_ids);
+                self.ensure_started(&mut out);
+                self.completion_tokens += token_ids.len() as u64;
+                self.feed(&text, &mut out);
+                let _: Option<Vec<TokenLogprob>> = logprobs;
+            }
+            InferenceChunk::Finish(reason) => {
+                self.ensure_started(&mut out);
+                self.complete(reason, &mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ends the input; after a completion it returns nothing.
+    pub fn finish(&mut self) -> Result<Vec<G::Event>, StreamError> {
+        match self.lifecycle {
+            Lifecycle::Completed => Ok(Vec::new()),
+            Lifecycle::Closed => Err(StreamError::Closed),
+            Lifecycle::Open => {
+                let mut out = Vec::new();
+                self.ensure_started(&mut out);
+                self.complete(FinishReason::Stop, &mut out);
+                Ok(out)
+            }
+        }
+    }
+
+    pub fn close(&mut self) {
+        self.lifecycle = Lifecycle::Closed;
+    }
+
+    fn ensure_started(&mut self, out: &mut Vec<G::Event>) {
+        if !self.started {
+            self.started = true;
+            self.generator.start(&self.prompt, self.system_fingerprint.as_deref(), out);
+        }
+    }
+
+    fn feed(&mut self, text: &str, out: &mut Vec<G::Event>) {
+        self.piece += 1;
+        self.parser.feed_str(text, self.piece, &mut self.fragments);
+        if self.parser.halted().is_some() {
+            self.complete(FinishReason::Stop, out);
+            return;
+        }
+        self.fragments.release(self.parser.undecided_piece(), &mut self.released);
+        self.deliver(out);
+    }
+
+    fn deliver(&mut self, out: &mut Vec<G::Event>) {
+        for output in std::mem::take(&mut self.released) {
+            let delta = match output {
+                Output::ToolStart { index, name } => {
+                    let id = format!("call_{index:02}_{}{}", self.id_marker, self.ids.next_suffix());
+                    Delta::ToolCallStart { index, id, name }
+                }
+                Output::Text { channel: Channel::Reasoning, text } => Delta::Reasoning(text),
+                Output::Text { channel: Channel::Content, text } => Delta::Content(text),
+                Output::Text { channel: Channel::Arguments(index), text } => {
+                    Delta::ToolCallArguments { index, fragment: text }
+                }
+            };
+            self.generator.delta(delta, out);
+        }
+    }
+
+    fn complete(&mut self, reason: FinishReason, out: &mut Vec<G::Event>) {
+        if let Some(decoder) = &mut self.decoder {
+            let rest = decoder.flush();
+            if !rest.is_empty() {
+                self.piece += 1;
+                self.parser.feed_str(&rest, self.piece, &mut self.fragments);
+            }
+        }
+        let stop_sequence = match self.parser.halted() {
+            Some(Halt::Stop(i)) => Some(self.parser.stop_sequence(*i).to_owned()),
+            None => {
+                self.parser.finish(&mut self.fragments);
+                None
+            }
+        };
+        self.fragments.release(None, &mut self.released);
+        self.deliver(out);
+        let reasoning_tokens = self.report_reasoning.then(|| self.count_reasoning_tokens());
+        let completion = Completion {
+            reason: if stop_sequence.is_some() { FinishReason::Stop } else { reason },
+            tool_calls: self.parser.tool_calls(),
+            stop_sequence,
+            usage: Usage { prompt: self.prompt, completion_tokens: self.completion_tokens, reasoning_tokens },
+        };
+        self.generator.complete(&completion, out);
+        self.lifecycle = Lifecycle::Completed;
+    }
+
+    /// Reasoning tokens are counted by re-encoding the reasoning text.
+    fn count_reasoning_tokens(&self) -> u64 {
+        let text = self.parser.reasoning_text();
+        match &self.decoder {
+            Some(d) if !text.is_empty() => d.tokenizer().encode(text).map_or(0, |ids| ids.len() as u64),
+            _ => 0,
+        }
+    }
+}
+
+/// Random alphanumeric suffixes for tool-call ids (xorshift seeded from the clock and address).
+struct IdSource(u64);
+
+impl IdSource {
+    fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let local = 0u8;
+        Self(nanos ^ (&local as *const u8 as u64).rotate_left(32) | 1)
+    }
+
+    fn next_suffix(&mut self) -> String {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        (0..24)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                ALPHABET[(self.0 % ALPHABET.len() as u64) as usize] as char
+            })
+            .collect()
+    }
+}
