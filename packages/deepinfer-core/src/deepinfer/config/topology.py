@@ -99,6 +99,8 @@ def topology(c: TextConfig) -> tuple[LayerSpec, ...]:
     cand = c.candidate_source
     if cand is not None and cand not in index:
         raise ValueError(f"candidate_source_layer_id: layer {cand} is not in index_source_layer_ids")
+    if cand is not None and cand not in kv:
+        raise ValueError(f"candidate_source_layer_id: layer {cand} is not a KV source (must be a Full layer)")
     cand_kv = _nearest_at_or_before(kv, cand) if cand is not None else None
 
     engram, targets = set(c.engram_layer_ids), set(c.dspark_target_layer_ids or ())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class VisionConfig(BaseModel):
@@ -20,6 +20,17 @@ class VisionConfig(BaseModel):
     num_attention_heads: int = Field(default=16, gt=0)
     intermediate_size: int = Field(default=2816, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> VisionConfig:
+        head_dim, rem = divmod(self.hidden_size, self.num_attention_heads)
+        if rem or head_dim % 4:
+            raise ValueError(
+                "num_attention_heads: must split hidden_size into heads of a width divisible by 4 (2D RoPE)"
+            )
+        if self.max_wh_ratio is not None and self.max_wh_ratio < 1:
+            raise ValueError("max_wh_ratio: must be null or >= 1")
+        return self
 
     def to_hf_dict(self) -> dict:
         return self.model_dump(mode="json", exclude_unset=True)
