@@ -1,1 +1,210 @@
-//! Protocol requests -> `ConversationRequest`.
+//! Protocol requests -> [`ConversationRequest`].
+//!
+//! Each protocol module parses its body with serde (shape errors become [`RequestParseError`]) and
+//! converts it, reporting semantic errors as [`ConversionError`]s. This module holds the steps they
+//! share: model resolution, reasoning effort, sampling validation and the final assembly.
+
+pub mod chat;
+pub mod content;
+pub mod messages;
+pub mod responses;
+pub mod sampling;
+pub mod tools;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::conversation::{
+    Conversation, ConversationRequest, InferenceOptions, ModelVersion, OutputConstraint,
+    ReasoningEffort, ResponseFormat, ToolChoice,
+};
+use crate::error::{ConversionError, RequestParseError};
+use crate::messages::Message;
+use crate::options::{ConversionOptions, ParsingOptions, ThinkingInitialStage};
+
+pub use sampling::Sampling;
+
+/// A request body: already-parsed JSON, or JSON text / UTF-8 bytes.
+pub enum Body<'a> {
+    Json(Value),
+    Text(&'a [u8]),
+}
+
+/// Parses a body into a protocol request type.
+pub fn parse_body<T: DeserializeOwned>(body: Body<'_>) -> Result<T, RequestParseError> {
+    let value = match body {
+        Body::Json(value) => value,
+        Body::Text(bytes) => serde_json::from_slice(bytes)
+            .map_err(|e| RequestParseError::Json(e.to_string()))?,
+    };
+    T::deserialize(value).map_err(|e| RequestParseError::Body(e.to_string()))
+}
+
+pub fn resolve_model(options: &ConversionOptions, model: &str) -> Result<ModelVersion, ConversionError> {
+    options.model_versions_by_name.get(model).copied().ok_or_else(|| {
+        let names: Vec<&str> = options.model_versions_by_name.keys().map(String::as_str).collect();
+        ConversionError::bad_request(format!(
+            "The supported API model names are {}, but you passed {model}.",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Requested reasoning effort names, as all three protocols spell them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EffortName {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+    Xhigh,
+    Ultra,
+    Max,
+}
+
+impl EffortName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Minimal => "minimal",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+            Self::Xhigh => "xhigh",
+            Self::Ultra => "ultra",
+            Self::Max => "max",
+        }
+    }
+}
+
+/// The conversation's effort in thinking mode (none when thinking is off).
+pub fn effort(thinking_mode: bool, requested: Option<EffortName>) -> Option<ReasoningEffort> {
+    if !thinking_mode {
+        return None;
+    }
+    Some(match requested {
+        Some(EffortName::Minimal | EffortName::Low) => ReasoningEffort::Low,
+        Some(EffortName::Xhigh) => ReasoningEffort::Xhigh,
+        Some(EffortName::Ultra | EffortName::Max) => ReasoningEffort::Max,
+        _ => ReasoningEffort::High,
+    })
+}
+
+/// The `thinking` switch of Chat and Messages.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ThinkingSwitch {
+    Adaptive,
+    Enabled,
+    Disabled,
+}
+
+impl ThinkingSwitch {
+    pub fn enabled(self) -> bool {
+        !matches!(self, Self::Disabled)
+    }
+}
+
+/// Whether the word "json" appears (any case) in some message.
+pub fn mentions_json(messages: &[Message]) -> bool {
+    messages.iter().any(|m| m.content().to_ascii_lowercase().contains("json"))
+}
+
+/// The constraint of a response format (tool-call constraints take precedence elsewhere).
+pub fn response_constraint(format: &ResponseFormat, strict_schema: bool) -> Result<Option<OutputConstraint>, ConversionError> {
+    let constraint = |kind: &str, schema: String| OutputConstraint { kind: kind.to_owned(), schema };
+    Ok(match format {
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => Some(constraint("json", String::new())),
+        ResponseFormat::JsonSchema(schema) => Some(constraint(
+            "json",
+            tools::normalised_response_schema(schema, strict_schema)?.to_string(),
+        )),
+        ResponseFormat::Regex(regex) => Some(constraint("regex", regex.clone())),
+    })
+}
+
+/// Where output parsing starts: in a new reasoning block, or continuing a prefix message.
+fn thinking_initial_stage(conversation: &Conversation) -> Option<ThinkingInitialStage> {
+    if !conversation.thinking_mode {
+        return None;
+    }
+    Some(match conversation.messages.last() {
+        Some(Message::Assistant { prefix: true, content, reasoning_content, .. }) => {
+            if reasoning_content.is_some() && content.is_empty() {
+                ThinkingInitialStage::ReasoningContinuation
+            } else {
+                ThinkingInitialStage::ContentContinuation
+            }
+        }
+        _ => ThinkingInitialStage::ReasoningStart,
+    })
+}
+
+/// Sampling values for the target model: thinking mode pins temperature (and V4 Pro's top_p).
+fn sampling_for_model(version: ModelVersion, conversation: &Conversation, sampling: &Sampling) -> (f64, f64) {
+    let requested = |v: Option<f32>| v.map_or(1.0, f64::from);
+    let thinking = conversation.thinking_mode;
+    match (version, thinking) {
+        (ModelVersion::DeepseekV4Pro, true) => {
+            let top_p = if conversation.tools.is_empty() { 1.0 } else { f64::from(0.95f32) };
+            (1.0, top_p)
+        }
+        (ModelVersion::DeepseekV4Pro, false) => (requested(sampling.temperature), requested(sampling.top_p)),
+        (ModelVersion::DeepseekV41Flash, true) => {
+            (1.0, sampling.top_p.map_or(1.0, |p| f64::from(p.max(0.95))))
+        }
+        (ModelVersion::DeepseekV41Flash, false) => (requested(sampling.temperature), 1.0),
+    }
+}
+
+/// Everything a protocol module hands over after converting its request.
+pub struct Converted {
+    pub model_version: ModelVersion,
+    pub conversation: Conversation,
+    pub sampling: Sampling,
+    /// Whether a `json_schema` response format asked for a strict schema.
+    pub strict_response_schema: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Builds the final request: inference options, output constraint and parsing options.
+pub fn assemble(options: &ConversionOptions, converted: Converted) -> Result<ConversationRequest, ConversionError> {
+    let Converted { model_version, conversation, sampling, strict_response_schema, stream, include_usage } =
+        converted;
+    let (temperature, top_p) = sampling_for_model(model_version, &conversation, &sampling);
+    let output_constraint = match tools::tool_call_constraint(&conversation.tools, conversation.tool_choice) {
+        Some(constraint) => Some(constraint),
+        None => response_constraint(&conversation.response_format, strict_response_schema)?,
+    };
+    let has_tools = !conversation.tools.is_empty();
+    let parsing_options = ParsingOptions {
+        parse_tool_calls: has_tools,
+        starts_in_tool_calls: has_tools && conversation.tool_choice == ToolChoice::Required,
+        parse_json_output: conversation.response_format == ResponseFormat::JsonObject,
+        thinking_initial_stage: thinking_initial_stage(&conversation),
+        stop_sequences: sampling.stop.clone(),
+        special_tokens: options.special_tokens.clone(),
+    };
+    let inference_options = InferenceOptions {
+        max_tokens: sampling.max_tokens,
+        temperature: Some(temperature),
+        top_p: Some(top_p),
+        logprobs: sampling.logprobs,
+        top_logprobs: sampling.top_logprobs,
+        seed: sampling.seed,
+        output_constraint,
+    };
+    Ok(ConversationRequest {
+        conversation,
+        inference_options,
+        parsing_options,
+        model_version,
+        stream,
+        include_usage,
+    })
+}

@@ -1,6 +1,6 @@
 //! Conversions between Python objects and `serde_json::Value` (dict order preserved).
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
@@ -22,18 +22,20 @@ pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         if let Ok(v) = i.extract::<u64>() {
             return Ok(Value::Number(v.into()));
         }
-        let f: f64 = i.extract()?;
-        return Ok(Number::from_f64(f).map_or(Value::Null, Value::Number));
+        return Err(PyOverflowError::new_err("integer is outside the JSON number range"));
     }
     if let Ok(f) = obj.downcast::<PyFloat>() {
-        return Ok(Number::from_f64(f.value()).map_or(Value::Null, Value::Number));
+        let f = f.value();
+        return Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| PyValueError::new_err(format!("{f} is not a finite JSON number")));
     }
     if let Ok(d) = obj.downcast::<PyDict>() {
         let mut map = Map::with_capacity(d.len());
         for (k, v) in d.iter() {
             let key = k
                 .downcast::<PyString>()
-                .map_err(|_| PyTypeError::new_err("dictionary keys must be strings"))?;
+                .map_err(|_| PyTypeError::new_err("JSON object keys must be str"))?;
             map.insert(key.to_str()?.to_owned(), to_value(&v)?);
         }
         return Ok(Value::Object(map));
@@ -44,10 +46,7 @@ pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     if let Ok(t) = obj.downcast::<PyTuple>() {
         return t.iter().map(|v| to_value(&v)).collect::<PyResult<_>>().map(Value::Array);
     }
-    Err(PyTypeError::new_err(format!(
-        "unsupported type {} for a JSON value",
-        obj.get_type().name()?
-    )))
+    Err(PyTypeError::new_err(format!("{} is not a JSON value", obj.get_type().name()?)))
 }
 
 pub fn to_py(py: Python<'_>, value: &Value) -> PyResult<PyObject> {

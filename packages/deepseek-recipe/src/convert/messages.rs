@@ -1,0 +1,387 @@
+//! Anthropic Messages requests.
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::content::ContentBuilder;
+use super::sampling::MaxTokensPolicy;
+use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
+use super::{assemble, effort, resolve_model, Converted, EffortName, Sampling, ThinkingSwitch};
+use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
+use crate::error::ConversionError;
+use crate::image_source::{ImageData, ImageDetail};
+use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
+use crate::options::{ConversionOptions, WebSearchBehavior};
+use crate::py_json;
+use crate::tokens::SpecialToken;
+
+#[derive(Debug, Deserialize)]
+pub struct MessagesRequest {
+    pub model: String,
+    pub messages: Vec<AnthropicMessage>,
+    pub system: Option<Blocks>,
+    pub max_tokens: Option<u32>,
+    pub stop_sequences: Option<Vec<String>>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Accepted and ignored.
+    #[allow(dead_code)]
+    pub top_k: Option<u32>,
+    pub tools: Option<Vec<AnthropicTool>>,
+    pub tool_choice: Option<AnthropicToolChoice>,
+    pub thinking: Option<ThinkingSwitch>,
+    pub output_config: Option<OutputConfig>,
+    pub stream: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OutputConfig {
+    pub effort: Option<EffortName>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Assistant,
+    System,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AnthropicMessage {
+    pub role: Role,
+    pub content: Blocks,
+}
+
+/// Content: a string (one text block) or a list of blocks.
+#[derive(Debug)]
+pub struct Blocks(pub Vec<Block>);
+
+impl<'de> Deserialize<'de> for Blocks {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(text) => Ok(Self(vec![Block::Text { text }])),
+            list @ Value::Array(_) => serde_json::from_value(list).map(Self).map_err(de::Error::custom),
+            _ => Err(de::Error::custom("expected a string or a list")),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Block {
+    Text { text: String },
+    Image { source: ImageBlockSource },
+    Document { source: Option<DocumentSource> },
+    Thinking { thinking: String },
+    ServerToolUse {},
+    ToolUse { id: String, name: String, input: Value },
+    ToolResult { tool_use_id: String, content: Option<Blocks> },
+    WebSearchToolResult {},
+    ToolAddition { tool: ToolReference },
+}
+
+impl Block {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Self::Text { .. } => "text",
+            Self::Image { .. } => "image",
+            Self::Document { .. } => "document",
+            Self::Thinking { .. } => "thinking",
+            Self::ServerToolUse {} => "server_tool_use",
+            Self::ToolUse { .. } => "tool_use",
+            Self::ToolResult { .. } => "tool_result",
+            Self::WebSearchToolResult {} => "web_search_tool_result",
+            Self::ToolAddition { .. } => "tool_addition",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ImageBlockSource {
+    Base64 { media_type: String, data: String },
+    Url { url: String },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DocumentSource {
+    pub media_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolReference {
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AnthropicTool {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub name: String,
+    pub description: Option<String>,
+    pub input_schema: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AnthropicToolChoice {
+    Auto {},
+    Any {},
+    None {},
+    Tool { name: String },
+}
+
+fn bad(message: impl Into<String>) -> ConversionError {
+    ConversionError::bad_request(message)
+}
+
+fn server_tools_unsupported() -> ConversionError {
+    bad("Unsupported content block: server tools are not supported")
+}
+
+impl MessagesRequest {
+    pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
+        let model_version = resolve_model(options, &self.model)?;
+        let thinking_mode = self.thinking.map_or(options.default_thinking_mode, ThinkingSwitch::enabled);
+        if self.messages.is_empty() {
+            return Err(bad("messages: at least one message is required"));
+        }
+        let mut sampling = Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_tokens,
+            stop: self.stop_sequences.unwrap_or_default(),
+            ..Sampling::default()
+        };
+        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Clamp)?;
+
+        let declared = client_tools(self.tools.unwrap_or_default(), options.messages_web_search)?;
+        let declared = validate_tools(declared, "tools[{}].name")?;
+        let declared_names: Vec<String> = declared.iter().map(|t| t.name.clone()).collect();
+        let choice = match self.tool_choice {
+            None | Some(AnthropicToolChoice::Auto {}) | Some(AnthropicToolChoice::Any {}) => RequestedToolChoice::Auto,
+            Some(AnthropicToolChoice::None {}) => RequestedToolChoice::None,
+            Some(AnthropicToolChoice::Tool { name }) => RequestedToolChoice::Named(name),
+        };
+        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
+
+        let converter = MessageConverter {
+            model_version,
+            image_token: options.special_tokens.token(SpecialToken::Image),
+            thinking_mode,
+            web_search: options.messages_web_search,
+            declared_names: &declared_names,
+        };
+        let mut messages = Vec::new();
+        if let Some(system) = self.system {
+            let text = system
+                .0
+                .into_iter()
+                .filter_map(|b| match b {
+                    Block::Text { text } => Some(text),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n\n");
+            messages.push(Message::system(text));
+        }
+        converter.convert(self.messages, &mut messages)?;
+
+        let conversation = Conversation {
+            messages,
+            thinking_mode,
+            tools,
+            tool_choice,
+            reasoning_effort: effort(thinking_mode, self.output_config.and_then(|c| c.effort)),
+            response_format: ResponseFormat::Text,
+        };
+        assemble(
+            options,
+            Converted {
+                model_version,
+                conversation,
+                sampling,
+                strict_response_schema: false,
+                stream: self.stream.unwrap_or(false),
+                include_usage: false,
+            },
+        )
+    }
+}
+
+/// Client tools; server tools are rejected, except web search when configured to drop it.
+fn client_tools(tools: Vec<AnthropicTool>, web_search: WebSearchBehavior) -> Result<Vec<ToolDefinition>, ConversionError> {
+    let mut out = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.into_iter().enumerate() {
+        match tool.kind.as_deref() {
+            None => out.push(ToolDefinition {
+                name: tool.name,
+                description: tool.description,
+                parameters: tool.input_schema.unwrap_or(Value::Null),
+                strict: None,
+                defer_loading: false,
+            }),
+            Some(kind) if kind.starts_with("web_search") && web_search == WebSearchBehavior::Drop => {}
+            Some(_) => return Err(bad(format!("tools[{i}]: server tools are not supported"))),
+        }
+    }
+    Ok(out)
+}
+
+struct MessageConverter<'a> {
+    model_version: ModelVersion,
+    image_token: &'a str,
+    thinking_mode: bool,
+    web_search: WebSearchBehavior,
+    declared_names: &'a [String],
+}
+
+impl MessageConverter<'_> {
+    fn convert(&self, raw: Vec<AnthropicMessage>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
+        // Tool-use ids of the previous message, which tool results must answer.
+        let mut previous_tool_uses: Vec<String> = Vec::new();
+        for (i, message) in raw.into_iter().enumerate() {
+            if message.content.0.is_empty() {
+                return Err(bad(format!("messages.{i}: all messages must have non-empty content")));
+            }
+            let tool_uses = match message.role {
+                Role::System => {
+                    self.system(i, message.content.0, out)?;
+                    Vec::new()
+                }
+                Role::User => {
+                    self.user(i, message.content.0, &previous_tool_uses, out)?;
+                    Vec::new()
+                }
+                Role::Assistant => self.assistant(i, message.content.0, out)?,
+            };
+            previous_tool_uses = tool_uses;
+        }
+        Ok(())
+    }
+
+    fn misplaced(&self, i: usize, block: &Block, role: &str) -> ConversionError {
+        bad(format!("messages.{i}: `{}` blocks can only be in `{role}` messages", block.type_name()))
+    }
+
+    /// An in-conversation system message becomes a `<system-reminder>` user message.
+    fn system(&self, i: usize, blocks: Vec<Block>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
+        let mut texts = Vec::new();
+        for (j, block) in blocks.into_iter().enumerate() {
+            match block {
+                Block::Text { text } => texts.push(text),
+                Block::ToolAddition { tool } => {
+                    if !self.declared_names.contains(&tool.name) {
+                        return Err(bad(format!(
+                            "messages.{i}.content.{j}: `tool_addition` references unknown tool '{}'",
+                            tool.name
+                        )));
+                    }
+                }
+                other => return Err(self.misplaced(i, &other, "user")),
+            }
+        }
+        if !texts.is_empty() {
+            out.push(Message::user(format!("<system-reminder>\n{}\n</system-reminder>", texts.join("\n\n"))));
+        }
+        Ok(())
+    }
+
+    fn user(
+        &self,
+        i: usize,
+        blocks: Vec<Block>,
+        previous_tool_uses: &[String],
+        out: &mut Vec<Message>,
+    ) -> Result<(), ConversionError> {
+        for (j, block) in blocks.into_iter().enumerate() {
+            match block {
+                Block::Text { text } => out.push(Message::user(text)),
+                Block::Image { source } => {
+                    let mut content = ContentBuilder::new(self.model_version, self.image_token);
+                    self.image(&mut content, source, format!("messages.{i}.content[{j}]"));
+                    out.push(Message::User { content: content.build() });
+                }
+                Block::Document { source } => {
+                    let media_type = source.and_then(|s| s.media_type).unwrap_or_default();
+                    out.push(Message::user(format!("[Unsupported document type: {media_type}]")));
+                }
+                Block::ToolResult { tool_use_id, content } => {
+                    if !previous_tool_uses.contains(&tool_use_id) {
+                        return Err(bad(format!(
+                            "unexpected `messages.{i}.content.{j}: tool_use_id` found in `tool_result` blocks: {tool_use_id}. Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
+                        )));
+                    }
+                    let content = self.tool_result(i, j, content)?;
+                    out.push(Message::Tool { content, tool_call_id: Some(tool_use_id) });
+                }
+                Block::ServerToolUse {} | Block::WebSearchToolResult {}
+                    if self.web_search == WebSearchBehavior::Reject =>
+                {
+                    return Err(server_tools_unsupported())
+                }
+                other @ Block::ToolAddition { .. } => return Err(self.misplaced(i, &other, "system")),
+                other => return Err(self.misplaced(i, &other, "assistant")),
+            }
+        }
+        Ok(())
+    }
+
+    fn tool_result(&self, i: usize, j: usize, content: Option<Blocks>) -> Result<ImageContent, ConversionError> {
+        let mut out = ContentBuilder::new(self.model_version, self.image_token);
+        for (k, block) in content.map(|b| b.0).unwrap_or_default().into_iter().enumerate() {
+            match block {
+                Block::Text { text } => out.text(text),
+                Block::Image { source } => {
+                    self.image(&mut out, source, format!("messages.{i}.content[{j}].content[{k}]"))
+                }
+                other => return Err(self.misplaced(i, &other, "assistant")),
+            }
+        }
+        Ok(out.build())
+    }
+
+    fn image(&self, out: &mut ContentBuilder, source: ImageBlockSource, path: String) {
+        let data = match source {
+            ImageBlockSource::Base64 { media_type, data } => {
+                ImageData::DataUrl(format!("data:{media_type};base64,{data}"))
+            }
+            ImageBlockSource::Url { url } => ImageData::Url(url),
+        };
+        out.image(data, ImageDetail::High, path);
+    }
+
+    /// Returns the ids of the message's tool uses.
+    fn assistant(&self, i: usize, blocks: Vec<Block>, out: &mut Vec<Message>) -> Result<Vec<String>, ConversionError> {
+        let mut texts = Vec::new();
+        let mut reasoning: Option<String> = None;
+        let mut calls = Vec::new();
+        for block in blocks {
+            match block {
+                Block::Text { text } => texts.push(text),
+                Block::Thinking { thinking } => reasoning.get_or_insert_with(String::new).push_str(&thinking),
+                Block::ToolUse { id, name, input } => {
+                    calls.push(ToolCall { id, name, arguments: py_json::dumps(&input) })
+                }
+                Block::ServerToolUse {} | Block::WebSearchToolResult {} => {
+                    if self.web_search == WebSearchBehavior::Reject {
+                        return Err(server_tools_unsupported());
+                    }
+                }
+                other @ Block::ToolAddition { .. } => return Err(self.misplaced(i, &other, "system")),
+                other => return Err(self.misplaced(i, &other, "user")),
+            }
+        }
+        let ids = calls.iter().map(|c| c.id.clone()).collect();
+        let reasoning_content = if self.thinking_mode { Some(reasoning.unwrap_or_default()) } else { None };
+        out.push(Message::Assistant {
+            content: texts.join("\n\n"),
+            reasoning_content,
+            tool_calls: (!calls.is_empty()).then_some(calls),
+            prefix: false,
+        });
+        Ok(ids)
+    }
+}

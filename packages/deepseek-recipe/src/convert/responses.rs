@@ -1,0 +1,468 @@
+//! OpenAI Responses requests.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::chat::DetailName;
+use super::content::ContentBuilder;
+use super::sampling::MaxTokensPolicy;
+use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
+use super::{assemble, effort, mentions_json, resolve_model, Converted, EffortName, Sampling};
+use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
+use crate::error::ConversionError;
+use crate::image_source::{ImageData, ImageDetail};
+use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
+use crate::options::{ConversionOptions, WebSearchBehavior};
+use crate::response::responses::Echo;
+use crate::tokens::SpecialToken;
+
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    pub model: String,
+    pub input: Option<Input>,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_logprobs: Option<u32>,
+    pub user: Option<String>,
+    pub tools: Option<Raw<Vec<ResponsesTool>>>,
+    pub tool_choice: Option<Raw<ResponsesToolChoice>>,
+    pub reasoning: Option<Reasoning>,
+    pub text: Option<Raw<TextConfig>>,
+    pub stream: Option<bool>,
+}
+
+/// A field kept both typed and as the raw JSON the client sent (echoed back in responses).
+#[derive(Debug)]
+pub struct Raw<T> {
+    pub raw: Value,
+    pub typed: T,
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Raw<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = Value::deserialize(deserializer)?;
+        let typed = T::deserialize(&raw).map_err(de::Error::custom)?;
+        Ok(Self { raw, typed })
+    }
+}
+
+#[derive(Debug)]
+pub enum Input {
+    Text(String),
+    Items(Vec<Item>),
+}
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(text) => Ok(Self::Text(text)),
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| Item::from_value(item).map_err(de::Error::custom))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Self::Items),
+            _ => Err(de::Error::custom("input should be a string or a list of input items")),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Item {
+    Message(InputMessage),
+    Reasoning(ReasoningItem),
+    FunctionCall(FunctionCallItem),
+    FunctionCallOutput(FunctionCallOutputItem),
+    /// An item of a type this converter does not know; skipped.
+    Unknown,
+}
+
+impl Item {
+    fn from_value(value: Value) -> Result<Self, serde_json::Error> {
+        let kind = value.get("type").and_then(Value::as_str).map(str::to_owned);
+        Ok(match kind.as_deref() {
+            None | Some("message") => Self::Message(serde_json::from_value(value)?),
+            Some("reasoning") => Self::Reasoning(serde_json::from_value(value)?),
+            Some("function_call") => Self::FunctionCall(serde_json::from_value(value)?),
+            Some("function_call_output") => Self::FunctionCallOutput(serde_json::from_value(value)?),
+            Some(_) => Self::Unknown,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputRole {
+    User,
+    Assistant,
+    System,
+    Developer,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InputMessage {
+    pub role: InputRole,
+    pub content: Parts,
+}
+
+#[derive(Debug)]
+pub struct Parts(pub Vec<Part>);
+
+impl<'de> Deserialize<'de> for Parts {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(text) => Ok(Self(vec![Part::InputText { text }])),
+            list @ Value::Array(_) => serde_json::from_value(list).map(Self).map_err(de::Error::custom),
+            _ => Err(de::Error::custom("content should be a string or a list")),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    InputText { text: String },
+    OutputText { text: String },
+    InputImage { image_url: Option<String>, file_id: Option<String>, detail: Option<DetailName> },
+    InputFile {},
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReasoningItem {
+    #[serde(default)]
+    pub content: Vec<ReasoningText>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReasoningText {
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallItem {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: String,
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallOutputItem {
+    pub call_id: String,
+    pub output: Parts,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponsesTool {
+    Function(FunctionTool),
+    Namespace { name: String, tools: Vec<FunctionTool> },
+    WebSearch {},
+    WebSearchPreview {},
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionTool {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug)]
+pub struct ResponsesToolChoice(pub RequestedToolChoice);
+
+#[derive(Debug, Deserialize)]
+struct NamedFunction {
+    name: String,
+}
+
+impl<'de> Deserialize<'de> for ResponsesToolChoice {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let choice = match Value::deserialize(deserializer)? {
+            Value::String(s) if s == "none" => RequestedToolChoice::None,
+            Value::String(s) if s == "auto" => RequestedToolChoice::Auto,
+            Value::String(s) if s == "required" => RequestedToolChoice::Required,
+            object @ Value::Object(_) => {
+                let named: NamedFunction = serde_json::from_value(object).map_err(de::Error::custom)?;
+                RequestedToolChoice::Named(named.name)
+            }
+            _ => return Err(de::Error::custom("expected one of `none`, `auto`, `required` or a tool")),
+        };
+        Ok(Self(choice))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Reasoning {
+    pub effort: Option<EffortName>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TextConfig {
+    pub format: Option<TextFormat>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TextFormat {
+    Text,
+    JsonSchema { name: Option<String>, schema: Value, strict: Option<bool> },
+    JsonObject,
+}
+
+fn bad(message: impl Into<String>) -> ConversionError {
+    ConversionError::bad_request(message)
+}
+
+/// The name a namespaced function is known by in the conversation.
+fn namespaced(namespace: &str, name: &str) -> String {
+    format!("{namespace}__{name}")
+}
+
+impl ResponsesRequest {
+    /// The requested settings, as the response object reports them.
+    pub fn echo(&self) -> Echo {
+        let defaults = Echo::default();
+        Echo {
+            instructions: self.instructions.clone(),
+            max_output_tokens: self.max_output_tokens.map(u64::from),
+            temperature: self.temperature.map_or(1.0, f64::from),
+            top_p: self.top_p.map_or(1.0, f64::from),
+            top_logprobs: self.top_logprobs.map_or(0, u64::from),
+            user: self.user.clone(),
+            reasoning_effort: self.reasoning.as_ref().and_then(|r| r.effort).map(|e| e.as_str().to_owned()),
+            text_format: self
+                .text
+                .as_ref()
+                .and_then(|t| t.raw.get("format").cloned())
+                .unwrap_or(defaults.text_format),
+            tool_choice: self.tool_choice.as_ref().map_or(defaults.tool_choice, |c| c.raw.clone()),
+            tools: self.tools.as_ref().map_or(defaults.tools, |t| t.raw.clone()),
+        }
+    }
+
+    /// Flattened function name -> (namespace, local name) for namespace tools.
+    pub fn namespace_tool_map(
+        &self,
+        options: &ConversionOptions,
+    ) -> Result<BTreeMap<String, (String, String)>, ConversionError> {
+        self.declared_tools(options.responses_web_search)?;
+        let mut map = BTreeMap::new();
+        for tool in self.tools.iter().flat_map(|t| &t.typed) {
+            if let ResponsesTool::Namespace { name, tools } = tool {
+                for function in tools {
+                    map.insert(namespaced(name, &function.name), (name.clone(), function.name.clone()));
+                }
+            }
+        }
+        Ok(map)
+    }
+
+    fn declared_tools(&self, web_search: WebSearchBehavior) -> Result<Vec<ToolDefinition>, ConversionError> {
+        let definition = |name: String, f: &FunctionTool| ToolDefinition {
+            name,
+            description: f.description.clone(),
+            parameters: f.parameters.clone().unwrap_or(Value::Null),
+            strict: f.strict,
+            defer_loading: false,
+        };
+        let mut out = Vec::new();
+        for tool in self.tools.iter().flat_map(|t| &t.typed) {
+            match tool {
+                ResponsesTool::Function(f) => out.push(definition(f.name.clone(), f)),
+                ResponsesTool::Namespace { name, tools } => {
+                    out.extend(tools.iter().map(|f| definition(namespaced(name, &f.name), f)))
+                }
+                ResponsesTool::WebSearch {} => {
+                    if web_search == WebSearchBehavior::Reject {
+                        return Err(bad("Server tools are not supported"));
+                    }
+                }
+                ResponsesTool::WebSearchPreview {} => {}
+            }
+        }
+        validate_tools(out, "tools[{}].name")
+    }
+
+    pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
+        let model_version = resolve_model(options, &self.model)?;
+        let requested_effort = self.reasoning.as_ref().and_then(|r| r.effort);
+        let thinking_mode = match requested_effort {
+            Some(EffortName::None) => false,
+            _ => options.default_thinking_mode,
+        };
+        match &self.input {
+            None if self.instructions.is_none() => {
+                return Err(bad("Either input or instructions must be provided"))
+            }
+            Some(Input::Items(items)) if items.is_empty() => {
+                return Err(bad("Input items array must not be empty"))
+            }
+            _ => {}
+        }
+        let mut sampling = Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_output_tokens,
+            logprobs: self.top_logprobs.is_some(),
+            top_logprobs: self.top_logprobs,
+            ..Sampling::default()
+        };
+        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
+
+        let declared = self.declared_tools(options.responses_web_search)?;
+        let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.typed.0);
+        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
+
+        let mut messages = Vec::new();
+        if let Some(instructions) = self.instructions {
+            messages.push(Message::system(instructions));
+        }
+        let converter = ItemConverter {
+            model_version,
+            image_token: options.special_tokens.token(SpecialToken::Image),
+            thinking_mode,
+        };
+        match self.input {
+            Some(Input::Text(text)) => messages.push(Message::user(text)),
+            Some(Input::Items(items)) => converter.convert(items, &mut messages)?,
+            None => {}
+        }
+
+        let (response_format, strict_response_schema) = match self.text.and_then(|t| t.typed.format) {
+            None | Some(TextFormat::Text) => (ResponseFormat::Text, false),
+            Some(TextFormat::JsonObject) => {
+                if !mentions_json(&messages) {
+                    return Err(bad(
+                        "Response input messages must contain the word 'json' in some form to use 'text.format' of type 'json_object'.",
+                    ));
+                }
+                (ResponseFormat::JsonObject, false)
+            }
+            Some(TextFormat::JsonSchema { schema, strict, .. }) => {
+                (ResponseFormat::JsonSchema(schema), strict == Some(true))
+            }
+        };
+        let conversation = Conversation {
+            messages,
+            thinking_mode,
+            tools,
+            tool_choice,
+            reasoning_effort: effort(thinking_mode, requested_effort),
+            response_format,
+        };
+        assemble(
+            options,
+            Converted {
+                model_version,
+                conversation,
+                sampling,
+                strict_response_schema,
+                stream: self.stream.unwrap_or(false),
+                include_usage: false,
+            },
+        )
+    }
+}
+
+struct ItemConverter<'a> {
+    model_version: ModelVersion,
+    image_token: &'a str,
+    thinking_mode: bool,
+}
+
+impl ItemConverter<'_> {
+    fn convert(&self, items: Vec<Item>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
+        let mut call_ids: HashSet<String> = HashSet::new();
+        let mut pending_reasoning: Option<String> = None;
+        // Whether the last message is an assistant turn that later assistant items extend.
+        let mut assistant_open = false;
+        for (index, item) in items.into_iter().enumerate() {
+            match item {
+                Item::Unknown => {}
+                Item::Reasoning(reasoning) => {
+                    let text: String = reasoning.content.into_iter().map(|r| r.text).collect();
+                    pending_reasoning.get_or_insert_with(String::new).push_str(&text);
+                    assistant_open = false;
+                }
+                Item::FunctionCall(call) => {
+                    let name = match &call.namespace {
+                        Some(ns) => namespaced(ns, &call.name),
+                        None => call.name,
+                    };
+                    call_ids.insert(call.call_id.clone());
+                    let tool_call = ToolCall { id: call.call_id, name, arguments: call.arguments };
+                    if !assistant_open {
+                        out.push(self.assistant(String::new(), pending_reasoning.take()));
+                        assistant_open = true;
+                    }
+                    if let Some(Message::Assistant { tool_calls, .. }) = out.last_mut() {
+                        tool_calls.get_or_insert_with(Vec::new).push(tool_call);
+                    }
+                }
+                Item::FunctionCallOutput(output) => {
+                    if !call_ids.contains(&output.call_id) {
+                        return Err(bad(format!(
+                            "No tool call found for tool output with call_id {}.",
+                            output.call_id
+                        )));
+                    }
+                    let content = self.content(output.output, &format!("input[{index}]"))?;
+                    out.push(Message::Tool { content, tool_call_id: Some(output.call_id) });
+                    assistant_open = false;
+                }
+                Item::Message(message) => {
+                    let path = format!("input[{index}]");
+                    let content = self.content(message.content, &path)?;
+                    match message.role {
+                        InputRole::Assistant => {
+                            out.push(self.assistant(content.text, pending_reasoning.take()));
+                            assistant_open = true;
+                            continue;
+                        }
+                        InputRole::System => out.push(Message::System { content, tools: None }),
+                        InputRole::User | InputRole::Developer => out.push(Message::User { content }),
+                    }
+                    assistant_open = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn assistant(&self, content: String, reasoning: Option<String>) -> Message {
+        let reasoning_content = if self.thinking_mode { Some(reasoning.unwrap_or_default()) } else { None };
+        Message::Assistant { content, reasoning_content, tool_calls: None, prefix: false }
+    }
+
+    fn content(&self, parts: Parts, path: &str) -> Result<ImageContent, ConversionError> {
+        let mut out = ContentBuilder::new(self.model_version, self.image_token);
+        for (k, part) in parts.0.into_iter().enumerate() {
+            match part {
+                Part::InputText { text } | Part::OutputText { text } => out.text(text),
+                Part::InputFile {} => out.text("[Unsupported Document]"),
+                Part::InputImage { image_url, file_id, detail } => {
+                    let detail = detail.map_or(ImageDetail::High, ImageDetail::from);
+                    match image_url {
+                        Some(url) if out.supports_images() => {
+                            let data = if url.starts_with("data:") { ImageData::DataUrl(url) } else { ImageData::Url(url) };
+                            out.image(data, detail, path.to_owned());
+                        }
+                        _ if out.supports_images() && file_id.is_some() => {
+                            return Err(bad(format!(
+                                "{path}.content[{k}]: file_id is not supported. Pass the image as a base64 data url instead."
+                            )))
+                        }
+                        _ => out.text(super::content::UNSUPPORTED_IMAGE),
+                    }
+                }
+            }
+        }
+        Ok(out.build())
+    }
+}
