@@ -409,9 +409,12 @@ def make_prompts(vocab: int, window: int, cfg_text, seed: int, lengths: list[int
     if lengths is None:
         ratio = max([r for r in cfg_text.compress_ratios[: cfg_text.num_hidden_layers] if r] or [1])
         long_len = max(3 * window, 2 * ratio * cfg_text.index_topk + window // 2 + 3)
-        if cfg_text.candidate_source_layer_id >= 0:
-            long_len = max(long_len, 2 * cfg_text.candidate_topk_blocks * cfg_text.candidate_block_size + 5)
-        lengths = [5, max(6, window - 3), window + 7, long_len]
+        cand = cfg_text.candidate_source_layer_id
+        if cand >= 0:  # more candidate blocks than are kept, so the candidate stage prunes too
+            blocks = cfg_text.candidate_topk_blocks * cfg_text.candidate_block_size
+            kept = cfg_text.compress_ratios[cand] * blocks
+            long_len = max(long_len, kept + window + 9)
+        lengths = [5, window + 7, long_len]
     gen = torch.Generator().manual_seed(1000 + seed)
     prompts = []
     for n in lengths:
@@ -453,12 +456,12 @@ def main(argv: list[str] | None = None) -> None:
             ids = torch.tensor([prompt])
             if model.model.engram_hash is not None:
                 rows = model.model.engram_hash(ids)[0]  # [seq, engram_layers, hash_heads]
-                for mode in tensors:
-                    tensors[mode][f"p{i}.engram_rows"] = rows.to(torch.int64).contiguous()
+                tensors["exact"][f"p{i}.engram_rows"] = rows.to(torch.int64).contiguous()
         for mode, quant_on in (("exact", False), ("release", True)):
             out = tensors[mode]
+            longest = max(range(len(prompts)), key=lambda j: len(prompts[j]))
             with cache_quantisation(quant_on), torch.no_grad():
-                min_margin, min_gap = math.inf, math.inf
+                min_margin, min_gap, clear, rows_total = math.inf, math.inf, 0, 0
                 for i, prompt in enumerate(prompts):
                     cont, margins = greedy(model, prompt, args.steps)
                     full = torch.tensor([prompt + cont])
@@ -470,12 +473,15 @@ def main(argv: list[str] | None = None) -> None:
                     tf_greedy = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
                     agree = [a == b for a, b in zip(tf_greedy, cont)]
                     out[f"p{i}.tokens"] = full[0].to(torch.int32)
-                    out[f"p{i}.logits"] = logits.contiguous()
+                    if mode == "exact" or i == longest:  # release: the long prompt only (fixture size)
+                        out[f"p{i}.logits"] = logits.contiguous()
                     out[f"p{i}.greedy"] = torch.tensor(cont, dtype=torch.int32)
                     out[f"p{i}.greedy_margin"] = torch.tensor(margins, dtype=torch.float32)
                     for layer_id, rec in sorted(probe.records.items()):
                         out[f"p{i}.topk.{layer_id}"] = rec["indices"].contiguous()
                         out[f"p{i}.topk_gap.{layer_id}"] = rec["gap"].contiguous()
+                        clear += int((rec["gap"] > 1e-3).sum())
+                        rows_total += rec["gap"].numel()
                         finite = rec["gap"][torch.isfinite(rec["gap"])]
                         if finite.numel():
                             min_gap = min(min_gap, float(finite.min()))
@@ -487,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
                         "logit_std": float(logits.std()),
                     }
                 if draft is not None:
-                    i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
+                    i = longest
                     full = out[f"p{i}.tokens"].long().unsqueeze(0)
                     seq = full.shape[1]
                     block = text.dspark_block_size
@@ -506,6 +512,7 @@ def main(argv: list[str] | None = None) -> None:
                     summary[mode]["dspark_prompt"] = f"p{i}"
                 summary[mode]["min_greedy_margin"] = min_margin
                 summary[mode]["min_topk_gap"] = min_gap
+                summary[mode]["topk_rows_with_gap_above_1e-3"] = f"{clear}/{rows_total}"
 
     args.out.mkdir(parents=True, exist_ok=True)
     for mode, data in tensors.items():
