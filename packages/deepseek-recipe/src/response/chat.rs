@@ -66,14 +66,14 @@ impl ChatGenerator {
 
 pub fn finish_reason(completion: &Completion) -> &'static str {
     match completion.reason {
-        FinishReason::Length => "length",
-        FinishReason::ContentFilter => "content_filter",
-        FinishReason::Stop if completion.tool_calls > 0 && completion.stop_sequence.is_none() => "tool_calls",
-        FinishReason::Stop => "stop",
+        Some(FinishReason::Length) => "length",
+        Some(FinishReason::ContentFilter) => "content_filter",
+        Some(FinishReason::Stop) if completion.tool_calls > 0 && completion.stop_sequence.is_none() => "tool_calls",
+        _ => "stop",
     }
 }
 
-fn usage_json(completion: &Completion) -> Value {
+fn usage_json(completion: &Completion, thinking_mode: bool) -> Value {
     let u = &completion.usage;
     let mut usage = json!({
         "prompt_tokens": u.prompt.prompt_tokens,
@@ -81,7 +81,7 @@ fn usage_json(completion: &Completion) -> Value {
         "total_tokens": u.prompt.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.prompt.prompt_cache_hit_tokens},
     });
-    if let Some(reasoning) = u.reasoning_tokens {
+    if let Some(reasoning) = u.reasoning_tokens.filter(|_| thinking_mode) {
         usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning});
     }
     usage["prompt_cache_hit_tokens"] = json!(u.prompt.prompt_cache_hit_tokens);
@@ -127,7 +127,7 @@ impl Generator for ChatGenerator {
 
     fn complete(&mut self, completion: &Completion, out: &mut Vec<ChatChunk>) {
         let delta = self.content_delta("");
-        out.push(self.chunk(delta, Some(finish_reason(completion)), Some(usage_json(completion))));
+        out.push(self.chunk(delta, Some(finish_reason(completion)), Some(usage_json(completion, self.config.thinking_mode))));
     }
 }
 

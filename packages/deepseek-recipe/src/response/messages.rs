@@ -100,11 +100,11 @@ impl MessagesGenerator {
 
 pub fn stop_reason(completion: &Completion) -> &'static str {
     match completion.reason {
-        FinishReason::Length => "max_tokens",
-        FinishReason::ContentFilter => "refusal",
-        FinishReason::Stop if completion.stop_sequence.is_some() => "stop_sequence",
-        FinishReason::Stop if completion.tool_calls > 0 => "tool_use",
-        FinishReason::Stop => "end_turn",
+        Some(FinishReason::Length) => "max_tokens",
+        Some(FinishReason::ContentFilter) => "refusal",
+        _ if completion.stop_sequence.is_some() => "stop_sequence",
+        Some(FinishReason::Stop) if completion.tool_calls > 0 => "tool_use",
+        _ => "end_turn",
     }
 }
 

@@ -260,9 +260,9 @@ impl Generator for ResponsesGenerator {
 
     fn complete(&mut self, completion: &Completion, out: &mut Vec<ResponsesEvent>) {
         let (status, incomplete) = match completion.reason {
-            FinishReason::Stop => ("completed", None),
-            FinishReason::Length => ("incomplete", Some("max_output_tokens")),
-            FinishReason::ContentFilter => ("incomplete", Some("content_filter")),
+            Some(FinishReason::Length) => ("incomplete", Some("max_output_tokens")),
+            Some(FinishReason::ContentFilter) => ("incomplete", Some("content_filter")),
+            _ => ("completed", None),
         };
         self.close_item(status, false, out);
         let u = &completion.usage;

@@ -53,13 +53,11 @@ impl TokenDecoder {
         &self.cache[&id]
     }
 
-    /// The text completed by these ids; a trailing incomplete character waits for the next call.
-    pub fn decode(&mut self, ids: &[u32]) -> String {
+    /// The text completed by this token; a trailing incomplete character waits for the next token.
+    pub fn decode(&mut self, id: u32) -> String {
         let mut bytes = std::mem::take(&mut self.carry);
-        for &id in ids {
-            let piece = self.token_bytes(id).to_vec();
-            bytes.extend_from_slice(&piece);
-        }
+        let piece = self.token_bytes(id).to_vec();
+        bytes.extend_from_slice(&piece);
         let keep = incomplete_tail(&bytes);
         self.carry = bytes.split_off(bytes.len() - keep);
         String::from_utf8_lossy(&bytes).into_owned()

@@ -14,8 +14,8 @@ pub struct DsmlTags {
     parameter: [String; 2],
     /// `</｜DSML｜`: closes a value, an invoke or the block depending on where it appears.
     close: String,
-    /// Tags that open a block from reasoning or content, with whether they already opened an invoke.
-    pub openers: Vec<(String, bool)>,
+    /// `<｜DSML｜`: opens a block from reasoning or content (the block parser reads what follows).
+    pub opener: String,
 }
 
 impl DsmlTags {
@@ -24,12 +24,7 @@ impl DsmlTags {
             invoke: [format!("<{dsml}invoke"), format!("<{dsml} invoke")],
             parameter: [format!("<{dsml}parameter name="), format!("<{dsml} parameter name=")],
             close: format!("</{dsml}"),
-            openers: vec![
-                (format!("<{dsml}tool_calls>"), false),
-                (format!("<{dsml} calls>"), false),
-                (format!("<{dsml}invoke"), true),
-                (format!("<{dsml} invoke"), true),
-            ],
+            opener: format!("<{dsml}"),
         }
     }
 }
@@ -75,10 +70,9 @@ enum Scan {
 }
 
 impl DsmlParser {
-    /// A parser positioned inside a block; `in_invoke` when the opening tag was a bare invoke.
-    pub fn new(tags: DsmlTags, in_invoke: bool) -> Self {
-        let state = if in_invoke { State::InvokeAttr } else { State::Block };
-        Self { tags, state, buf: Vec::new(), calls: 0 }
+    /// A parser positioned inside a block (before its first invoke).
+    pub fn new(tags: DsmlTags) -> Self {
+        Self { tags, state: State::Block, buf: Vec::new(), calls: 0 }
     }
 
     pub fn calls(&self) -> usize {

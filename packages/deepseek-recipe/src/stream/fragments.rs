@@ -41,6 +41,8 @@ pub enum Output {
 
 #[derive(Debug)]
 struct Fragment {
+    /// No more output joins this fragment (a tag was removed right after it).
+    sealed: bool,
     piece: u64,
     channel: Channel,
     class: Class,
@@ -55,7 +57,7 @@ pub struct Fragments {
 impl Fragments {
     pub fn push_char(&mut self, piece: u64, channel: Channel, class: Class, c: char) {
         if let Some(last) = self.queue.back_mut() {
-            if last.piece == piece && last.channel == channel && last.class == class {
+            if !last.sealed && last.piece == piece && last.channel == channel && last.class == class {
                 if let Output::Text { text, .. } = &mut last.output {
                     if class != Class::Filler {
                         text.push(c);
@@ -65,7 +67,7 @@ impl Fragments {
             }
         }
         let text = if class == Class::Filler { " ".to_owned() } else { c.to_string() };
-        self.queue.push_back(Fragment { piece, channel, class, output: Output::Text { channel, text } });
+        self.queue.push_back(Fragment { sealed: false, piece, channel, class, output: Output::Text { channel, text } });
     }
 
     pub fn push_str(&mut self, piece: u64, channel: Channel, class: Class, s: &str) {
@@ -76,6 +78,7 @@ impl Fragments {
 
     pub fn push_tool_start(&mut self, piece: u64, index: usize, name: String) {
         self.queue.push_back(Fragment {
+            sealed: true,
             piece,
             channel: Channel::Arguments(index),
             class: Class::ArgsOpen,
@@ -83,11 +86,18 @@ impl Fragments {
         });
     }
 
+    /// Ends the current fragment: output after a removed tag streams separately.
+    pub fn seal(&mut self) {
+        if let Some(last) = self.queue.back_mut() {
+            last.sealed = true;
+        }
+    }
+
     /// Releases every settled fragment. `undecided_piece` is the piece of the earliest input character
     /// the parser has not decided yet; the last fragment waits while it comes from that piece.
     pub fn release(&mut self, undecided_piece: Option<u64>, out: &mut Vec<Output>) {
         let keep_last = match (self.queue.back(), undecided_piece) {
-            (Some(last), Some(p)) => matches!(last.output, Output::Text { .. }) && last.piece == p,
+            (Some(last), Some(p)) => !last.sealed && last.piece == p,
             _ => false,
         };
         let n = self.queue.len() - usize::from(keep_last);

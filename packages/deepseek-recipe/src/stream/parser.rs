@@ -21,8 +21,8 @@ enum Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tag {
     ThinkEnd,
-    /// Opens a tool-call block; `true` when the tag already opened an invoke.
-    Dsml(bool),
+    /// Opens a tool-call block.
+    Dsml,
     Stop(usize),
 }
 
@@ -49,6 +49,8 @@ pub struct Parser {
     tag: Vec<(char, u64)>,
     reasoning_text: String,
     halted: Option<Halt>,
+    /// With token input, `</think>` counts only as its own special token, never as spelled text.
+    token_level_think_end: bool,
 }
 
 impl Parser {
@@ -57,7 +59,7 @@ impl Parser {
         let dsml = DsmlTags::new(tokens.token(SpecialToken::Dsml));
         let starts_in_reasoning = options.thinking_initial_stage.is_some_and(|s| s.starts_in_reasoning());
         let mode = if options.starts_in_tool_calls {
-            Mode::Tools(DsmlParser::new(dsml.clone(), false))
+            Mode::Tools(DsmlParser::new(dsml.clone()))
         } else if starts_in_reasoning {
             Mode::Reasoning
         } else {
@@ -77,6 +79,7 @@ impl Parser {
             tag: Vec::new(),
             reasoning_text: String::new(),
             halted: None,
+            token_level_think_end: false,
         }
     }
 
@@ -110,6 +113,29 @@ impl Parser {
         }
     }
 
+    /// Whether the following input comes from token ids (see `token_level_think_end`).
+    pub fn set_token_input(&mut self, token_input: bool) {
+        self.token_level_think_end = token_input;
+    }
+
+    /// The `</think>` special token, with token input.
+    pub fn feed_think_end(&mut self, piece: u64, out: &mut Fragments) {
+        if self.halted.is_some() {
+            return;
+        }
+        if let Mode::Tools(parser) = &mut self.mode {
+            for c in self.think_end.clone().chars() {
+                parser.feed(c, piece, out);
+            }
+            return;
+        }
+        // A pending partial tag cannot continue across the special token.
+        for (c, p) in std::mem::take(&mut self.tag) {
+            self.text_char(c, p, out);
+        }
+        self.on_tag(Tag::ThinkEnd, piece, out);
+    }
+
     pub fn feed_str(&mut self, text: &str, piece: u64, out: &mut Fragments) {
         for c in text.chars() {
             if self.halted.is_some() {
@@ -132,7 +158,7 @@ impl Parser {
         match self.match_tag() {
             Some(Ok(tag)) => {
                 self.tag.clear();
-                self.on_tag(tag, out);
+                self.on_tag(tag, piece, out);
             }
             Some(Err(())) => {
                 let mut held = std::mem::take(&mut self.tag).into_iter();
@@ -147,11 +173,10 @@ impl Parser {
     }
 
     fn tags(&self) -> impl Iterator<Item = (&str, Tag)> {
-        let dsml = self.parse_tool_calls.then_some(&self.dsml.openers).into_iter().flatten();
+        let think_end = (!self.token_level_think_end).then_some((self.think_end.as_str(), Tag::ThinkEnd));
+        let dsml = self.parse_tool_calls.then_some((self.dsml.opener.as_str(), Tag::Dsml));
         let stops = matches!(self.mode, Mode::Content).then_some(&self.stops).into_iter().flatten();
-        std::iter::once((self.think_end.as_str(), Tag::ThinkEnd))
-            .chain(dsml.map(|(t, invoke)| (t.as_str(), Tag::Dsml(*invoke))))
-            .chain(stops.enumerate().map(|(i, s)| (s.as_str(), Tag::Stop(i))))
+        think_end.into_iter().chain(dsml).chain(stops.enumerate().map(|(i, s)| (s.as_str(), Tag::Stop(i))))
     }
 
     fn may_start_tag(&self, c: char) -> bool {
@@ -219,7 +244,8 @@ impl Parser {
         }
     }
 
-    fn on_tag(&mut self, tag: Tag, out: &mut Fragments) {
+    fn on_tag(&mut self, tag: Tag, piece: u64, out: &mut Fragments) {
+        out.seal();
         match (tag, &self.mode) {
             (Tag::ThinkEnd, Mode::Reasoning) => {
                 self.newlines.clear();
@@ -228,9 +254,13 @@ impl Parser {
             }
             // A closing think tag inside the answer is dropped; the section goes on.
             (Tag::ThinkEnd, _) => {}
-            (Tag::Dsml(in_invoke), _) => {
+            (Tag::Dsml, _) => {
                 self.newlines.clear();
-                self.mode = Mode::Tools(DsmlParser::new(self.dsml.clone(), in_invoke));
+                let mut parser = DsmlParser::new(self.dsml.clone());
+                for c in self.dsml.opener.chars() {
+                    parser.feed(c, piece, out);
+                }
+                self.mode = Mode::Tools(parser);
             }
             (Tag::Stop(i), _) => {
                 self.release_newlines(out);

@@ -6,6 +6,7 @@ use super::fragments::{Channel, Fragments, Output};
 use super::parser::{Halt, Parser};
 use crate::options::ParsingOptions;
 use crate::tokenizer::Tokenizer;
+use crate::tokens::SpecialToken;
 
 /// One piece of parsed output, in protocol-neutral form.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,8 +29,9 @@ pub struct Usage {
 /// How the stream ended.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
-    /// The backend's reason (`Stop` when the stream ended without one or on a stop sequence).
-    pub reason: FinishReason,
+    /// The backend's reason; `None` when the input ended without a finish chunk (reported as a plain
+    /// stop even after tool calls). A stop sequence reports `Stop`.
+    pub reason: Option<FinishReason>,
     pub tool_calls: usize,
     pub stop_sequence: Option<String>,
     pub usage: Usage,
@@ -81,6 +83,8 @@ pub struct StreamProcessor<G: Generator> {
     id_marker: &'static str,
     ids: IdSource,
     released: Vec<Output>,
+    /// Id of the `</think>` special token (token input recognises it only by id).
+    think_end_id: Option<u32>,
 }
 
 impl<G: Generator> StreamProcessor<G> {
@@ -88,6 +92,8 @@ impl<G: Generator> StreamProcessor<G> {
         let starts_in_reasoning = !options.starts_in_tool_calls
             && options.thinking_initial_stage.is_some_and(|s| s.starts_in_reasoning());
         let id_marker = if generator.thinking_mode() && !starts_in_reasoning { "ET_" } else { "" };
+        let think_end = options.special_tokens.token(SpecialToken::ThinkingEnd);
+        let think_end_id = tokenizer.as_ref().and_then(|t| t.added_token_id(think_end));
         Self {
             generator,
             parser: Parser::new(options),
@@ -103,6 +109,7 @@ impl<G: Generator> StreamProcessor<G> {
             id_marker,
             ids: IdSource::new(),
             released: Vec::new(),
+            think_end_id,
         }
     }
 
@@ -148,19 +155,18 @@ impl<G: Generator> StreamProcessor<G> {
                         return Err(StreamError::LogprobCount { logprobs: lp.len(), tokens: token_ids.len() });
                     }
                 }
-                let Some(decoder) = &mut self.decoder else {
+                if self.decoder.is_none() {
                     self.lifecycle = Lifecycle::Closed;
                     return Err(StreamError::NoTokenizer);
-                };
-                let text = decoder.decode(&token_ids);
+                }
                 self.ensure_started(&mut out);
                 self.completion_tokens += token_ids.len() as u64;
-                self.feed(&text, &mut out);
+                self.feed_tokens(&token_ids, &mut out);
                 let _: Option<Vec<TokenLogprob>> = logprobs;
             }
             InferenceChunk::Finish(reason) => {
                 self.ensure_started(&mut out);
-                self.complete(reason, &mut out);
+                self.complete(Some(reason), &mut out);
             }
         }
         Ok(out)
@@ -174,7 +180,7 @@ impl<G: Generator> StreamProcessor<G> {
             Lifecycle::Open => {
                 let mut out = Vec::new();
                 self.ensure_started(&mut out);
-                self.complete(FinishReason::Stop, &mut out);
+                self.complete(None, &mut out);
                 Ok(out)
             }
         }
@@ -193,9 +199,29 @@ impl<G: Generator> StreamProcessor<G> {
 
     fn feed(&mut self, text: &str, out: &mut Vec<G::Event>) {
         self.piece += 1;
+        self.parser.set_token_input(false);
         self.parser.feed_str(text, self.piece, &mut self.fragments);
+        self.settle(out);
+    }
+
+    fn feed_tokens(&mut self, ids: &[u32], out: &mut Vec<G::Event>) {
+        self.piece += 1;
+        let decoder = self.decoder.as_mut().expect("checked by the caller");
+        self.parser.set_token_input(true);
+        for &id in ids {
+            if Some(id) == self.think_end_id {
+                self.parser.feed_think_end(self.piece, &mut self.fragments);
+            } else {
+                let text = decoder.decode(id);
+                self.parser.feed_str(&text, self.piece, &mut self.fragments);
+            }
+        }
+        self.settle(out);
+    }
+
+    fn settle(&mut self, out: &mut Vec<G::Event>) {
         if self.parser.halted().is_some() {
-            self.complete(FinishReason::Stop, out);
+            self.complete(Some(FinishReason::Stop), out);
             return;
         }
         self.fragments.release(self.parser.undecided_piece(), &mut self.released);
@@ -219,7 +245,7 @@ impl<G: Generator> StreamProcessor<G> {
         }
     }
 
-    fn complete(&mut self, reason: FinishReason, out: &mut Vec<G::Event>) {
+    fn complete(&mut self, reason: Option<FinishReason>, out: &mut Vec<G::Event>) {
         if let Some(decoder) = &mut self.decoder {
             let rest = decoder.flush();
             if !rest.is_empty() {
@@ -238,7 +264,7 @@ impl<G: Generator> StreamProcessor<G> {
         self.deliver(out);
         let reasoning_tokens = self.report_reasoning.then(|| self.count_reasoning_tokens());
         let completion = Completion {
-            reason: if stop_sequence.is_some() { FinishReason::Stop } else { reason },
+            reason: if stop_sequence.is_some() { Some(FinishReason::Stop) } else { reason },
             tool_calls: self.parser.tool_calls(),
             stop_sequence,
             usage: Usage { prompt: self.prompt, completion_tokens: self.completion_tokens, reasoning_tokens },

@@ -14,7 +14,7 @@ use crate::stream::PromptUsage;
 pub struct Once<T>(Mutex<Option<T>>);
 
 impl<T> Once<T> {
-    fn new(value: T) -> Self {
+    pub fn new(value: T) -> Self {
         Self(Mutex::new(Some(value)))
     }
 
