@@ -12,17 +12,18 @@ drives it through `draft()` and the head pieces (`base_logits`, `markov`, `confi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
 
-from deepinfer.config import TextConfig
+from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.linear import Linear, make_linear
 from deepinfer.models.deepseek_v41.mhc import initial_streams
 from deepinfer.models.deepseek_v41.model import AttentionFactory, Block, DeepseekV41Model
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.models.interface import SequenceSegment
+from deepinfer.ops import Ops
 
 
 @dataclass
@@ -45,7 +46,14 @@ class DSpark:
         ops, dtype = main.ops, main.dtype
         self.cfg, self.main, self.ops, self.dtype = cfg, main, ops, dtype
         specs = cfg.layers[cfg.num_hidden_layers :]
-        self.blocks = [Block.load(w.sub(f"{s.prefix}."), cfg, s, attention, ops, dtype) for s in specs]
+
+        def block_attention(
+            cfg: TextConfig, spec: LayerSpec, aw: Weights, ops: Ops, dtype: torch.dtype
+        ) -> Any:
+            # the same tensors and math pieces as a sliding-window layer; only the key set differs
+            return attention(cfg, replace(spec, role="swa"), aw, ops, dtype)
+
+        self.blocks = [Block.load(w.sub(f"{s.prefix}."), cfg, s, block_attention, ops, dtype) for s in specs]
         first, last = w.sub(f"{specs[0].prefix}."), w.sub(f"{specs[-1].prefix}.")
         n_targets = len(cfg.dspark_target_layer_ids)
         self.main_proj: Linear = make_linear(first, "main_proj", ops, dtype, (h, n_targets * h))

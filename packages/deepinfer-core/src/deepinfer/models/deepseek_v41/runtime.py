@@ -87,8 +87,12 @@ class DeepseekV41Runtime:
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         cache = self._require_cache()
         segs = batch.segments
-        if self.replay.mode == "compact" and any(s.logits == "all" for s in segs):
-            raise ValueError("compact bounded replay drops prompt rows: logits='all' is not available")
+        keep = self.replay.keep
+        if self.replay.mode == "compact" and any(s.logits == "all" and len(s.token_ids) > keep for s in segs):
+            raise ValueError(
+                f"compact bounded replay computes only the last {keep} rows of a segment: "
+                "logits='all' is not available for longer segments"
+            )
         ids = torch.tensor([t for s in segs for t in s.token_ids], dtype=torch.int64, device=self.device)
         inputs = TokenInputs(ids=ids, ngrams=self._ngrams(segs) if self.model.hasher is not None else None)
         step = StepState.build(batch, self.cfg, cache, replay=self.replay)
@@ -179,7 +183,9 @@ def load_runtime(
     """Load a release-format checkpoint directory (config.json, tokenizer.json, safetensors)."""
     model_dir = Path(model_dir)
     config = load_model_config(model_dir / "config.json")
-    tensors = load_checkpoint(model_dir, config, device=device)
+    tensors = load_checkpoint(model_dir, config, progress=False).tensors
+    if torch.device(device).type != "cpu":
+        tensors = {name: t.to(device) for name, t in tensors.items()}
     token_map = None
     if config.text.has_engram:
         token_map = compressed_vocab(Tokenizer.from_file(str(model_dir / "tokenizer.json"))).token_map
