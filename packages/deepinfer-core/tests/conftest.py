@@ -104,8 +104,9 @@ def toy_models() -> tuple[type[ToyLM], type[ToyLMNoFork]]:
 def synthetic_tokenizer():
     from deepinfer.engine.loader import TextTokenizer
     from deepinfer.tokenizer import build_synthetic_tokenizer
+    from deepinfer.tokenizer.synthetic import BOS
 
-    return TextTokenizer(build_synthetic_tokenizer())
+    return TextTokenizer(build_synthetic_tokenizer(), bos_token=BOS)
 
 
 def _make_engine(model=None, tokenizer=None, **config):

@@ -41,7 +41,7 @@ def _finalize(z: torch.Tensor) -> torch.Tensor:
 
 def uniform(seeds: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
     """float64 uniforms in [0, 1), one per row; `seeds` hold uint64 bit patterns as int64."""
-    key = _finalize(seeds ^ (positions * _POS_MUL) ^ (purpose * _PURPOSE_MUL))
+    key = _finalize(seeds ^ (positions * _POS_MUL) ^ as_int64(purpose * _PURPOSE_MUL))
     key = _finalize(key)  # a second round decorrelates neighbouring positions of one seed
     return _shr(key, 11).to(torch.float64) * (1.0 / (1 << 53))
 
