@@ -1,0 +1,172 @@
+"""`LLM`: the offline API — load a checkpoint, generate for many prompts, stream, chat."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from deepinfer.engine import EngineConfig, LLMEngine, RequestOutput
+from deepinfer.engine.loader import TextTokenizer, load_model
+from deepinfer.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+RECIPE_MODEL_NAME = "DeepSeek-V4.1-Flash"
+RECIPE_HINT = "LLM.chat needs deepseek_recipe: pip install 'deepinfer-core[serve]'"
+
+Prompt = str | list[int]
+ParamsArg = SamplingParams | dict | Sequence[SamplingParams | dict] | None
+
+
+@dataclass
+class ChatOutput:
+    """A parsed assistant turn: reasoning, content and tool calls, plus the raw generation."""
+
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None  # the protocol's ("stop", "length", "tool_calls")
+    output: RequestOutput
+
+
+class LLM:
+    """Offline inference on one device.
+
+    `LLM(model="checkpoints/tiny-default")` loads the checkpoint directory (config.json, safetensors,
+    tokenizer.json), sizes the cache from the memory budget and starts an `LLMEngine`. Extra keyword
+    arguments are `EngineConfig` fields (max_num_seqs, max_num_batched_tokens, async_scheduling, ...).
+    """
+
+    def __init__(self, model: str | Path, *, tokenizer: str | Path | None = None, backend: str | None = None,
+                 dtype: str = "float32", device: str | None = None, max_model_len: int | None = None,
+                 **engine_kwargs: Any):
+        self.model_dir = Path(model)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = TextTokenizer.from_dir(tokenizer or self.model_dir)
+        runtime = load_model(self.model_dir, backend=backend, dtype=dtype, device=device)
+        if max_model_len is None:
+            hf = json.loads((self.model_dir / "config.json").read_text())
+            max_model_len = min(4096, int(hf.get("max_position_embeddings", 4096)))
+        config = EngineConfig(max_model_len=max_model_len, **engine_kwargs)
+        self.engine = LLMEngine(runtime, self.tokenizer, config, device)
+        self._recipe_encoding: Any = None
+
+    # ---- generation -----------------------------------------------------------------------------
+
+    def _submit(self, prompts: Prompt | Sequence[Prompt] | None, sampling_params: ParamsArg,
+                prompt_token_ids: Sequence[list[int]] | None, stream: bool) -> list[str]:
+        """Validate every request first (a malformed one raises before any work), then queue all."""
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("pass exactly one of prompts and prompt_token_ids")
+        items: list[Prompt] = (list(prompt_token_ids) if prompt_token_ids is not None
+                               else [prompts] if isinstance(prompts, str) else list(prompts))  # type: ignore
+        if isinstance(sampling_params, Sequence):
+            if len(sampling_params) != len(items):
+                raise ValueError(f"{len(sampling_params)} sampling params for {len(items)} prompts")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params] * len(items)
+        params = [p if isinstance(p, SamplingParams) else SamplingParams.model_validate(p or {})
+                  for p in params]
+        for p in params:
+            p.check_vocab(self.engine.vocab_size)
+        return [self.engine.add_request(item, p, stream=stream) for item, p in zip(items, params)]
+
+    def generate(self, prompts: Prompt | Sequence[Prompt] | None = None, sampling_params: ParamsArg = None,
+                 prompt_token_ids: Sequence[list[int]] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run to completion; one output per prompt, in submission order."""
+        ids = self._submit(prompts, sampling_params, prompt_token_ids, stream=False)
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+        start, generated = time.perf_counter(), 0
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                done[out.request_id] = out
+                generated += sum(len(c.token_ids) for c in out.outputs)
+                bar.update(1)
+                bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.1f} tok/s")
+        bar.close()
+        return [done[i] for i in ids]
+
+    def generate_stream(self, prompts: Prompt | Sequence[Prompt] | None = None,
+                        sampling_params: ParamsArg = None,
+                        prompt_token_ids: Sequence[list[int]] | None = None) -> Iterator[RequestOutput]:
+        """Yield outputs as tokens arrive: each holds only the new text and token ids of a request."""
+        self._submit(prompts, sampling_params, prompt_token_ids, stream=True)
+        while self.engine.has_unfinished_requests():
+            yield from self.engine.step()
+
+    # ---- chat -----------------------------------------------------------------------------------
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: ParamsArg = None, *,
+             thinking: bool = False, reasoning_effort: str | None = None, tools: list[dict] | None = None,
+             use_tqdm: bool = True) -> list[ChatOutput]:
+        """Chat Completions-style messages (one conversation, or a list of them) -> parsed replies.
+
+        The prompt is rendered in the DeepSeek-V4.1 format by deepseek_recipe, and the generated tokens
+        are parsed back into reasoning, content and tool calls by its StreamProcessor.
+        """
+        recipe = _import_recipe()
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        requests, prompts = [], []
+        for conv in conversations:
+            body: dict[str, Any] = {"model": RECIPE_MODEL_NAME, "messages": conv,
+                                    "thinking": {"type": "enabled" if thinking else "disabled"}}
+            if reasoning_effort:
+                body["reasoning_effort"] = reasoning_effort
+            if tools:
+                body["tools"] = tools
+            request = recipe.ChatCompletionRequest(body).convert(recipe.ConversionOptions())
+            requests.append(request)
+            prompts.append(list(self._encoding(recipe).encode(request.conversation)))
+        outputs = self.generate(prompt_token_ids=prompts, sampling_params=sampling_params, use_tqdm=use_tqdm)
+        return [self._parse(recipe, r, p, o) for r, p, o in zip(requests, prompts, outputs)]
+
+    def _encoding(self, recipe: Any) -> Any:
+        if self._recipe_encoding is None:  # with_tokenizer copies the tokenizer: do it once
+            self._recipe_tokenizer = recipe.Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+            self._recipe_encoding = recipe.DeepseekV41Encoding().with_tokenizer(self._recipe_tokenizer)
+        return self._recipe_encoding
+
+    def _parse(self, recipe: Any, request: Any, prompt: list[int], out: RequestOutput) -> ChatOutput:
+        completion = out.outputs[0]
+        rid = f"chatcmpl-{out.request_id}"
+        gen = recipe.ChatCompletionRequest.chunk_generator(request, rid, RECIPE_MODEL_NAME)
+        proc = recipe.StreamProcessor(gen, request.parsing_options, self._recipe_tokenizer)
+        reason = (recipe.InferenceFinishReason.Length if completion.finish_reason == "length"
+                  else recipe.InferenceFinishReason.Stop)
+        usage = recipe.PromptUsage(prompt_tokens=len(prompt))
+        events = proc.push(recipe.InferenceChunk.ready(prompt_usage=usage))
+        if completion.token_ids:
+            events += proc.push(recipe.InferenceChunk.tokens(completion.token_ids))
+        events += proc.push(recipe.InferenceChunk.finish(reason))
+        events += proc.finish()
+        response = recipe.ChatCompletionResponse(rid, RECIPE_MODEL_NAME, int(time.time()), len(prompt), 0)
+        for event in events:
+            response.accumulate(event)
+        choice = json.loads(response.to_json())["choices"][0]
+        message = choice["message"]
+        return ChatOutput(message.get("content"), message.get("reasoning_content"),
+                          message.get("tool_calls") or [], choice.get("finish_reason"), out)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _import_recipe() -> Any:
+    try:
+        import deepseek_recipe
+    except ImportError as exc:
+        raise ImportError(RECIPE_HINT) from exc
+    if not hasattr(deepseek_recipe, "DeepseekV41Encoding"):  # the package is there but not built
+        raise ImportError(f"{RECIPE_HINT} (the installed deepseek_recipe lacks DeepseekV41Encoding)")
+    return deepseek_recipe
