@@ -1,0 +1,199 @@
+"""Reference-backend forward speed: the baseline every faster backend is measured against.
+
+CPU:  tokens/s of prefill and decode on a tiny config (random weights, in memory).
+GPU:  a DeepSeek-V4.1-Flash-shaped slice (full widths, 384 experts, one layer of each kind plus a
+      DSpark block): time per layer kind for prefill and decode, and peak memory.
+
+    python benchmarks/reference_forward.py --device cpu  [--config full --prefill 256 --decode 16]
+    python benchmarks/reference_forward.py --device cuda [--layers 5 --prefill 2048 --decode 8]
+
+Weights are generated straight into memory in their storage formats (FP8 blocks, packed FP4 experts),
+so the slice occupies what it would in production; FP4 expert bytes are drawn uniformly on the device
+(generating and quantising 14 G expert weights per layer on the CPU would dominate the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from deepinfer.checkpoint.inventory import TORCH_DTYPES
+from deepinfer.checkpoint.randomize import random_tensors
+from deepinfer.checkpoint.writer import _groups
+from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.testing.configs import flash_slice_config, tiny_config
+from deepinfer.tokenizer import build_synthetic_tokenizer, compressed_vocab
+
+E2M1_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # of uniformly random codes
+
+
+def _fast_fp4(rows: int, packed_cols: int, device: torch.device, gen: torch.Generator) -> tuple:
+    """Uniform random E2M1 bytes with one power-of-two scale giving unit-variance outputs."""
+    cols = packed_cols * 2
+    data = torch.randint(-128, 128, (rows, packed_cols), dtype=torch.int8, device=device, generator=gen)
+    byte = 127 + round(math.log2(1 / (E2M1_RMS * math.sqrt(cols))))
+    scale = torch.full((rows, cols // 32), byte, dtype=torch.uint8, device=device)
+    return data, scale.view(torch.float8_e8m0fnu)
+
+
+def random_weights(config: ModelConfig, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tensors = {}
+    for group in _groups(config):
+        spec = group[0]
+        if spec.kind == "fp4":
+            tensors[spec.name], tensors[group[1].name] = _fast_fp4(*spec.shape, device, gen)
+            continue
+        for name, t in random_tensors(spec, group[1] if len(group) > 1 else None, seed).items():
+            tensors[name] = t.to(device)
+    assert all(t.dtype in TORCH_DTYPES.values() or t.dtype == torch.int8 for t in tensors.values())
+    return tensors
+
+
+def token_map(config: ModelConfig) -> list[int] | None:
+    t = config.text
+    if not t.has_engram:
+        return None
+    if t.vocab_size == build_synthetic_tokenizer().get_vocab_size(with_added_tokens=True):
+        return list(compressed_vocab(build_synthetic_tokenizer()).token_map)
+    return [i % t.engram_compressed_vocab_size for i in range(t.vocab_size)]  # Flash slice: a stand-in
+
+
+class LayerTimer:
+    """Wraps each block's attention and MoE to accumulate wall time per layer kind (synchronising)."""
+
+    def __init__(self, runtime: DeepseekV41Runtime, device: torch.device) -> None:
+        self.device = device
+        self.ms: dict[str, float] = defaultdict(float)
+        for blk in runtime.model.blocks:
+            kind = f"{blk.spec.role} r{blk.spec.compress_ratio}" + (" +engram" if blk.engram else "")
+            blk.attn = self._wrap(blk.attn, f"L{blk.spec.index} {kind}: attention")
+            blk.moe = self._wrap(blk.moe, f"L{blk.spec.index} {kind}: MoE")
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _wrap(self, fn: Callable, label: str) -> Callable:
+        def timed(*args: Any) -> Any:
+            self._sync()
+            t0 = time.perf_counter()
+            out = fn(*args)
+            self._sync()
+            self.ms[label] += (time.perf_counter() - t0) * 1e3
+            return out
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        out, self.ms = dict(self.ms), defaultdict(float)
+        return out
+
+
+def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: int, decode: int) -> dict:
+    block = runtime.cache_layout().block_size
+    blocks = -(-(prefill + decode) // block)
+    runtime.allocate_cache(batch * blocks + 1, batch + 1)
+    tables = {s: list(range(1 + (s - 1) * blocks, 1 + s * blocks)) for s in range(1, batch + 1)}
+    gen = torch.Generator().manual_seed(0)
+    prompts = {s: torch.randint(3, runtime.vocab_size, (prefill,), generator=gen).tolist() for s in tables}
+    timer = LayerTimer(runtime, device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    # warm-up (allocator, kernels) on one short sequence, then the measured runs
+    runtime.forward(ForwardBatch([SequenceSegment(1, tables[1], 0, prompts[1][:16])]))
+    for s in tables:
+        runtime.reset_slot(s)
+    timer.take()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync()
+    t0 = time.perf_counter()
+    out = runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, prompts[s]) for s in tables]))
+    sync()
+    prefill_s = time.perf_counter() - t0
+    prefill_layers = timer.take()
+    nxt = {s: int(out.logits[i].argmax()) for i, s in enumerate(tables)}
+    t0 = time.perf_counter()
+    for step in range(decode):
+        segs = [SequenceSegment(s, tables[s], prefill + step, [nxt[s]]) for s in tables]
+        out = runtime.forward(ForwardBatch(segs))
+        nxt = {s: int(out.logits[i].argmax()) for i, s in enumerate(tables)}
+    sync()
+    decode_s = time.perf_counter() - t0
+    result = {
+        "batch": batch,
+        "prefill_tokens": prefill * batch,
+        "prefill_s": prefill_s,
+        "prefill_tok_s": prefill * batch / prefill_s,
+        "decode_steps": decode,
+        "decode_s": decode_s,
+        "decode_tok_s": decode * batch / decode_s if decode else None,
+        "prefill_layer_ms": prefill_layers,
+        "decode_layer_ms_per_step": {k: v / max(decode, 1) for k, v in timer.take().items()},
+    }
+    if device.type == "cuda":
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--config", default="full", help="tiny config name (CPU run)")
+    p.add_argument("--layers", type=int, default=5, help="backbone layers of the Flash slice (GPU run)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prefill", type=int, default=None)
+    p.add_argument("--decode", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    if device.type == "cpu":
+        config, what = tiny_config(args.config), f"tiny config {args.config!r}"
+        prefill, decode = args.prefill or 256, args.decode if args.decode is not None else 16
+    else:
+        config, what = flash_slice_config(num_layers=args.layers), f"Flash slice, {args.layers} layers"
+        prefill, decode = args.prefill or 2048, args.decode if args.decode is not None else 8
+    t0 = time.perf_counter()
+    tensors = random_weights(config, device)
+    weight_gib = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30
+    runtime = build_runtime(
+        config, tensors, dtype=dtype, engram_token_map=token_map(config), options=RuntimeOptions()
+    )
+    build_s = time.perf_counter() - t0
+    result = {
+        "what": what,
+        "device": str(device),
+        "dtype": args.dtype,
+        "weights_gib": weight_gib,
+        "build_s": build_s,
+        "threads": torch.get_num_threads(),
+        **run(runtime, device, args.batch, prefill, decode),
+    }
+    if device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(device)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
