@@ -21,7 +21,7 @@ ENGRAM_ROW_BLOCK = (1, 32)
 FP4_GROUP = 32
 # E2M1 magnitudes by code index; code 8..15 are the negatives (8 is -0)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-# decision boundaries between neighbouring magnitudes for `bucketize` (counts boundaries < |x|); where a
+# decision boundaries between neighbouring magnitudes (the code index counts boundaries < |x|); where a
 # tie must round up to the even code (0.75, 1.75, 3.5) the boundary is the next float32 below the midpoint
 _E2M1_BOUNDARIES = (0.25, 0.7499999403953552, 1.25, 1.7499998807907104, 2.5, 3.4999997615814209, 5.0)
 
@@ -130,8 +130,11 @@ def dequantize_fp8_rows(
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     """Already-scaled values -> E2M1 codes (uint8 0..15): nearest magnitude, ties to the even code,
     clamped to ±6, sign bit set for negative inputs."""
-    boundaries = torch.tensor(_E2M1_BOUNDARIES, dtype=torch.float32, device=x.device)
-    idx = torch.bucketize(x.abs().to(torch.float32), boundaries).to(torch.uint8)  # |x| > 6 lands on 7
+    a = x.abs().to(torch.float32)
+    # a sum of elementwise comparisons beats torch.bucketize here, notably on small tensors
+    idx = (a > _E2M1_BOUNDARIES[0]).to(torch.uint8)
+    for b in _E2M1_BOUNDARIES[1:]:
+        idx += a > b  # |x| > 6 counts every boundary: code 7
     return idx | ((x < 0).to(torch.uint8) << 3)
 
 
