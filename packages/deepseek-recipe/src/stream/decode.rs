@@ -37,6 +37,11 @@ impl TokenDecoder {
         Self { tokenizer, byte_of: byte_level_decoder(), cache: HashMap::new(), carry: Vec::new() }
     }
 
+    /// Whether `id` is an added (special) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.tokenizer.id_to_token(id).is_some_and(|t| self.tokenizer.added_token_id(&t) == Some(id))
+    }
+
     fn token_bytes(&mut self, id: u32) -> &[u8] {
         if !self.cache.contains_key(&id) {
             let bytes: Vec<u8> = match self.tokenizer.id_to_token(id) {

@@ -38,8 +38,9 @@ enum State {
     /// After `<｜DSML｜invoke`: expecting ` name="`.
     InvokeAttr,
     InvokeName(String),
-    /// Up to the `>` that ends a tag.
-    SkipToGt(Box<State>),
+    /// Up to the `>` that ends a tag; `attached` while reading a name glued to the DSML token (V4
+    /// spelling), which keeps output of the same piece waiting.
+    SkipToGt { next: Box<State>, attached: bool },
     /// Inside an invoke, between parameters.
     Params { first: bool },
     /// After `name=` of a parameter: expecting the key's opening quote.
@@ -59,6 +60,9 @@ pub struct DsmlParser {
     state: State,
     /// Characters that may be the start of a tag (with their pieces).
     buf: Vec<(char, u64)>,
+    /// Piece of the first character of a closing tag's tail still being read (up to its `>`).
+    tail_piece: Option<u64>,
+    /// Calls started so far; the current call has index `calls - 1`.
     calls: usize,
 }
 
@@ -72,7 +76,7 @@ enum Scan {
 impl DsmlParser {
     /// A parser positioned inside a block (before its first invoke).
     pub fn new(tags: DsmlTags) -> Self {
-        Self { tags, state: State::Block, buf: Vec::new(), calls: 0 }
+        Self { tags, state: State::Block, buf: Vec::new(), tail_piece: None, calls: 0 }
     }
 
     pub fn calls(&self) -> usize {
@@ -83,16 +87,18 @@ impl DsmlParser {
         matches!(self.state, State::Done | State::Failed)
     }
 
-    /// The piece of the earliest buffered character that may still become argument text.
+    /// The piece of the earliest input character not settled yet: a possible closing tag inside a
+    /// value, or the tail of a tag being read.
     pub fn undecided_piece(&self) -> Option<u64> {
         match self.state {
             State::Value { .. } => self.buf.first().map(|&(_, p)| p),
+            State::SkipToGt { .. } => self.tail_piece,
             _ => None,
         }
     }
 
     pub fn feed(&mut self, c: char, piece: u64, out: &mut Fragments) {
-        let args = Channel::Arguments(self.calls);
+        let args = Channel::Arguments(self.calls.saturating_sub(1));
         match std::mem::replace(&mut self.state, State::Failed) {
             State::Block => {
                 self.buf.push((c, piece));
@@ -126,14 +132,22 @@ impl DsmlParser {
             State::InvokeName(mut name) => {
                 self.state = if c == '"' {
                     out.push_tool_start(piece, self.calls, std::mem::take(&mut name));
-                    State::SkipToGt(Box::new(State::Params { first: true }))
+                    self.calls += 1;
+                    skip_to_gt(State::Params { first: true })
                 } else {
                     name.push(c);
                     State::InvokeName(name)
                 };
             }
-            State::SkipToGt(next) => {
-                self.state = if c == '>' { *next } else { State::SkipToGt(next) };
+            State::SkipToGt { next, attached } => {
+                let attached = attached && c != ' ';
+                self.tail_piece = if attached { self.tail_piece.or(Some(piece)) } else { None };
+                self.state = if c == '>' {
+                    self.tail_piece = None;
+                    *next
+                } else {
+                    State::SkipToGt { next, attached }
+                };
             }
             State::Params { first } => {
                 self.buf.push((c, piece));
@@ -142,8 +156,7 @@ impl DsmlParser {
                 self.state = match scan_ignoring(&mut self.buf, &cands) {
                     Some(2) => {
                         out.push_str(piece, args, Class::ArgsClose, if first { "{}" } else { "}" });
-                        self.calls += 1;
-                        State::SkipToGt(Box::new(State::Block))
+                        skip_to_gt(State::Block)
                     }
                     Some(_) => {
                         let (text, class) = if first { ("{", Class::ArgsOpen) } else { (", ", Class::Separator) };
@@ -198,7 +211,7 @@ impl DsmlParser {
     }
 
     fn feed_value(&mut self, c: char, piece: u64, string: bool, out: &mut Fragments) {
-        let args = Channel::Arguments(self.calls);
+        let args = Channel::Arguments(self.calls.saturating_sub(1));
         if self.buf.is_empty() && c != '<' {
             push_value_char(out, piece, args, string, c);
             return;
@@ -210,7 +223,7 @@ impl DsmlParser {
                 if string {
                     out.push_char(piece, args, Class::ValueClose, '"');
                 }
-                self.state = State::SkipToGt(Box::new(State::Params { first: false }));
+                self.state = skip_to_gt(State::Params { first: false });
             }
             Scan::Pending => {}
             Scan::Mismatch => {
@@ -223,6 +236,10 @@ impl DsmlParser {
             }
         }
     }
+}
+
+fn skip_to_gt(next: State) -> State {
+    State::SkipToGt { next: Box::new(next), attached: true }
 }
 
 fn scan(buf: &[(char, u64)], candidates: &[&str]) -> Scan {

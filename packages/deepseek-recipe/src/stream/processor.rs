@@ -209,12 +209,16 @@ impl<G: Generator> StreamProcessor<G> {
         let decoder = self.decoder.as_mut().expect("checked by the caller");
         self.parser.set_token_input(true);
         for &id in ids {
+            // A special token streams as its own fragment.
+            let special = decoder.is_special(id);
+            self.piece += u64::from(special);
             if Some(id) == self.think_end_id {
                 self.parser.feed_think_end(self.piece, &mut self.fragments);
             } else {
                 let text = decoder.decode(id);
                 self.parser.feed_str(&text, self.piece, &mut self.fragments);
             }
+            self.piece += u64::from(special);
         }
         self.settle(out);
     }

@@ -7,7 +7,8 @@ use pyo3::prelude::*;
 
 use crate::response::chat::{ChatChunk, ChatConfig, ChatGenerator, ChatResponse};
 use crate::response::messages::{MessagesEvent, MessagesGenerator, MessagesResponse};
-use crate::response::responses::{Echo, ResponsesConfig, ResponsesEvent, ResponsesGenerator, ResponsesResponse};
+use crate::python::conversion::PyResponsesEcho;
+use crate::response::responses::{ResponsesConfig, ResponsesEvent, ResponsesGenerator, ResponsesResponse};
 use crate::stream::PromptUsage;
 
 /// A generator that a stream processor or a builder consumes exactly once.
@@ -71,16 +72,16 @@ impl PyResponsesChunkGenerator {
         Ok(ResponsesGenerator::new(spec.config, spec.id, spec.model))
     }
 
-    /// Replaces the echoed request settings (used by `with_echo` through R1's `ResponsesEcho`).
-    pub fn with_echo_value(&self, echo: Echo) -> PyResult<Self> {
-        let mut spec = self.0.take()?;
-        spec.config.echo = echo;
-        Ok(Self(Once::new(spec)))
-    }
 }
 
 #[pymethods]
 impl PyResponsesChunkGenerator {
+    fn with_echo(&self, echo: PyRef<'_, PyResponsesEcho>) -> PyResult<Self> {
+        let mut spec = self.0.take()?;
+        spec.config.echo = echo.inner.clone();
+        Ok(Self(Once::new(spec)))
+    }
+
     fn with_namespace_tool_map(
         &self,
         namespace_tool_map: std::collections::HashMap<String, (String, String)>,
