@@ -38,9 +38,8 @@ enum State {
     /// After `<｜DSML｜invoke`: expecting ` name="`.
     InvokeAttr,
     InvokeName(String),
-    /// Up to the `>` that ends a tag; `attached` while reading a name glued to the DSML token (V4
-    /// spelling), which keeps output of the same piece waiting.
-    SkipToGt { next: Box<State>, attached: bool },
+    /// Up to the `>` that ends a tag.
+    SkipToGt(Box<State>),
     /// Inside an invoke, between parameters.
     Params { first: bool },
     /// After `name=` of a parameter: expecting the key's opening quote.
@@ -92,7 +91,7 @@ impl DsmlParser {
     pub fn undecided_piece(&self) -> Option<u64> {
         match self.state {
             State::Value { .. } => self.buf.first().map(|&(_, p)| p),
-            State::SkipToGt { .. } => self.tail_piece,
+            State::SkipToGt(_) => self.tail_piece,
             _ => None,
         }
     }
@@ -105,7 +104,7 @@ impl DsmlParser {
                 let [v4, v41] = &self.tags.invoke;
                 let cands = [v4.as_str(), v41.as_str(), self.tags.close.as_str()];
                 self.state = match scan_ignoring(&mut self.buf, &cands) {
-                    Some(2) => State::Done,
+                    Some((2, _)) => State::Done,
                     Some(_) => State::InvokeAttr,
                     None => State::Block,
                 };
@@ -139,14 +138,13 @@ impl DsmlParser {
                     State::InvokeName(name)
                 };
             }
-            State::SkipToGt { next, attached } => {
-                let attached = attached && c != ' ';
-                self.tail_piece = if attached { self.tail_piece.or(Some(piece)) } else { None };
+            State::SkipToGt(next) => {
+                self.tail_piece.get_or_insert(piece);
                 self.state = if c == '>' {
                     self.tail_piece = None;
                     *next
                 } else {
-                    State::SkipToGt { next, attached }
+                    State::SkipToGt(next)
                 };
             }
             State::Params { first } => {
@@ -154,13 +152,13 @@ impl DsmlParser {
                 let [v4, v41] = &self.tags.parameter;
                 let cands = [v4.as_str(), v41.as_str(), self.tags.close.as_str()];
                 self.state = match scan_ignoring(&mut self.buf, &cands) {
-                    Some(2) => {
-                        out.push_str(piece, args, Class::ArgsClose, if first { "{}" } else { "}" });
+                    Some((2, start)) => {
+                        out.push_str(start, args, Class::ArgsClose, if first { "{}" } else { "}" });
                         skip_to_gt(State::Block)
                     }
-                    Some(_) => {
+                    Some((_, start)) => {
                         let (text, class) = if first { ("{", Class::ArgsOpen) } else { (", ", Class::Separator) };
-                        out.push_str(piece, args, class, text);
+                        out.push_str(start, args, class, text);
                         State::KeyOpen
                     }
                     None => State::Params { first },
@@ -219,9 +217,10 @@ impl DsmlParser {
         self.buf.push((c, piece));
         match scan(&self.buf, &[self.tags.close.as_str()]) {
             Scan::Matched(_) => {
+                let start = self.buf[0].1;
                 self.buf.clear();
                 if string {
-                    out.push_char(piece, args, Class::ValueClose, '"');
+                    out.push_char(start, args, Class::ValueClose, '"');
                 }
                 self.state = skip_to_gt(State::Params { first: false });
             }
@@ -239,7 +238,7 @@ impl DsmlParser {
 }
 
 fn skip_to_gt(next: State) -> State {
-    State::SkipToGt { next: Box::new(next), attached: true }
+    State::SkipToGt(Box::new(next))
 }
 
 fn scan(buf: &[(char, u64)], candidates: &[&str]) -> Scan {
@@ -255,13 +254,15 @@ fn scan(buf: &[(char, u64)], candidates: &[&str]) -> Scan {
 }
 
 /// Tag scanning where unmatched input is ignored: drops leading characters until the buffer is again
-/// a possible tag start. Returns the index of a completed tag.
-fn scan_ignoring(buf: &mut Vec<(char, u64)>, candidates: &[&str]) -> Option<usize> {
+/// a possible tag start. Returns the index of a completed tag and the piece where the tag began
+/// (output a tag produces belongs to that piece).
+fn scan_ignoring(buf: &mut Vec<(char, u64)>, candidates: &[&str]) -> Option<(usize, u64)> {
     loop {
         match scan(buf, candidates) {
             Scan::Matched(i) => {
+                let start = buf[0].1;
                 buf.clear();
-                return Some(i);
+                return Some((i, start));
             }
             Scan::Pending => return None,
             Scan::Mismatch => {
