@@ -44,7 +44,6 @@ def v41_tokenizer_path() -> str:
             "special": True,
         }
     )
-    data["model"]["vocab"][SYSTEM_TOKEN] = 129280
     path = os.path.join(tempfile.gettempdir(), f"deepseek_v41_tokenizer_{os.getpid()}.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False)

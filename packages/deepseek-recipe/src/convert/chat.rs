@@ -59,7 +59,7 @@ pub enum ChatMessage {
         prefix: bool,
     },
     Tool { content: ChatContent, tool_call_id: String },
-    LatestReminder { content: ChatContent },
+    LatestReminder { content: String },
 }
 
 #[derive(Debug)]
@@ -176,13 +176,25 @@ impl<'de> Deserialize<'de> for ChatToolChoice {
 
 /// `stop`: one string or a list of strings.
 #[derive(Debug)]
-pub struct StopSequences(pub Vec<String>);
+pub enum StopSequences {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSequences {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for StopSequences {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         match Value::deserialize(deserializer)? {
-            Value::String(s) => Ok(Self(vec![s])),
-            list @ Value::Array(_) => serde_json::from_value(list).map(Self).map_err(de::Error::custom),
+            Value::String(s) => Ok(Self::One(s)),
+            list @ Value::Array(_) => serde_json::from_value(list).map(Self::Many).map_err(de::Error::custom),
             _ => Err(de::Error::custom("expected a string or a list")),
         }
     }
@@ -235,14 +247,22 @@ impl ChatCompletionRequest {
             seed: self.seed,
             logprobs: self.logprobs.unwrap_or(false),
             top_logprobs: self.top_logprobs,
-            stop: self.stop.map(|s| s.0).unwrap_or_default(),
+            stop: Vec::new(),
         };
-        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
+        if let Some(StopSequences::One(stop)) = &self.stop {
+            if stop.is_empty() {
+                return Err(bad(
+                    "Invalid 'stop': empty string. Expected a string with minimum length 1, but got an empty string instead.",
+                ));
+            }
+        }
+        sampling.stop = self.stop.map(StopSequences::into_vec).unwrap_or_default();
         if sampling.top_logprobs.is_some() && !sampling.logprobs {
             return Err(bad(
                 "Invalid top_logprobs and logprobs value, logprobs must be set to true if top_logprobs is used.",
             ));
         }
+        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
 
         let declared: Vec<ToolDefinition> = self
             .tools
@@ -358,6 +378,7 @@ fn convert_messages(
     reasoning_behavior: ReasoningContentBehavior,
 ) -> Result<Vec<Message>, ConversionError> {
     let count = raw.len();
+    let last_user = raw.iter().rposition(|m| matches!(m, ChatMessage::User { .. }));
     let mut messages = Vec::with_capacity(count);
     // Tool-call ids of the latest assistant turn still waiting for their results.
     let mut pending: Option<HashSet<String>> = None;
@@ -379,9 +400,7 @@ fn convert_messages(
             ChatMessage::User { content } => {
                 Message::User { content: content_of(content, index, model_version, image_token)? }
             }
-            ChatMessage::LatestReminder { content } => Message::LatestReminder {
-                content: content_of(content, index, model_version, image_token)?.text,
-            },
+            ChatMessage::LatestReminder { content } => Message::LatestReminder { content },
             ChatMessage::Tool { content, tool_call_id } => {
                 let Some(ids) = pending.as_mut() else {
                     return Err(bad(
@@ -392,6 +411,9 @@ fn convert_messages(
                     return Err(bad(format!(
                         "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id', The following tool_call_ids did not have response messages: {tool_call_id}"
                     )));
+                }
+                if ids.is_empty() {
+                    pending = None;
                 }
                 Message::Tool {
                     content: content_of(content, index, model_version, image_token)?,
@@ -416,7 +438,11 @@ fn convert_messages(
                 let reasoning_content = match (thinking_mode, reasoning_content) {
                     (false, _) => None,
                     (true, Some(rc)) => Some(rc),
-                    (true, None) if has_tools && reasoning_behavior == ReasoningContentBehavior::Reject => {
+                    (true, None)
+                        if has_tools
+                            && reasoning_behavior == ReasoningContentBehavior::Reject
+                            && last_user.is_none_or(|u| index > u) =>
+                    {
                         return Err(bad(
                             "The `reasoning_content` in the thinking mode must be passed back to the API.",
                         ))
@@ -429,7 +455,12 @@ fn convert_messages(
                         .map(|c| ToolCall { id: c.id, name: c.function.name, arguments: c.function.arguments })
                         .collect()
                 });
-                if let Some(calls) = tool_calls.as_ref().filter(|c| !c.is_empty()) {
+                if let Some(calls) = &tool_calls {
+                    if calls.is_empty() {
+                        return Err(bad(format!(
+                            "Invalid 'messages[{index}].tool_calls': empty array. Expected an array with minimum length 1, but got an empty array instead."
+                        )));
+                    }
                     pending = Some(calls.iter().map(|c| c.id.clone()).collect());
                 }
                 Message::Assistant { content, reasoning_content, tool_calls, prefix }

@@ -144,7 +144,12 @@ fn server_tools_unsupported() -> ConversionError {
 impl MessagesRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
         let model_version = resolve_model(options, &self.model)?;
-        let thinking_mode = self.thinking.map_or(options.default_thinking_mode, ThinkingSwitch::enabled);
+        let requested_effort = self.output_config.and_then(|c| c.effort);
+        let thinking_mode = match (requested_effort, self.thinking) {
+            (Some(EffortName::None), _) => false,
+            (_, Some(switch)) => switch.enabled(),
+            (_, None) => options.default_thinking_mode,
+        };
         if self.messages.is_empty() {
             return Err(bad("messages: at least one message is required"));
         }
@@ -159,7 +164,7 @@ impl MessagesRequest {
 
         let declared = client_tools(self.tools.unwrap_or_default(), options.messages_web_search)?;
         let declared = validate_tools(declared, "tools[{}].name")?;
-        let declared_names: Vec<String> = declared.iter().map(|t| t.name.clone()).collect();
+        let declared_all = declared.clone();
         let choice = match self.tool_choice {
             None | Some(AnthropicToolChoice::Auto {}) | Some(AnthropicToolChoice::Any {}) => RequestedToolChoice::Auto,
             Some(AnthropicToolChoice::None {}) => RequestedToolChoice::None,
@@ -172,7 +177,7 @@ impl MessagesRequest {
             image_token: options.special_tokens.token(SpecialToken::Image),
             thinking_mode,
             web_search: options.messages_web_search,
-            declared_names: &declared_names,
+            declared: &declared_all,
         };
         let mut messages = Vec::new();
         if let Some(system) = self.system {
@@ -194,7 +199,7 @@ impl MessagesRequest {
             thinking_mode,
             tools,
             tool_choice,
-            reasoning_effort: effort(thinking_mode, self.output_config.and_then(|c| c.effort)),
+            reasoning_effort: effort(thinking_mode, requested_effort),
             response_format: ResponseFormat::Text,
         };
         assemble(
@@ -217,9 +222,14 @@ fn client_tools(tools: Vec<AnthropicTool>, web_search: WebSearchBehavior) -> Res
     for (i, tool) in tools.into_iter().enumerate() {
         match tool.kind.as_deref() {
             None => out.push(ToolDefinition {
+                parameters: tool.input_schema.ok_or_else(|| {
+                    bad(format!(
+                        "Invalid schema for function '{}': null is not of types \"boolean\", \"object\"",
+                        tool.name
+                    ))
+                })?,
                 name: tool.name,
                 description: tool.description,
-                parameters: tool.input_schema.unwrap_or(Value::Null),
                 strict: None,
                 defer_loading: false,
             }),
@@ -235,7 +245,7 @@ struct MessageConverter<'a> {
     image_token: &'a str,
     thinking_mode: bool,
     web_search: WebSearchBehavior,
-    declared_names: &'a [String],
+    declared: &'a [ToolDefinition],
 }
 
 impl MessageConverter<'_> {
@@ -263,28 +273,38 @@ impl MessageConverter<'_> {
     }
 
     fn misplaced(&self, i: usize, block: &Block, role: &str) -> ConversionError {
+        if let Block::Thinking { .. } = block {
+            return bad(format!("messages.{i}.content: thinking blocks may only be in `{role}` messages"));
+        }
         bad(format!("messages.{i}: `{}` blocks can only be in `{role}` messages", block.type_name()))
     }
 
-    /// An in-conversation system message becomes a `<system-reminder>` user message.
+    /// An in-conversation system message: for V4.1 a system message (carrying the tools its
+    /// `tool_addition` blocks reference), for V4 a `<system-reminder>` user message.
     fn system(&self, i: usize, blocks: Vec<Block>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
         let mut texts = Vec::new();
+        let mut added = Vec::new();
         for (j, block) in blocks.into_iter().enumerate() {
             match block {
                 Block::Text { text } => texts.push(text),
-                Block::ToolAddition { tool } => {
-                    if !self.declared_names.contains(&tool.name) {
+                Block::ToolAddition { tool } => match self.declared.iter().find(|t| t.name == tool.name) {
+                    Some(definition) => added.push(definition.clone()),
+                    None => {
                         return Err(bad(format!(
                             "messages.{i}.content.{j}: `tool_addition` references unknown tool '{}'",
                             tool.name
-                        )));
+                        )))
                     }
-                }
+                },
                 other => return Err(self.misplaced(i, &other, "user")),
             }
         }
-        if !texts.is_empty() {
-            out.push(Message::user(format!("<system-reminder>\n{}\n</system-reminder>", texts.join("\n\n"))));
+        let text = texts.join("\n\n");
+        if self.model_version == ModelVersion::DeepseekV41Flash {
+            let tools = (!added.is_empty()).then_some(added);
+            out.push(Message::System { content: ImageContent::text(text), tools });
+        } else if !text.is_empty() {
+            out.push(Message::user(format!("<system-reminder>\n{text}\n</system-reminder>")));
         }
         Ok(())
     }
@@ -301,7 +321,7 @@ impl MessageConverter<'_> {
                 Block::Text { text } => out.push(Message::user(text)),
                 Block::Image { source } => {
                     let mut content = ContentBuilder::new(self.model_version, self.image_token);
-                    self.image(&mut content, source, format!("messages.{i}.content[{j}]"));
+                    self.image(&mut content, source, format!("messages.{i}.content[{j}]"))?;
                     out.push(Message::User { content: content.build() });
                 }
                 Block::Document { source } => {
@@ -335,7 +355,7 @@ impl MessageConverter<'_> {
             match block {
                 Block::Text { text } => out.text(text),
                 Block::Image { source } => {
-                    self.image(&mut out, source, format!("messages.{i}.content[{j}].content[{k}]"))
+                    self.image(&mut out, source, format!("messages.{i}.content.{j}.tool_result.content[{k}]"))?
                 }
                 other => return Err(self.misplaced(i, &other, "assistant")),
             }
@@ -343,14 +363,19 @@ impl MessageConverter<'_> {
         Ok(out.build())
     }
 
-    fn image(&self, out: &mut ContentBuilder, source: ImageBlockSource, path: String) {
+    /// Adds an image; V4.1 checks that base64 data decodes.
+    fn image(&self, out: &mut ContentBuilder, source: ImageBlockSource, path: String) -> Result<(), ConversionError> {
         let data = match source {
             ImageBlockSource::Base64 { media_type, data } => {
+                if out.supports_images() && !is_base64(&data) {
+                    return Err(bad(format!("{path}: base64 decode error")));
+                }
                 ImageData::DataUrl(format!("data:{media_type};base64,{data}"))
             }
             ImageBlockSource::Url { url } => ImageData::Url(url),
         };
         out.image(data, ImageDetail::High, path);
+        Ok(())
     }
 
     /// Returns the ids of the message's tool uses.
@@ -384,4 +409,15 @@ impl MessageConverter<'_> {
         });
         Ok(ids)
     }
+}
+
+/// Standard padded base64.
+fn is_base64(data: &str) -> bool {
+    let bytes = data.as_bytes();
+    if bytes.len() % 4 != 0 {
+        return false;
+    }
+    let body = data.trim_end_matches('=');
+    bytes.len() - body.len() <= 2
+        && body.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
 }

@@ -134,10 +134,10 @@ fn thinking_initial_stage(conversation: &Conversation) -> Option<ThinkingInitial
     }
     Some(match conversation.messages.last() {
         Some(Message::Assistant { prefix: true, content, reasoning_content, .. }) => {
-            if reasoning_content.is_some() && content.is_empty() {
-                ThinkingInitialStage::ReasoningContinuation
-            } else {
-                ThinkingInitialStage::ContentContinuation
+            match (content.is_empty(), reasoning_content.as_deref().unwrap_or("").is_empty()) {
+                (false, _) => ThinkingInitialStage::ContentContinuation,
+                (true, false) => ThinkingInitialStage::ReasoningContinuation,
+                (true, true) => ThinkingInitialStage::ReasoningStart,
             }
         }
         _ => ThinkingInitialStage::ReasoningStart,

@@ -29,7 +29,7 @@ pub struct ResponsesRequest {
     pub top_p: Option<f32>,
     pub top_logprobs: Option<u32>,
     pub user: Option<String>,
-    pub tools: Option<Raw<Vec<ResponsesTool>>>,
+    pub tools: Option<Raw<Vec<DeclaredTool>>>,
     pub tool_choice: Option<Raw<ResponsesToolChoice>>,
     pub reasoning: Option<Reasoning>,
     pub text: Option<Raw<TextConfig>>,
@@ -117,7 +117,7 @@ impl<'de> Deserialize<'de> for Parts {
         match Value::deserialize(deserializer)? {
             Value::String(text) => Ok(Self(vec![Part::InputText { text }])),
             list @ Value::Array(_) => serde_json::from_value(list).map(Self).map_err(de::Error::custom),
-            _ => Err(de::Error::custom("content should be a string or a list")),
+            _ => Err(de::Error::custom("content should be a string or a list of content blocks")),
         }
     }
 }
@@ -165,6 +165,24 @@ pub enum ResponsesTool {
     WebSearchPreview {},
 }
 
+/// A declared tool; tools of unknown types are ignored.
+#[derive(Debug)]
+pub struct DeclaredTool(pub Option<ResponsesTool>);
+
+impl<'de> Deserialize<'de> for DeclaredTool {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        let known = matches!(
+            value.get("type").and_then(Value::as_str),
+            None | Some("function" | "namespace" | "web_search" | "web_search_preview")
+        );
+        if !known {
+            return Ok(Self(None));
+        }
+        ResponsesTool::deserialize(value).map(|t| Self(Some(t))).map_err(de::Error::custom)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub struct FunctionTool {
     pub name: String,
@@ -191,7 +209,11 @@ impl<'de> Deserialize<'de> for ResponsesToolChoice {
                 let named: NamedFunction = serde_json::from_value(object).map_err(de::Error::custom)?;
                 RequestedToolChoice::Named(named.name)
             }
-            _ => return Err(de::Error::custom("expected one of `none`, `auto`, `required` or a tool")),
+            _ => {
+                return Err(de::Error::custom(
+                    "expected one of `none`, `auto`, `required` or a tool choice object",
+                ))
+            }
         };
         Ok(Self(choice))
     }
@@ -219,9 +241,12 @@ fn bad(message: impl Into<String>) -> ConversionError {
     ConversionError::bad_request(message)
 }
 
-/// The name a namespaced function is known by in the conversation.
-fn namespaced(namespace: &str, name: &str) -> String {
-    format!("{namespace}__{name}")
+/// The name a namespaced function is known by in the conversation (model-specific separator).
+fn namespaced(model_version: ModelVersion, namespace: &str, name: &str) -> String {
+    match model_version {
+        ModelVersion::DeepseekV4Pro => format!("{namespace}__{name}"),
+        ModelVersion::DeepseekV41Flash => format!("{namespace}::{name}"),
+    }
 }
 
 impl ResponsesRequest {
@@ -251,19 +276,28 @@ impl ResponsesRequest {
         &self,
         options: &ConversionOptions,
     ) -> Result<BTreeMap<String, (String, String)>, ConversionError> {
-        self.declared_tools(options.responses_web_search)?;
+        let model_version = resolve_model(options, &self.model)?;
         let mut map = BTreeMap::new();
-        for tool in self.tools.iter().flat_map(|t| &t.typed) {
+        for tool in self.declared() {
             if let ResponsesTool::Namespace { name, tools } = tool {
                 for function in tools {
-                    map.insert(namespaced(name, &function.name), (name.clone(), function.name.clone()));
+                    let flat = namespaced(model_version, name, &function.name);
+                    map.insert(flat, (name.clone(), function.name.clone()));
                 }
             }
         }
         Ok(map)
     }
 
-    fn declared_tools(&self, web_search: WebSearchBehavior) -> Result<Vec<ToolDefinition>, ConversionError> {
+    fn declared(&self) -> impl Iterator<Item = &ResponsesTool> {
+        self.tools.iter().flat_map(|t| &t.typed).filter_map(|t| t.0.as_ref())
+    }
+
+    fn declared_tools(
+        &self,
+        model_version: ModelVersion,
+        web_search: WebSearchBehavior,
+    ) -> Result<Vec<ToolDefinition>, ConversionError> {
         let definition = |name: String, f: &FunctionTool| ToolDefinition {
             name,
             description: f.description.clone(),
@@ -272,11 +306,11 @@ impl ResponsesRequest {
             defer_loading: false,
         };
         let mut out = Vec::new();
-        for tool in self.tools.iter().flat_map(|t| &t.typed) {
+        for tool in self.declared() {
             match tool {
                 ResponsesTool::Function(f) => out.push(definition(f.name.clone(), f)),
                 ResponsesTool::Namespace { name, tools } => {
-                    out.extend(tools.iter().map(|f| definition(namespaced(name, &f.name), f)))
+                    out.extend(tools.iter().map(|f| definition(namespaced(model_version, name, &f.name), f)))
                 }
                 ResponsesTool::WebSearch {} => {
                     if web_search == WebSearchBehavior::Reject {
@@ -315,7 +349,7 @@ impl ResponsesRequest {
         };
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
 
-        let declared = self.declared_tools(options.responses_web_search)?;
+        let declared = self.declared_tools(model_version, options.responses_web_search)?;
         let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.typed.0);
         let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
 
@@ -392,7 +426,7 @@ impl ItemConverter<'_> {
                 }
                 Item::FunctionCall(call) => {
                     let name = match &call.namespace {
-                        Some(ns) => namespaced(ns, &call.name),
+                        Some(ns) => namespaced(self.model_version, ns, &call.name),
                         None => call.name,
                     };
                     call_ids.insert(call.call_id.clone());
@@ -426,6 +460,9 @@ impl ItemConverter<'_> {
                             continue;
                         }
                         InputRole::System => out.push(Message::System { content, tools: None }),
+                        InputRole::Developer if self.model_version == ModelVersion::DeepseekV41Flash => {
+                            out.push(Message::System { content, tools: None })
+                        }
                         InputRole::User | InputRole::Developer => out.push(Message::User { content }),
                     }
                     assistant_open = false;
