@@ -68,6 +68,11 @@ impl TokenDecoder {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// Whether an incomplete character waits for more bytes.
+    pub fn has_pending(&self) -> bool {
+        !self.carry.is_empty()
+    }
+
     /// Whatever incomplete sequence is left at the end of the stream, lossily decoded.
     pub fn flush(&mut self) -> String {
         let bytes = std::mem::take(&mut self.carry);

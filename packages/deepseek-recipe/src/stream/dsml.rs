@@ -38,8 +38,9 @@ enum State {
     /// After `<｜DSML｜invoke`: expecting ` name="`.
     InvokeAttr,
     InvokeName(String),
-    /// Up to the `>` that ends a tag.
-    SkipToGt(Box<State>),
+    /// Up to the `>` that ends a tag; `holds` when the tag produced output, which then waits for the
+    /// rest of the tag if it arrived in the same piece.
+    SkipToGt { next: Box<State>, holds: bool },
     /// Inside an invoke, between parameters.
     Params { first: bool },
     /// After `name=` of a parameter: expecting the key's opening quote.
@@ -91,7 +92,7 @@ impl DsmlParser {
     pub fn undecided_piece(&self) -> Option<u64> {
         match self.state {
             State::Value { .. } => self.buf.first().map(|&(_, p)| p),
-            State::SkipToGt(_) => self.tail_piece,
+            State::SkipToGt { .. } => self.tail_piece,
             _ => None,
         }
     }
@@ -132,19 +133,21 @@ impl DsmlParser {
                 self.state = if c == '"' {
                     out.push_tool_start(piece, self.calls, std::mem::take(&mut name));
                     self.calls += 1;
-                    skip_to_gt(State::Params { first: true })
+                    skip_to_gt(State::Params { first: true }, false)
                 } else {
                     name.push(c);
                     State::InvokeName(name)
                 };
             }
-            State::SkipToGt(next) => {
-                self.tail_piece.get_or_insert(piece);
+            State::SkipToGt { next, holds } => {
+                if holds {
+                    self.tail_piece.get_or_insert(piece);
+                }
                 self.state = if c == '>' {
                     self.tail_piece = None;
                     *next
                 } else {
-                    State::SkipToGt(next)
+                    State::SkipToGt { next, holds }
                 };
             }
             State::Params { first } => {
@@ -154,7 +157,7 @@ impl DsmlParser {
                 self.state = match scan_ignoring(&mut self.buf, &cands) {
                     Some((2, start)) => {
                         out.push_str(start, args, Class::ArgsClose, if first { "{}" } else { "}" });
-                        skip_to_gt(State::Block)
+                        skip_to_gt(State::Block, true)
                     }
                     Some((_, start)) => {
                         let (text, class) = if first { ("{", Class::ArgsOpen) } else { (", ", Class::Separator) };
@@ -222,7 +225,7 @@ impl DsmlParser {
                 if string {
                     out.push_char(start, args, Class::ValueClose, '"');
                 }
-                self.state = skip_to_gt(State::Params { first: false });
+                self.state = skip_to_gt(State::Params { first: false }, string);
             }
             Scan::Pending => {}
             Scan::Mismatch => {
@@ -237,8 +240,8 @@ impl DsmlParser {
     }
 }
 
-fn skip_to_gt(next: State) -> State {
-    State::SkipToGt(Box::new(next))
+fn skip_to_gt(next: State, holds: bool) -> State {
+    State::SkipToGt { next: Box::new(next), holds }
 }
 
 fn scan(buf: &[(char, u64)], candidates: &[&str]) -> Scan {

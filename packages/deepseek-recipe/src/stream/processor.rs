@@ -85,6 +85,14 @@ pub struct StreamProcessor<G: Generator> {
     released: Vec<Output>,
     /// Id of the `</think>` special token (token input recognises it only by id).
     think_end_id: Option<u32>,
+    /// Decoded tokens of pushes that ended inside a UTF-8 character.
+    carried_units: Vec<Unit>,
+}
+
+/// One decoded token.
+enum Unit {
+    ThinkEnd,
+    Text { text: String, special: bool },
 }
 
 impl<G: Generator> StreamProcessor<G> {
@@ -110,6 +118,7 @@ impl<G: Generator> StreamProcessor<G> {
             ids: IdSource::new(),
             released: Vec::new(),
             think_end_id,
+            carried_units: Vec::new(),
         }
     }
 
@@ -204,23 +213,43 @@ impl<G: Generator> StreamProcessor<G> {
         self.settle(out);
     }
 
+    /// Decodes a push into units; a push that ends inside a UTF-8 character waits whole for the next.
     fn feed_tokens(&mut self, ids: &[u32], out: &mut Vec<G::Event>) {
-        self.piece += 1;
         let decoder = self.decoder.as_mut().expect("checked by the caller");
-        self.parser.set_token_input(true);
+        let mut units = std::mem::take(&mut self.carried_units);
         for &id in ids {
-            // A special token streams as its own fragment.
-            let special = decoder.is_special(id);
-            self.piece += u64::from(special);
-            if Some(id) == self.think_end_id {
-                self.parser.feed_think_end(self.piece, &mut self.fragments);
+            units.push(if Some(id) == self.think_end_id {
+                Unit::ThinkEnd
             } else {
-                let text = decoder.decode(id);
-                self.parser.feed_str(&text, self.piece, &mut self.fragments);
-            }
-            self.piece += u64::from(special);
+                Unit::Text { text: decoder.decode(id), special: decoder.is_special(id) }
+            });
         }
+        if decoder.has_pending() {
+            self.carried_units = units;
+            return;
+        }
+        self.feed_units(units);
         self.settle(out);
+    }
+
+    fn feed_units(&mut self, units: Vec<Unit>) {
+        self.piece += 1;
+        self.parser.set_token_input(true);
+        for unit in units {
+            match unit {
+                Unit::ThinkEnd => {
+                    self.piece += 1;
+                    self.parser.feed_think_end(self.piece, &mut self.fragments);
+                    self.piece += 1;
+                }
+                // A special token streams as its own fragment.
+                Unit::Text { text, special } => {
+                    self.piece += u64::from(special);
+                    self.parser.feed_str(&text, self.piece, &mut self.fragments);
+                    self.piece += u64::from(special);
+                }
+            }
+        }
     }
 
     fn settle(&mut self, out: &mut Vec<G::Event>) {
@@ -252,9 +281,12 @@ impl<G: Generator> StreamProcessor<G> {
     fn complete(&mut self, reason: Option<FinishReason>, out: &mut Vec<G::Event>) {
         if let Some(decoder) = &mut self.decoder {
             let rest = decoder.flush();
+            let mut units = std::mem::take(&mut self.carried_units);
             if !rest.is_empty() {
-                self.piece += 1;
-                self.parser.feed_str(&rest, self.piece, &mut self.fragments);
+                units.push(Unit::Text { text: rest, special: false });
+            }
+            if !units.is_empty() {
+                self.feed_units(units);
             }
         }
         let stop_sequence = match self.parser.halted() {
