@@ -7,6 +7,8 @@ verification and rollback must reproduce the outputs of a single full-sequence p
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 import torch
 
@@ -132,3 +134,145 @@ def test_chunked_prefill_decode_verify_rollback_equal_one_shot(name: str) -> Non
                 row += n
     print(f"{name}: max abs diff {worst:.2e}")
     assert worst < 1e-5, worst
+
+
+# --- SWA bounded replay (YOCO prefill truncation)
+#
+# Layer inputs here depend only on the position, so a consumer row whose whole window lies inside the
+# kept suffix must match the untruncated result exactly, rows whose window crosses the suffix start
+# must differ (their window is clipped), and decode after a truncated prefill must match decode after
+# a full one.
+
+NAME = "full"  # consumer half from layer 5: Full C1 candidate source, Reindex, Reuse
+
+
+@cache
+def _run(mode: str, keep: int, prompt: int = 60, other: int = 15):
+    h = Harness(NAME)
+    xs = [inputs_for(h, 100, 1), inputs_for(h, 100, 2)]
+    replay = BoundedReplay(mode, keep)
+    prefill = h.step([(0, 0, prompt), (1, 0, other)], xs, replay)
+    decode = [h.step([(0, prompt + i, 1), (1, other + i, 1)], xs, replay) for i in range(3)]
+    verify = h.step([(0, prompt + 3, 4), (1, other + 3, 2)], xs, replay)
+    after_rollback = h.step([(0, prompt + 5, 1), (1, other + 5, 1)], xs, replay)
+    return h, prefill, decode + [verify, after_rollback]
+
+
+def _kept(h: Harness, layer: int, out: torch.Tensor, mode: str, keep: int, lengths=(60, 15)) -> torch.Tensor:
+    """The rows of a prefill output that compact mode computes, in its layout."""
+    spec = h.specs[layer]
+    if not spec.is_yoco_consumer or mode != "mask":
+        return out
+    rows, start = [], 0
+    for n in lengths:
+        rows.append(out[start + max(0, n - keep) : start + n])
+        start += n
+    return torch.cat(rows)
+
+
+def test_mask_and_compact_identical() -> None:
+    keep = 20
+    hm, pm, sm = _run("mask", keep)
+    hc, pc, sc = _run("compact", keep)
+    for li in range(len(hm.specs)):
+        torch.testing.assert_close(_kept(hm, li, pm[li], "mask", keep), pc[li], rtol=0, atol=0)
+    for a, b in zip(sm, sc, strict=True):
+        for la, lb in zip(a, b, strict=True):
+            torch.testing.assert_close(la, lb, rtol=0, atol=0)
+
+
+def test_compact_with_keep_covering_prompt_equals_off() -> None:
+    ho, po, so = _run("off", 140)
+    hc, pc, sc = _run("compact", 60)
+    for a, b in zip([po, *so], [pc, *sc], strict=True):
+        for la, lb in zip(a, b, strict=True):
+            torch.testing.assert_close(la, lb, rtol=0, atol=0)
+
+
+def test_window_clipped_to_kept_suffix_only() -> None:
+    keep, prompt = 20, 60
+    ho, po, so = _run("off", keep)
+    hm, pm, sm = _run("mask", keep)
+    window, start = hm.cfg.sliding_window, prompt - keep
+    for li, spec in enumerate(hm.specs):
+        diff = (pm[li][:prompt] - po[li][:prompt]).abs().amax(-1)
+        if not spec.is_yoco_consumer:
+            assert diff.max() == 0
+            continue
+        assert diff[start + window - 1 :].max() == 0  # window inside the suffix: unchanged
+        assert (diff[start : start + window - 1] > 0).all()  # window crosses the suffix start: clipped
+    # the decode window never reaches before the suffix (keep >= W + max_backtrack)
+    for a, b in zip(so, sm, strict=True):
+        for la, lb in zip(a, b, strict=True):
+            torch.testing.assert_close(la, lb, rtol=0, atol=0)
+
+
+def test_keep_smaller_than_window_plus_backtrack_rejected() -> None:
+    h = Harness(NAME)
+    xs = [inputs_for(h, 20, 1)]
+    with pytest.raises(ValueError, match="sliding_window \\+ max_backtrack"):
+        h.step([(0, 0, 20)], xs, BoundedReplay("compact", h.cfg.sliding_window + 2))
+
+
+# --- causality and selection
+
+
+@pytest.mark.parametrize("name", ["c2", "full"])
+def test_no_visibility_of_future_tokens_or_compressed_entries(name: str) -> None:
+    """Changing token p changes nothing before p; for ratio 2 the half-complete group of an even
+    position t = 2j (entry j needs token 2j + 1) must stay invisible to t."""
+    length = 40
+    h = Harness(name, seqs=1)
+    x = inputs_for(h, length, 3)
+    base = Harness(name, seqs=1).step([(0, 0, length)], [x])
+    for p in (9, 21, 22):
+        y = x.clone()
+        y[:, p] += 1.0
+        outs = Harness(name, seqs=1).step([(0, 0, length)], [y])
+        for li, (a, b) in enumerate(zip(base, outs, strict=True)):
+            assert torch.equal(a[:p], b[:p]), (p, li)
+            assert not torch.equal(a[p], b[p]), (p, li)
+
+
+def test_topk_only_visible_entries_and_latest_candidate_block() -> None:
+    h = Harness("full", seqs=1)
+    length = 150
+    x = inputs_for(h, length, 4)
+    batch = ForwardBatch([SequenceSegment(slot=1, block_table=h.block_table(0), start_pos=0,
+                                          token_ids=[0] * length)])
+    step = StepState.build(batch, h.cfg, h.cache)
+    cfg, pos = h.cfg, torch.arange(length)
+    for li, (spec, attn) in enumerate(zip(h.specs, h.layers, strict=True)):
+        if spec.index == cfg.n_prefill_layer:
+            step.enter_consumer_half(x[li])
+        attn(x[li], step)
+        if spec.owns_indexer_query:
+            sel = step.topk.per_segment[0]
+            visible = (pos + 1) // spec.compress_ratio
+            assert (sel < visible.unsqueeze(-1)).all()
+            assert ((sel >= 0).sum(-1) == visible.clamp(max=cfg.index_topk)).all()  # full when enough visible
+        if spec.is_candidate_source:
+            mask = step.candidates.per_segment[0]
+            block = cfg.candidate_block_size
+            for t in range(length):
+                n = int(visible[t])
+                latest = (n - 1) // block * block
+                assert mask[t, latest:n].all()  # the latest block is always a candidate
+                assert not mask[t, n:].any()
+                kept = mask[t, :n].unflatten(0, (-1, block)).any(-1) if n % block == 0 else None
+                if kept is not None:
+                    assert int(kept.sum()) == min(cfg.candidate_topk_blocks, n // block)
+        if spec.restricted_to_candidates:
+            sel = step.topk.per_segment[0]
+            cand = step.candidates.per_segment[0]
+            assert cand.gather(1, sel.clamp(min=0))[sel >= 0].all()
+
+
+def test_candidate_blocks_keep_the_best_and_the_latest() -> None:
+    from deepinfer.models.deepseek_v41.indexer import candidate_blocks
+
+    inf = float("inf")
+    scores = torch.tensor([[5.0, 1, 0, 0, 9, 0, -3, -4, -2, -inf, -inf, -inf]])
+    mask = candidate_blocks(scores, torch.tensor([9]), topk_blocks=2, block=2)
+    # blocks by max: [5, 0, 9, -3, -2(latest, forced), -inf]; keep 2 = latest + block 2
+    assert mask.tolist() == [[False, False, False, False, True, True, False, False, True, False, False, False]]

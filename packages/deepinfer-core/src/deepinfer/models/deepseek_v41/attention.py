@@ -112,7 +112,7 @@ class Attention:
         self, seg: Segment, pos: torch.Tensor, kv: torch.Tensor, ring, lo: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """KV buffer [history from the ring | current rows] and each row's window indices into it (-1 = none)."""
-        hist_start = max(seg.start - self.window + 1, lo, 0)
+        hist_start = min(max(seg.start - self.window + 1, lo, 0), seg.start)
         hist = ring.load(seg.slot, torch.arange(hist_start, seg.start, device=kv.device))
         first = int(pos[0])
         keys = pos.unsqueeze(-1) - self.window + 1 + torch.arange(self.window, device=kv.device)  # [n, W]

@@ -1,0 +1,89 @@
+"""Release cache quantisers (model spec §6.9) on known values, and the byte layout of cache entries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.cache import Codec, KVCache, cache_layout
+from deepinfer.config import ModelConfig
+from deepinfer.ops import get_ops
+from deepinfer.testing.flash import flash_config_dict
+
+ops = get_ops("reference")
+
+
+def _round_trip(fmt: str, x: torch.Tensor) -> torch.Tensor:
+    codec = Codec(fmt, x.shape[-1], torch.float32)
+    return codec.decode(codec.encode(x, ops), ops)
+
+
+def test_e2m1_ties_go_to_the_even_code() -> None:
+    # amax 6 -> MXFP4 scale exactly 1, so the inputs are already in code units
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    expect = [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
+    above = [0.26, 0.76, 1.26, 1.76, 2.51, 3.51, 5.01]
+    expect_above = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    vals = [6.0, *ties, *[-t for t in ties], *above, 0.0, 0.1, -0.1]
+    x = torch.tensor(vals + [0.0] * (32 - len(vals)))
+    y = _round_trip("mxfp4", x.unsqueeze(0))[0]
+    assert y[0] == 6.0
+    assert y[1:8].tolist() == expect
+    assert y[8:15].tolist() == [-e for e in expect]
+    assert y[15:22].tolist() == expect_above
+    assert y[22:25].tolist() == [0.0, 0.0, -0.0]
+
+
+@pytest.mark.parametrize(
+    ("amax", "byte"),
+    [(448.0, 127), (449.0, 128), (224.0, 126), (1.0, 127 - 8), (0.0, 127 - 22)],  # 1e-4/448 -> 2^-22
+)
+def test_fp8_window_scale_is_pow2_ceiling(amax: float, byte: int) -> None:
+    x = torch.zeros(1, 32)
+    x[0, 3] = amax
+    data, exp = ops.fp8_quantize(x)
+    assert exp.tolist() == [[byte]]
+    # 449 / 2 = 224.5 rounds to E4M3 224 (spacing 16 there)
+    assert _round_trip("fp8", x)[0, 3] == (448.0 if amax == 449.0 else amax)
+    assert data.float()[0, 3] * 2.0 ** (byte - 127) == (448.0 if amax == 449.0 else amax)
+
+
+@pytest.mark.parametrize(("amax", "scale"), [(6.0, 1.0), (6.6, 1.125), (3.0, 0.5), (0.0, 2.0**-9)])
+def test_nvfp4_scale_is_e4m3_of_amax_over_6(amax: float, scale: float) -> None:
+    x = torch.zeros(1, 16)
+    x[0, 0] = amax
+    _, s = ops.nvfp4_quantize(x)
+    assert s.float().tolist() == [[scale]]
+    y = _round_trip("nvfp4", x)
+    assert y[0, 0] == (6.0 * scale if amax else 0.0)  # 6.6 / 1.125 = 5.87 -> code 6
+
+
+@pytest.mark.parametrize(("amax", "byte"), [(6.0, 127), (6.1, 128), (3.0, 126), (0.0, 1)])
+def test_mxfp4_scale_is_pow2_ceiling(amax: float, byte: int) -> None:
+    x = torch.zeros(1, 32)
+    x[0, 0] = amax
+    _, exp = ops.mxfp4_quantize(x)
+    assert exp.tolist() == [[byte]]
+
+
+def test_entry_bytes_and_flash_sizes() -> None:
+    assert Codec("fp8", 512, torch.bfloat16).nbytes == 528
+    assert Codec("nvfp4", 512, torch.bfloat16).nbytes == 288
+    assert Codec("mxfp4", 128, torch.bfloat16).nbytes == 68
+    cfg = ModelConfig.from_hf_dict(flash_config_dict()).text
+    layout = cache_layout(cfg, "release", torch.bfloat16, max_backtrack=6)
+    assert layout.bytes_per_block == 890 * 128  # spec §15.3
+    assert layout.bytes_per_slot == 3_042_336 + 86_016
+
+
+def test_pool_round_trip_matches_codec() -> None:
+    from deepinfer.testing.configs import tiny_config
+
+    cfg = tiny_config("c2").text
+    cache = KVCache(cfg, num_blocks=3, num_slots=2, precision="release", dtype=torch.float32, max_backtrack=2)
+    kv = cache.compressed_kv(1)
+    x = torch.randn(70, cfg.head_dim)
+    table = torch.tensor([2, 1])  # entries 0..63 in block 2, 64..69 in block 1
+    kv.write(table, torch.arange(70), kv.codec.encode(x, ops))
+    assert torch.equal(kv.load(table, 70), _round_trip("nvfp4", x))
+    assert cache.blocks[0].count_nonzero() == 0  # padding block untouched
