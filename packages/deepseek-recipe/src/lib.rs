@@ -12,7 +12,10 @@ pub mod image_source;
 pub mod messages;
 pub mod options;
 pub mod py_json;
+pub mod images;
 pub mod render;
+pub mod response;
+pub mod stream;
 pub mod tokenizer;
 pub mod tokens;
 

@@ -1,7 +1,7 @@
-//! JSON text exactly as Python's `json.dumps(value, ensure_ascii=False)` writes it: `", "` and
-//! `": "` separators and Python float spelling. The prompt formats were defined with Python.
+//! JSON text with Python `json.dumps` separators (`", "` and `": "`, non-ASCII kept), the layout the
+//! prompt formats use for schemas and tool arguments.
 
-use serde_json::{Number, Value};
+use serde_json::Value;
 
 pub fn dumps(value: &Value) -> String {
     let mut out = String::new();
@@ -13,7 +13,8 @@ fn write_value(out: &mut String, value: &Value) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => write_number(out, n),
+        // Numbers keep serde_json's spelling (`100000.0`, `1.5e-7`), as the reference does.
+        Value::Number(n) => out.push_str(&n.to_string()),
         Value::String(s) => write_string(out, s),
         Value::Array(items) => {
             out.push('[');
@@ -45,57 +46,13 @@ fn write_string(out: &mut String, s: &str) {
     out.push_str(&serde_json::to_string(s).expect("strings always serialize"));
 }
 
-fn write_number(out: &mut String, n: &Number) {
-    match n.as_f64() {
-        Some(f) if n.is_f64() => out.push_str(&python_float_repr(f)),
-        _ => out.push_str(&n.to_string()),
-    }
-}
-
-/// Python's `repr(float)`: shortest round-trip digits, exponent form outside `1e-4 <= |x| < 1e16`.
-pub fn python_float_repr(f: f64) -> String {
-    if f.is_nan() {
-        return "NaN".to_owned();
-    }
-    if f.is_infinite() {
-        return if f > 0.0 { "Infinity" } else { "-Infinity" }.to_owned();
-    }
-    if f == 0.0 {
-        return if f.is_sign_negative() { "-0.0" } else { "0.0" }.to_owned();
-    }
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').expect("{:e} always has an exponent");
-    let exp: i32 = exp.parse().expect("exponent is an integer");
-    if (-4..16).contains(&exp) {
-        let plain = format!("{f}");
-        if plain.contains('.') {
-            plain
-        } else {
-            plain + ".0"
-        }
-    } else {
-        let sign = if exp < 0 { '-' } else { '+' };
-        format!("{mantissa}e{sign}{:02}", exp.abs())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn floats_like_python() {
-        assert_eq!(python_float_repr(1.5), "1.5");
-        assert_eq!(python_float_repr(1e5), "100000.0");
-        assert_eq!(python_float_repr(1e16), "1e+16");
-        assert_eq!(python_float_repr(1.5e-5), "1.5e-05");
-        assert_eq!(python_float_repr(0.0001), "0.0001");
-        assert_eq!(python_float_repr(123456789012345680.0), "1.2345678901234568e+17");
-    }
-
-    #[test]
     fn separators_like_python() {
-        let v: Value = serde_json::from_str(r#"{"a":[1,true,null],"b":"é\n"}"#).unwrap();
-        assert_eq!(dumps(&v), "{\"a\": [1, true, null], \"b\": \"é\\n\"}");
+        let v: Value = serde_json::from_str(r#"{"a":[1,true,null,1e5,1.5e-7],"b":"é\n"}"#).unwrap();
+        assert_eq!(dumps(&v), "{\"a\": [1, true, null, 100000.0, 1.5e-7], \"b\": \"é\\n\"}");
     }
 }

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::chat::DetailName;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
-use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
+use super::tools::{apply_tool_choice, validate_definitions, validate_names, RequestedToolChoice};
 use super::{assemble, effort, mentions_json, resolve_model, Converted, EffortName, Sampling};
 use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
@@ -277,6 +277,7 @@ impl ResponsesRequest {
         options: &ConversionOptions,
     ) -> Result<BTreeMap<String, (String, String)>, ConversionError> {
         let model_version = resolve_model(options, &self.model)?;
+        self.validate_local_names()?;
         let mut map = BTreeMap::new();
         for tool in self.declared() {
             if let ResponsesTool::Namespace { name, tools } = tool {
@@ -287,6 +288,16 @@ impl ResponsesRequest {
             }
         }
         Ok(map)
+    }
+
+    /// Names are checked before namespaces are joined to them.
+    fn validate_local_names(&self) -> Result<(), ConversionError> {
+        let names = self.declared().flat_map(|tool| match tool {
+            ResponsesTool::Function(f) => vec![f.name.as_str()],
+            ResponsesTool::Namespace { tools, .. } => tools.iter().map(|f| f.name.as_str()).collect(),
+            ResponsesTool::WebSearch {} | ResponsesTool::WebSearchPreview {} => Vec::new(),
+        });
+        validate_names(names, "tools[{}].name")
     }
 
     fn declared(&self) -> impl Iterator<Item = &ResponsesTool> {
@@ -320,7 +331,8 @@ impl ResponsesRequest {
                 ResponsesTool::WebSearchPreview {} => {}
             }
         }
-        validate_tools(out, "tools[{}].name")
+        self.validate_local_names()?;
+        validate_definitions(out)
     }
 
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {

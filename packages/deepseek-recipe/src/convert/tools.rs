@@ -21,9 +21,20 @@ pub enum RequestedToolChoice {
 /// Validates and normalises declared tools. `field` is the protocol's path of a tool name, with
 /// `{}` standing for the tool index (e.g. `tools[{}].function.name`).
 pub fn validate_tools(tools: Vec<ToolDefinition>, field: &str) -> Result<Vec<ToolDefinition>> {
-    for (i, tool) in tools.iter().enumerate() {
-        validate_name(&tool.name, &field.replace("{}", &i.to_string()))?;
+    validate_names(tools.iter().map(|t| t.name.as_str()), field)?;
+    validate_definitions(tools)
+}
+
+/// Checks tool names against the allowed pattern; `field` as for [`validate_tools`].
+pub fn validate_names<'a>(names: impl Iterator<Item = &'a str>, field: &str) -> Result<()> {
+    for (i, name) in names.enumerate() {
+        validate_name(name, &field.replace("{}", &i.to_string()))?;
     }
+    Ok(())
+}
+
+/// Uniqueness, parameter schemas and strict normalisation of already name-checked tools.
+pub fn validate_definitions(tools: Vec<ToolDefinition>) -> Result<Vec<ToolDefinition>> {
     let mut seen = std::collections::HashSet::new();
     if !tools.iter().all(|t| seen.insert(t.name.as_str())) {
         return Err(ConversionError::bad_request("Tool names must be unique."));

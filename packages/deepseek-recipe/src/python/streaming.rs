@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 
-mod generators;
+pub mod generators;
 mod images;
 mod options;
 mod processor;

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::{PromptBuilder, PromptFormat};
-use crate::conversation::{Conversation, ResponseFormat};
+use crate::conversation::{Conversation, ResponseFormat, ToolChoice};
 use crate::messages::{ToolCall, ToolDefinition};
 use crate::py_json;
 use crate::tokens::SpecialToken;
@@ -74,19 +74,25 @@ pub(crate) fn tool_schema_lines<'a>(tools: impl Iterator<Item = &'a ToolDefiniti
         .join("\n")
 }
 
-/// The tools section, if the conversation lists any non-deferred tool.
+/// The tools section: present when the conversation has tools and may call them; deferred tools
+/// are not listed.
 pub(crate) fn tools_section(out: &mut PromptBuilder, format: PromptFormat, conversation: &Conversation) {
-    let mut listed = conversation.tools.iter().filter(|t| !t.defer_loading).peekable();
-    if listed.peek().is_none() {
+    if !has_tools_section(conversation) {
         return;
     }
     emit_template(out, format, TOOLS_HEADER);
-    out.text(&tool_schema_lines(listed));
-    out.text(TOOLS_FOOTER);
+    let lines = tool_schema_lines(conversation.tools.iter().filter(|t| !t.defer_loading));
+    if lines.is_empty() && format == PromptFormat::V4 {
+        // V4 writes each schema line after a newline, so an empty list leaves one newline fewer.
+        out.text(&TOOLS_FOOTER[1..]);
+    } else {
+        out.text(&lines);
+        out.text(TOOLS_FOOTER);
+    }
 }
 
-pub(crate) fn has_listed_tools(conversation: &Conversation) -> bool {
-    conversation.tools.iter().any(|t| !t.defer_loading)
+pub(crate) fn has_tools_section(conversation: &Conversation) -> bool {
+    !conversation.tools.is_empty() && conversation.tool_choice != ToolChoice::None
 }
 
 const RESPONSE_SCHEMA_INTRO: &str =

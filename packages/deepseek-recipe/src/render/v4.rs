@@ -1,7 +1,7 @@
 //! The DeepSeek-V4 prompt format.
 
 use super::common::{
-    has_listed_tools, response_format_section, tool_calls_block, tool_calls_open, tools_section,
+    has_tools_section, response_format_section, tool_calls_block, tool_calls_open, tools_section,
 };
 use super::{PromptBuilder, PromptFormat};
 use crate::conversation::{Conversation, ReasoningEffort, ToolChoice};
@@ -122,6 +122,9 @@ fn system_part(out: &mut PromptBuilder, conversation: &Conversation) {
 
 /// A continued final assistant message: no EOS, no new generation prompt.
 fn prefix_turn(out: &mut PromptBuilder, thinking_mode: bool, reasoning: Option<&str>, content: &str) {
+    if reasoning.is_none() && content.is_empty() {
+        return;
+    }
     match reasoning {
         Some(rc) if thinking_mode && content.is_empty() => {
             out.special(SpecialToken::ThinkingStart);
@@ -149,7 +152,7 @@ pub(super) fn thinking_tag(thinking_mode: bool) -> SpecialToken {
 fn generation_prompt(out: &mut PromptBuilder, conversation: &Conversation) {
     out.special(SpecialToken::Assistant);
     out.special(thinking_tag(conversation.thinking_mode));
-    if conversation.tool_choice == ToolChoice::Required && has_listed_tools(conversation) {
+    if conversation.tool_choice == ToolChoice::Required && has_tools_section(conversation) {
         tool_calls_open(out, FORMAT);
     }
 }

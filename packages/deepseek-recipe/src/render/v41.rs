@@ -1,7 +1,7 @@
 //! The DeepSeek-V4.1 prompt format.
 
 use super::common::{
-    has_listed_tools, has_response_format_section, response_format_section, tool_calls_block,
+    has_response_format_section, has_tools_section, response_format_section, tool_calls_block,
     tool_calls_open, tool_schema_lines, tools_section,
 };
 use super::v4::thinking_tag;
@@ -27,7 +27,7 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     out.special(SpecialToken::Bos);
     let messages = &conversation.messages;
     let mut rest = &messages[..];
-    if !messages.is_empty() {
+    {
         let leading_system = match messages.first() {
             Some(Message::System { content, tools }) => {
                 rest = &messages[1..];
@@ -35,9 +35,9 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
             }
             _ => None,
         };
-        let needed = conversation.thinking_mode
+        let needed = (conversation.thinking_mode && !messages.is_empty())
             || leading_system.is_some()
-            || has_listed_tools(conversation)
+            || has_tools_section(conversation)
             || has_response_format_section(&conversation.response_format);
         if needed {
             out.special(SpecialToken::System);
@@ -85,9 +85,14 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
             }
             Message::Assistant { content, reasoning_content, tool_calls, prefix } => {
                 out.special(SpecialToken::Assistant);
-                if *prefix && is_last {
+                user_turn_open = false;
+                // V4.1 continues a prefix message wherever it is: no EOS after it.
+                if *prefix {
                     prefix_turn(out, conversation.thinking_mode, reasoning_content.as_deref(), content);
-                    return;
+                    if is_last {
+                        return;
+                    }
+                    continue;
                 }
                 if conversation.thinking_mode && tools_declared {
                     out.special(SpecialToken::ThinkingStart);
@@ -99,13 +104,12 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                     tool_calls_block(out, FORMAT, calls);
                 }
                 out.special(SpecialToken::Eos);
-                user_turn_open = false;
             }
         }
     }
     out.special(SpecialToken::Assistant);
     out.special(thinking_tag(conversation.thinking_mode));
-    if conversation.tool_choice == ToolChoice::Required && has_listed_tools(conversation) {
+    if conversation.tool_choice == ToolChoice::Required && has_tools_section(conversation) {
         tool_calls_open(out, FORMAT);
     }
 }
@@ -138,13 +142,9 @@ fn updated_tool_schemas(out: &mut PromptBuilder, tools: Option<&[ToolDefinition]
 fn prefix_turn(out: &mut PromptBuilder, thinking_mode: bool, reasoning: Option<&str>, content: &str) {
     if thinking_mode {
         out.special(SpecialToken::ThinkingStart);
-        match reasoning {
-            Some(rc) if content.is_empty() => {
-                out.text(rc);
-                return;
-            }
-            Some(rc) => out.text(rc),
-            None => {}
+        out.text(reasoning.unwrap_or(""));
+        if content.is_empty() {
+            return;
         }
     }
     out.special(SpecialToken::ThinkingEnd);
