@@ -13,6 +13,8 @@ import logging
 import sys
 
 SUBCOMMAND_MODULES = [
+    "make_checkpoint",
+    "describe",
     "backends",
     "score",
 ]
