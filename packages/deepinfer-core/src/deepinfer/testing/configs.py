@@ -54,7 +54,7 @@ def _tiny_base() -> dict[str, Any]:
         "max_position_embeddings": 4096,
         "rope_scaling": {
             "rope_type": "yarn",
-            "factor": 4,
+            "factor": 16,
             "beta_fast": 32,
             "beta_slow": 1,
             "original_max_position_embeddings": 256,
