@@ -52,9 +52,9 @@ class TextTokenizer:
 def load_model(model_dir: str | Path, *, backend: str | None = None, dtype: str = "float32",
                device: torch.device | str = "cpu") -> CausalLM:
     """The runtime for the checkpoint's architecture, on `device`, computing in `dtype`."""
-    from deepinfer.models.deepseek_v41.runtime import load_runtime
+    from deepinfer.models.registry import load_model as load_family
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     logger.info("loading %s (dtype %s, device %s, backend %s)", model_dir, dtype, device, backend or "auto")
-    return load_runtime(model_dir, dtype=DTYPES[dtype], device=device, backend=backend)
+    return load_family(model_dir, dtype=DTYPES[dtype], device=device, backend=backend)

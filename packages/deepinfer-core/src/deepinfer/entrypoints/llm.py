@@ -117,46 +117,77 @@ class LLM:
         """
         recipe = _import_recipe()
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        requests, prompts = [], []
-        for conv in conversations:
-            body: dict[str, Any] = {"model": RECIPE_MODEL_NAME, "messages": conv,
-                                    "thinking": {"type": "enabled" if thinking else "disabled"}}
-            if reasoning_effort:
-                body["reasoning_effort"] = reasoning_effort
-            if tools:
-                body["tools"] = tools
-            request = recipe.ChatCompletionRequest(body).convert(recipe.ConversionOptions())
-            requests.append(request)
-            prompts.append(list(self._encoding(recipe).encode(request.conversation)))
-        outputs = self.generate(prompt_token_ids=prompts, sampling_params=sampling_params, use_tqdm=use_tqdm)
-        return [self._parse(recipe, r, p, o) for r, p, o in zip(requests, prompts, outputs)]
+        rendered = [self._render(recipe, c, thinking, reasoning_effort, tools) for c in conversations]
+        outputs = self.generate(prompt_token_ids=[p for _, p in rendered], sampling_params=sampling_params,
+                                use_tqdm=use_tqdm)
+        results = []
+        for (request, prompt), out in zip(rendered, outputs):
+            completion = out.outputs[0]
+            proc, response = self._parser(recipe, request, len(prompt), out.request_id)
+            events = self._token_events(recipe, proc, completion.token_ids)
+            events += self._finish_events(recipe, proc, completion.finish_reason)
+            for event in events:
+                response.accumulate(event)
+            choice = json.loads(response.to_json())["choices"][0]
+            message = choice["message"]
+            results.append(ChatOutput(message.get("content"), message.get("reasoning_content"),
+                                      message.get("tool_calls") or [], choice.get("finish_reason"), out))
+        return results
 
-    def _encoding(self, recipe: Any) -> Any:
+    def chat_stream(self, messages: list[dict], sampling_params: SamplingParams | dict | None = None, *,
+                    thinking: bool = False, reasoning_effort: str | None = None,
+                    tools: list[dict] | None = None) -> Iterator[dict[str, Any]]:
+        """Stream one conversation's reply as Chat Completions chunk deltas
+        (`{"content": ...}`, `{"reasoning_content": ...}`, `{"tool_calls": [...]}`, then `finish_reason`)."""
+        recipe = _import_recipe()
+        request, prompt = self._render(recipe, messages, thinking, reasoning_effort, tools)
+        proc, _ = self._parser(recipe, request, len(prompt), "stream")
+        for out in self.generate_stream(prompt_token_ids=[prompt], sampling_params=sampling_params):
+            completion = out.outputs[0]
+            events = self._token_events(recipe, proc, completion.token_ids)
+            if out.finished:
+                events += self._finish_events(recipe, proc, completion.finish_reason)
+            for event in events:
+                for choice in json.loads(event.to_json()).get("choices", []):
+                    delta = {k: v for k, v in choice.get("delta", {}).items() if v not in (None, "")}
+                    if choice.get("finish_reason"):
+                        delta["finish_reason"] = choice["finish_reason"]
+                    if delta.keys() - {"role"}:
+                        yield delta
+
+    def _render(self, recipe: Any, messages: list[dict], thinking: bool, effort: str | None,
+                tools: list[dict] | None) -> tuple[Any, list[int]]:
+        body: dict[str, Any] = {"model": RECIPE_MODEL_NAME, "messages": messages,
+                                "thinking": {"type": "enabled" if thinking else "disabled"}}
+        if effort:
+            body["reasoning_effort"] = effort
+        if tools:
+            body["tools"] = tools
+        request = recipe.ChatCompletionRequest(body).convert(recipe.ConversionOptions())
         if self._recipe_encoding is None:  # with_tokenizer copies the tokenizer: do it once
             self._recipe_tokenizer = recipe.Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
             self._recipe_encoding = recipe.DeepseekV41Encoding().with_tokenizer(self._recipe_tokenizer)
-        return self._recipe_encoding
+        return request, list(self._recipe_encoding.encode(request.conversation))
 
-    def _parse(self, recipe: Any, request: Any, prompt: list[int], out: RequestOutput) -> ChatOutput:
-        completion = out.outputs[0]
-        rid = f"chatcmpl-{out.request_id}"
+    def _parser(self, recipe: Any, request: Any, prompt_len: int, request_id: str) -> tuple[Any, Any]:
+        rid = f"chatcmpl-{request_id}"
         gen = recipe.ChatCompletionRequest.chunk_generator(request, rid, RECIPE_MODEL_NAME)
         proc = recipe.StreamProcessor(gen, request.parsing_options, self._recipe_tokenizer)
-        reason = (recipe.InferenceFinishReason.Length if completion.finish_reason == "length"
-                  else recipe.InferenceFinishReason.Stop)
-        usage = recipe.PromptUsage(prompt_tokens=len(prompt))
-        events = proc.push(recipe.InferenceChunk.ready(prompt_usage=usage))
-        if completion.token_ids:
-            events += proc.push(recipe.InferenceChunk.tokens(completion.token_ids))
-        events += proc.push(recipe.InferenceChunk.finish(reason))
-        events += proc.finish()
-        response = recipe.ChatCompletionResponse(rid, RECIPE_MODEL_NAME, int(time.time()), len(prompt), 0)
-        for event in events:
+        response = recipe.ChatCompletionResponse(rid, RECIPE_MODEL_NAME, int(time.time()), prompt_len, 0)
+        for event in proc.push(recipe.InferenceChunk.ready(prompt_usage=recipe.PromptUsage(
+                prompt_tokens=prompt_len))):
             response.accumulate(event)
-        choice = json.loads(response.to_json())["choices"][0]
-        message = choice["message"]
-        return ChatOutput(message.get("content"), message.get("reasoning_content"),
-                          message.get("tool_calls") or [], choice.get("finish_reason"), out)
+        return proc, response
+
+    @staticmethod
+    def _token_events(recipe: Any, proc: Any, token_ids: list[int]) -> list[Any]:
+        return proc.push(recipe.InferenceChunk.tokens(token_ids)) if token_ids else []
+
+    @staticmethod
+    def _finish_events(recipe: Any, proc: Any, finish_reason: str | None) -> list[Any]:
+        reason = (recipe.InferenceFinishReason.Length if finish_reason == "length"
+                  else recipe.InferenceFinishReason.Stop)
+        return [*proc.push(recipe.InferenceChunk.finish(reason)), *proc.finish()]
 
     def close(self) -> None:
         self.engine.close()

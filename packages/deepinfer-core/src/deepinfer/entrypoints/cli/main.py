@@ -17,6 +17,9 @@ SUBCOMMAND_MODULES = [
     "describe",
     "backends",
     "score",
+    "generate",
+    "chat",
+    "bench",
 ]
 
 
