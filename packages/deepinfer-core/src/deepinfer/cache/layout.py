@@ -65,7 +65,9 @@ def _place(regions: list[tuple[RegionKind, int, int, Codec]]) -> dict[tuple[Regi
     return out
 
 
-def cache_spec(cfg: TextConfig, precision: CachePrecision, dtype: torch.dtype, max_backtrack: int) -> CacheSpec:
+def cache_spec(
+    cfg: TextConfig, precision: CachePrecision, dtype: torch.dtype, max_backtrack: int
+) -> CacheSpec:
     if precision not in ("exact", "release"):
         raise ValueError(f"cache precision must be 'exact' or 'release', got {precision!r}")
     if max_backtrack < 1:
@@ -92,6 +94,8 @@ def cache_spec(cfg: TextConfig, precision: CachePrecision, dtype: torch.dtype, m
     return CacheSpec(precision, max_backtrack, _place(block), _place(slot))
 
 
-def cache_layout(cfg: TextConfig, precision: CachePrecision, dtype: torch.dtype, max_backtrack: int) -> CacheLayout:
+def cache_layout(
+    cfg: TextConfig, precision: CachePrecision, dtype: torch.dtype, max_backtrack: int
+) -> CacheLayout:
     """Bytes per paged block and per state slot, for the engine's pool sizing."""
     return cache_spec(cfg, precision, dtype, max_backtrack).layout()

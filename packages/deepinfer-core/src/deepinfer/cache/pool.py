@@ -19,7 +19,8 @@ from deepinfer.ops import Ops, get_ops
 
 def _view(storage: torch.Tensor, region: Region) -> torch.Tensor:
     span = region.entries * region.codec.nbytes
-    return storage[:, region.offset : region.offset + span].unflatten(1, (region.entries, region.codec.nbytes))
+    rows = storage[:, region.offset : region.offset + span]
+    return rows.unflatten(1, (region.entries, region.codec.nbytes))
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Ring:
 
 
 class KVCache:
-    """Pools for one model: `num_blocks` paged blocks and `num_slots` state slots (index 0 of each is padding)."""
+    """Pools for one model: `num_blocks` paged blocks, `num_slots` state slots (index 0 of each: padding)."""
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import torch
 
+from deepinfer.cache import Ring
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.compressor import Compressor
 from deepinfer.models.deepseek_v41.indexer import Indexer
@@ -49,9 +50,9 @@ class Attention:
         dtype: torch.dtype,
     ):
         if spec.role == "dspark":
-            raise ValueError("DSpark blocks attend over target-feature keys; they are not built from Attention")
+            raise ValueError("DSpark blocks attend over target-feature keys; Attention does not build them")
         if spec.owns_index_keys and not spec.owns_compressor:
-            raise NotImplementedError(f"layer {spec.index}: index-K sources that are not KV sources are unsupported")
+            raise NotImplementedError(f"layer {spec.index}: an index-K source must also be a KV source")
         w = weights if isinstance(weights, Weights) else Weights(weights)
         h, d, groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.cfg, self.spec, self.ops, self.dtype = cfg, spec, ops, dtype
@@ -67,7 +68,8 @@ class Attention:
         self.sink = w.get("attn_sink", (h,)).float()
         device = self.q_norm.device
         self.rope = Rope.for_layer(cfg, spec, device)
-        self.compressor = Compressor(cfg, spec, w.sub("compressor."), ops, dtype) if spec.owns_compressor else None
+        owns = spec.owns_compressor
+        self.compressor = Compressor(cfg, spec, w.sub("compressor."), ops, dtype) if owns else None
         has_indexer = spec.owns_index_keys or spec.owns_indexer_query
         self.indexer = Indexer(cfg, spec, w.sub("indexer."), ops, dtype) if has_indexer else None
 
@@ -109,9 +111,9 @@ class Attention:
         return self.wo_b(torch.cat([wo(og) for wo, og in zip(self.wo_a, o, strict=True)], dim=-1))
 
     def _window(
-        self, seg: Segment, pos: torch.Tensor, kv: torch.Tensor, ring, lo: int
+        self, seg: Segment, pos: torch.Tensor, kv: torch.Tensor, ring: Ring, lo: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """KV buffer [history from the ring | current rows] and each row's window indices into it (-1 = none)."""
+        """KV buffer [ring history | current rows] and each row's window indices into it (-1 = none)."""
         hist_start = min(max(seg.start - self.window + 1, lo, 0), seg.start)
         hist = ring.load(seg.slot, torch.arange(hist_start, seg.start, device=kv.device))
         first = int(pos[0])

@@ -29,7 +29,7 @@ class Compressor:
         self.norm = weights.get("norm.weight", (cfg.head_dim,))
 
     def __call__(self, x: torch.Tensor, seg: Segment, state: Ring | None) -> tuple[int, torch.Tensor]:
-        """x [n, H]: inputs of positions [seg.start, seg.end). Returns (first new entry, latents [m, head_dim]).
+        """x [n, H]: inputs at positions [seg.start, seg.end) -> (first new entry, latents [m, head_dim]).
 
         The latents are the normed, pre-RoPE compressed vectors of the groups completed by this segment.
         """

@@ -12,12 +12,14 @@ from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import Ops
 
 
-def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
+def candidate_blocks(
+    scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int
+) -> torch.Tensor:
     """Entry mask of the `topk_blocks` best blocks (max-pooled scores), the latest visible block forced in.
 
     scores [n, N] with -inf at invisible entries; visible [n] = visible entry count per row.
     """
-    n, width = scores.shape
+    width = scores.shape[-1]
     pooled = torch.nn.functional.pad(scores, (0, -width % block), value=-torch.inf)
     pooled = pooled.unflatten(-1, (-1, block)).amax(-1)
     latest = ((visible - 1) // block).unsqueeze(-1)  # -1 when nothing is visible: forces no block
@@ -39,11 +41,12 @@ class Indexer:
             self.k_norm = weights.get("k_norm.weight", (self.dim,))
         if spec.owns_indexer_query:
             self.wq_b = make_linear(weights, "wq_b", ops, dtype, (self.heads * self.dim, cfg.q_lora_rank))
-            self.weights_proj = make_linear(weights, "weights_proj", ops, dtype, (self.heads, cfg.hidden_size))
+            shape = (self.heads, cfg.hidden_size)
+            self.weights_proj = make_linear(weights, "weights_proj", ops, dtype, shape)
             self.weight_scale = (self.dim * self.heads) ** -0.5
 
     def keys(self, latent: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-        """Pre-RoPE compressed latents [m, head_dim] -> index keys [m, index_head_dim] (before quantisation)."""
+        """Pre-RoPE compressed latents [m, head_dim] -> index keys [m, index_head_dim], not yet quantised."""
         k = self.ops.rms_norm(self.wk(latent), self.k_norm, self.eps)
         return self.ops.rope_interleaved(k, angles)
 
@@ -63,12 +66,13 @@ class Indexer:
             visible = (rows.positions[b:e] + 1) // ratio
             scores = self.ops.indexer_logits(q[b:e], keys[i], w[b:e])
             width = scores.shape[-1]
-            scores = scores.masked_fill(torch.arange(width, device=x.device) >= visible.unsqueeze(-1), -torch.inf)
+            future = torch.arange(width, device=x.device) >= visible.unsqueeze(-1)
+            scores = scores.masked_fill(future, -torch.inf)
             if spec.is_candidate_source:
                 cands.append(candidate_blocks(scores, visible, self.topk_blocks, self.block))
             elif spec.restricted_to_candidates:
                 if step.candidates is None:
-                    raise RuntimeError(f"layer {spec.index} is restricted to candidates but no candidate source ran")
+                    raise RuntimeError(f"layer {spec.index} needs candidates, but no candidate source ran")
                 scores = scores.masked_fill(~step.candidates.per_segment[i], -torch.inf)
             best = scores.topk(min(self.topk, width), dim=-1, sorted=False).indices.sort(dim=-1).values
             topk.append(torch.where(torch.isfinite(scores.gather(-1, best)), best, -1))

@@ -21,7 +21,7 @@ ReplayMode = Literal["off", "mask", "compact"]
 
 @dataclass(frozen=True)
 class BoundedReplay:
-    """SWA bounded replay (deepinfer-official §8): consumer layers only need each segment's last `keep` tokens."""
+    """SWA bounded replay (deepinfer-official §8): consumer layers need only the kept suffix."""
 
     mode: ReplayMode = "off"
     keep: int = 140
@@ -101,8 +101,8 @@ class StepState:
             need = cfg.sliding_window + cache.max_backtrack
             if replay.keep < need:
                 raise ValueError(
-                    f"bounded replay keep={replay.keep} is smaller than sliding_window + max_backtrack = {need}; "
-                    "decode after a rollback would read consumer window keys that were never written"
+                    f"bounded replay keep={replay.keep} is smaller than sliding_window + max_backtrack = "
+                    f"{need}; decode after a rollback would read consumer window keys never written"
                 )
             if not 0 < cfg.n_prefill_layer < cfg.num_hidden_layers:
                 raise ValueError(
@@ -129,7 +129,7 @@ class StepState:
         return self.consumer_rows if spec.is_yoco_consumer else self.all_rows
 
     def enter_consumer_half(self, shared_input: torch.Tensor) -> torch.Tensor | None:
-        """Record the first consumer layer's normed input (all rows); return the kept-row index under compact."""
+        """Record the first consumer layer's normed input (all rows); under compact return the kept rows."""
         if shared_input.shape[0] != self.all_rows.count:
             raise ValueError(
                 f"shared input has {shared_input.shape[0]} rows, expected all {self.all_rows.count}"
