@@ -13,7 +13,7 @@ use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
 use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
 use crate::options::{ConversionOptions, WebSearchBehavior};
-use crate::py_json;
+use crate::py_json::{self, FloatStyle};
 use crate::tokens::SpecialToken;
 
 #[derive(Debug, Deserialize)]
@@ -388,7 +388,7 @@ impl MessageConverter<'_> {
                 Block::Text { text } => texts.push(text),
                 Block::Thinking { thinking } => reasoning.get_or_insert_with(String::new).push_str(&thinking),
                 Block::ToolUse { id, name, input } => {
-                    calls.push(ToolCall { id, name, arguments: py_json::dumps(&input) })
+                    calls.push(ToolCall { id, name, arguments: py_json::dumps(&input, FloatStyle::Serde) })
                 }
                 Block::ServerToolUse {} | Block::WebSearchToolResult {} => {
                     if self.web_search == WebSearchBehavior::Reject {

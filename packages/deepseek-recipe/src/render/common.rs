@@ -5,7 +5,7 @@ use serde_json::Value;
 use super::{PromptBuilder, PromptFormat};
 use crate::conversation::{Conversation, ResponseFormat, ToolChoice};
 use crate::messages::{ToolCall, ToolDefinition};
-use crate::py_json;
+use crate::py_json::{self, FloatStyle};
 use crate::tokens::SpecialToken;
 
 /// The words following the DSML token in each tag; V4.1 inserts a space and renames the block.
@@ -58,7 +58,17 @@ fn emit_template(out: &mut PromptBuilder, format: PromptFormat, template: &str) 
 }
 
 /// One schema line per tool, as the model was trained to read them.
-pub(crate) fn tool_schema_lines<'a>(tools: impl Iterator<Item = &'a ToolDefinition>) -> String {
+pub(crate) fn float_style(format: PromptFormat) -> FloatStyle {
+    match format {
+        PromptFormat::V4 => FloatStyle::Serde,
+        PromptFormat::V41 => FloatStyle::Python,
+    }
+}
+
+pub(crate) fn tool_schema_lines<'a>(
+    format: PromptFormat,
+    tools: impl Iterator<Item = &'a ToolDefinition>,
+) -> String {
     tools
         .map(|tool| {
             let mut line = serde_json::Map::new();
@@ -68,7 +78,7 @@ pub(crate) fn tool_schema_lines<'a>(tools: impl Iterator<Item = &'a ToolDefiniti
                 Value::String(tool.description.clone().unwrap_or_default()),
             );
             line.insert("parameters".into(), tool.parameters.clone());
-            py_json::dumps(&Value::Object(line))
+            py_json::dumps(&Value::Object(line), float_style(format))
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -81,7 +91,7 @@ pub(crate) fn tools_section(out: &mut PromptBuilder, format: PromptFormat, conve
         return;
     }
     emit_template(out, format, TOOLS_HEADER);
-    let lines = tool_schema_lines(conversation.tools.iter().filter(|t| !t.defer_loading));
+    let lines = tool_schema_lines(format, conversation.tools.iter().filter(|t| !t.defer_loading));
     if lines.is_empty() && format == PromptFormat::V4 {
         // V4 writes each schema line after a newline, so an empty list leaves one newline fewer.
         out.text(&TOOLS_FOOTER[1..]);
@@ -109,7 +119,7 @@ pub(crate) fn response_format_section(out: &mut PromptBuilder, format: PromptFor
         }
         (ResponseFormat::JsonSchema(schema), _) => {
             out.text(RESPONSE_SCHEMA_INTRO);
-            out.text(&py_json::dumps(schema));
+            out.text(&py_json::dumps(schema, float_style(format)));
         }
         (ResponseFormat::Text | ResponseFormat::Regex(_), _) => {}
     }
@@ -141,13 +151,13 @@ pub(crate) fn tool_calls_open(out: &mut PromptBuilder, format: PromptFormat) {
 
 /// The parameters of one call: object keys in order, strings raw, other values as JSON; anything
 /// that is not a JSON object becomes a single raw `arguments` string parameter.
-fn call_parameters(arguments: &str) -> Vec<(String, bool, String)> {
+fn call_parameters(format: PromptFormat, arguments: &str) -> Vec<(String, bool, String)> {
     match serde_json::from_str::<Value>(arguments) {
         Ok(Value::Object(map)) => map
             .into_iter()
             .map(|(key, value)| match value {
                 Value::String(s) => (key, true, s),
-                other => (key, false, py_json::dumps(&other)),
+                other => (key, false, py_json::dumps(&other, float_style(format))),
             })
             .collect(),
         _ => vec![("arguments".to_owned(), true, arguments.to_owned())],
@@ -161,7 +171,7 @@ pub(crate) fn tool_calls_block(out: &mut PromptBuilder, format: PromptFormat, ca
     for call in calls {
         dsml_open(out, words.invoke);
         out.text(&format!(" name=\"{}\">\n", call.name));
-        let parameters = call_parameters(&call.arguments);
+        let parameters = call_parameters(format, &call.arguments);
         for (i, (name, is_string, value)) in parameters.iter().enumerate() {
             if format == PromptFormat::V41 && i > 0 {
                 out.text("\n");

@@ -122,7 +122,7 @@ fn system_part(out: &mut PromptBuilder, conversation: &Conversation) {
 
 /// A continued final assistant message: no EOS, no new generation prompt.
 fn prefix_turn(out: &mut PromptBuilder, thinking_mode: bool, reasoning: Option<&str>, content: &str) {
-    if reasoning.is_none() && content.is_empty() {
+    if thinking_mode && reasoning.is_none() && content.is_empty() {
         return;
     }
     match reasoning {

@@ -134,7 +134,7 @@ fn user_side(out: &mut PromptBuilder, turn_open: &mut bool, content: &ImageConte
 fn updated_tool_schemas(out: &mut PromptBuilder, tools: Option<&[ToolDefinition]>) {
     if let Some(tools) = tools.filter(|t| !t.is_empty()) {
         out.text("\n\n### Updated Tool Schemas\n\n");
-        out.text(&tool_schema_lines(tools.iter()));
+        out.text(&tool_schema_lines(FORMAT, tools.iter()));
     }
 }
 
