@@ -64,21 +64,23 @@ def random_tensors(spec: TensorSpec, scale_spec: TensorSpec | None, seed: int) -
     law = _distribution(spec.name, logical)
     rows = logical[0] if len(logical) > 1 else 1
     per_row = math.prod(logical) // rows
-    # FP8 32x32 blocks must not be split across chunks
+    # whole 32-row bands per chunk, so FP8 32x32 blocks are never split
     step = max(32, (CHUNK_ELEMENTS // max(per_row, 1)) // 32 * 32)
-    parts, scales = [], []
+    out = torch.empty(spec.shape, dtype=TORCH_DTYPES[spec.dtype])
+    scale = torch.empty(scale_spec.shape, dtype=TORCH_DTYPES[scale_spec.dtype]) if scale_spec else None
+    quantize = {"fp8": quantize_fp8, "fp4": quantize_fp4, "fp8_rows": quantize_fp8_rows}.get(spec.kind)
     for chunk, begin in enumerate(range(0, rows, step)):
-        n = min(step, rows - begin)
+        end = min(begin + step, rows)
         gen = torch.Generator().manual_seed(_seed(seed, spec.name, chunk))
-        shape = (n, *logical[1:]) if len(logical) > 1 else logical
-        w = _sample(shape, law, gen)
-        if spec.kind == "dense":
-            parts.append(w.to(TORCH_DTYPES[spec.dtype]))
+        w = _sample((end - begin, *logical[1:]) if len(logical) > 1 else logical, law, gen)
+        if quantize is None:
+            (out[begin:end] if len(logical) > 1 else out).copy_(w)  # casts to the storage dtype (RNE)
             continue
-        q, s = {"fp8": quantize_fp8, "fp4": quantize_fp4, "fp8_rows": quantize_fp8_rows}[spec.kind](w)
-        parts.append(q)
-        scales.append(s)
-    out = {spec.name: parts[0] if len(parts) == 1 else torch.cat(parts)}
+        q, s = quantize(w)
+        out[begin:end] = q
+        rows_per_scale = 32 if spec.kind == "fp8" else 1
+        scale[begin // rows_per_scale : -(-end // rows_per_scale)] = s
+    tensors = {spec.name: out}
     if scale_spec is not None:
-        out[scale_spec.name] = scales[0] if len(scales) == 1 else torch.cat(scales)
-    return out
+        tensors[scale_spec.name] = scale
+    return tensors
