@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.linear import Linear, make_linear
@@ -31,6 +32,11 @@ class DraftOutput:
     hidden: torch.Tensor  # [n, B, H] collapsed output of the last block, before its norm
     normed: torch.Tensor  # [n, B, H] after mtp.{last}.norm
     base_logits: torch.Tensor  # [n, B, V] float32: head(normed)
+
+
+def _window_kv(attn: Any, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Window key (= value) of a DSpark block's attention: RoPE(RMSNorm(wkv x; kv_norm)), before the codec."""
+    return attn.ops.rope_interleaved(attn.ops.rms_norm(attn.wkv(x), attn.kv_norm, attn.eps), angles)
 
 
 class DSpark:
@@ -79,7 +85,8 @@ class DSpark:
         f = self.context_features(features)
         for blk in self.blocks:
             ring = cache.window(blk.spec.index)
-            encoded = ring.codec.encode(blk.attn.window_kv(f, rows.positions), ring.ops)
+            kv = _window_kv(blk.attn, f, blk.attn.rope.angles(rows.positions))
+            encoded = ring.codec.encode(kv, ring.ops)
             for (begin, end), seg in zip(rows.bounds, segs):
                 ring.write(seg.slot, rows.positions[begin:end], encoded[begin:end])
 
@@ -122,22 +129,22 @@ class DSpark:
         anchors: Sequence[int],
     ) -> torch.Tensor:
         """Each slot attends to its sequence's context keys [a - W, a - 1] and the whole draft block."""
-        attn, bsz, dev = blk.attn, self.block_size, x.device
+        attn, ops, bsz, dev = blk.attn, self.ops, self.block_size, x.device
         ring = cache.window(blk.spec.index)
-        q = attn.query(x, positions)
-        in_block = ring.codec.round_trip(attn.window_kv(x, positions), ring.ops)[1]
+        angles = attn.rope.angles(positions)
+        q_latent = ops.rms_norm(attn.wq_a(x), attn.q_norm, attn.eps)
+        q = ops.rope_interleaved(attn.wq_b(q_latent).unflatten(-1, (attn.heads, attn.dim)), angles)
+        in_block = ring.codec.round_trip(_window_kv(attn, x, angles), ops)[1]
         buffers, index_rows, base = [], [], 0
         for i, (slot, a) in enumerate(zip(slots, anchors)):
             ctx_pos = torch.arange(max(a - self.window, 0), a, device=dev)
-            ctx = ring.load(slot, ctx_pos)
-            buffers += [ctx, in_block[i * bsz : (i + 1) * bsz]]
+            buffers += [ring.load(slot, ctx_pos), in_block[i * bsz : (i + 1) * bsz]]
             keys = torch.arange(base, base + len(ctx_pos) + bsz, device=dev)
-            keys = torch.nn.functional.pad(keys, (0, self.window - len(ctx_pos)), value=-1)
-            index_rows.append(keys.expand(bsz, -1))
+            index_rows.append(F.pad(keys, (0, self.window - len(ctx_pos)), value=-1).expand(bsz, -1))
             base += len(ctx_pos) + bsz
-        kv = torch.cat(buffers)
-        o = self.ops.sparse_attention_sink(q, kv, torch.cat(index_rows), attn.sink, q.shape[-1] ** -0.5)
-        return attn.output(o, positions)
+        o = ops.sparse_attention_sink(q, torch.cat(buffers), torch.cat(index_rows), attn.sink, attn.dim**-0.5)
+        o = ops.rope_interleaved(o, angles, inverse=True).flatten(1).chunk(len(attn.wo_a), dim=-1)
+        return attn.wo_b(torch.cat([wo(og) for wo, og in zip(attn.wo_a, o)], dim=-1))
 
     # --- heads
 
