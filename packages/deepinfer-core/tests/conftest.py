@@ -158,3 +158,16 @@ def completions(out) -> list[list[int]]:
 def tokens_of():
     """Token ids of every completion of a RequestOutput."""
     return completions
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> str:
+    """A real tiny DeepSeek-V4.1 checkpoint (random weights, synthetic tokenizer) for end-to-end tests."""
+    from deepinfer.checkpoint.writer import write_checkpoint
+    from deepinfer.testing import tiny_config
+    from deepinfer.tokenizer import build_synthetic_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny-v41")
+    tokenizer = build_synthetic_tokenizer()
+    write_checkpoint(tiny_config("c1_yoco"), out, seed=0, tokenizer=tokenizer, progress=False)
+    return str(out)
