@@ -30,6 +30,8 @@ from deepinfer.checkpoint.writer import _groups
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.ops import BackendError, Ops, get_ops
+from deepinfer.ops.reference import REFERENCE_OPS
 from deepinfer.testing.configs import flash_slice_config, tiny_config
 from deepinfer.tokenizer import build_synthetic_tokenizer, compressed_vocab
 
@@ -66,6 +68,16 @@ def token_map(config: ModelConfig) -> list[int] | None:
     if t.vocab_size == build_synthetic_tokenizer().get_vocab_size(with_added_tokens=True):
         return list(compressed_vocab(build_synthetic_tokenizer()).token_map)
     return [i % t.engram_compressed_vocab_size for i in range(t.vocab_size)]  # Flash slice: a stand-in
+
+
+def _ops(backend: str | None, device: torch.device) -> Ops:
+    try:
+        return get_ops(backend, device)
+    except BackendError:
+        if backend not in (None, "reference"):
+            raise
+        # a source tree that is not pip-installed has no entry points: use the reference table directly
+        return Ops("reference", REFERENCE_OPS, ())
 
 
 class LayerTimer:
@@ -133,6 +145,14 @@ def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: 
         nxt = {s: int(out.logits[i].argmax()) for i, s in enumerate(tables)}
     sync()
     decode_s = time.perf_counter() - t0
+    decode_layers = timer.take()
+    draft_ms = None
+    if runtime.dspark is not None:  # one DSpark draft step for every sequence, after the decode steps
+        sync()
+        t0 = time.perf_counter()
+        runtime.dspark.draft(runtime.cache, list(tables), [prefill + decode] * batch, list(nxt.values()))
+        sync()
+        draft_ms = (time.perf_counter() - t0) * 1e3
     result = {
         "batch": batch,
         "prefill_tokens": prefill * batch,
@@ -142,7 +162,10 @@ def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: 
         "decode_s": decode_s,
         "decode_tok_s": decode * batch / decode_s if decode else None,
         "prefill_layer_ms": prefill_layers,
-        "decode_layer_ms_per_step": {k: v / max(decode, 1) for k, v in timer.take().items()},
+        "prefill_other_ms": prefill_s * 1e3 - sum(prefill_layers.values()),  # embed, Engram, mHC, head
+        "decode_layer_ms_per_step": {k: v / max(decode, 1) for k, v in decode_layers.items()},
+        "decode_other_ms_per_step": (decode_s * 1e3 - sum(decode_layers.values())) / max(decode, 1),
+        "dspark_draft_ms": draft_ms,
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -154,6 +177,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--config", default="full", help="tiny config name (CPU run)")
     p.add_argument("--layers", type=int, default=5, help="backbone layers of the Flash slice (GPU run)")
+    p.add_argument("--backend", default=None, help="op backend (default: best installed, else reference)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prefill", type=int, default=None)
@@ -175,7 +199,12 @@ def main() -> None:
     tensors = random_weights(config, device)
     weight_gib = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30
     runtime = build_runtime(
-        config, tensors, dtype=dtype, engram_token_map=token_map(config), options=RuntimeOptions()
+        config,
+        tensors,
+        dtype=dtype,
+        ops=_ops(args.backend, device),
+        engram_token_map=token_map(config),
+        options=RuntimeOptions(),
     )
     build_s = time.perf_counter() - t0
     result = {

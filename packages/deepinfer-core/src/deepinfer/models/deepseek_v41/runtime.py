@@ -70,6 +70,7 @@ class DeepseekV41Runtime:
             self.model.dtype,
             self.max_backtrack,
             self.device,
+            ops=self.model.ops,
         )
         self.history = torch.zeros(num_slots, max(self.history_len, 1), dtype=torch.int64, device=self.device)
 
