@@ -2,7 +2,7 @@
 
 A step plans a batch (scheduler), runs it (model runner: forward + sampler) and turns the sampled
 tokens into outputs (detokenization, stop checks, freeing finished sequences). With async scheduling
-(the default) the model runner works on a single worker thread: `step()` plans and launches step N,
+(the default) `step()` plans step N and launches it on the model runner's worker thread,
 then post-processes step N-1 while step N runs, so the device never waits for the Python side longer
 than a thread hand-off. Sampled tokens depend only on logits and (seed, position), never on timing,
 so outputs are identical in both modes.
@@ -54,9 +54,10 @@ class LLMEngine:
         self.cache = CacheManager(layout.block_size, plan)
         self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork), self._pending_done)
         self.runner = ModelRunner(model, Sampler(model.eos_token_id))
-        self._worker = (ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step")
-                        if config.async_scheduling else None)
-        self._inflight: deque[tuple[SchedulerOutput, float, Future[StepResult] | StepResult]] = deque()
+        # The model always runs on this thread, so both modes execute it identically; sync mode just
+        # waits for each step before planning the next.
+        self._worker: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step")
+        self._inflight: deque[tuple[SchedulerOutput, float, Future[StepResult]]] = deque()
         self.requests: dict[str, Request] = {}
         self._ready: list[RequestOutput] = []  # outputs due without a step (aborts, over-long prompts)
         self._seed_rng = random.Random(config.seed)
@@ -142,15 +143,14 @@ class LLMEngine:
         sched = self.scheduler.schedule() if self.scheduler.has_work() else None
         launched = sched is not None and bool(sched.segments)
         if launched:
-            assert sched is not None
-            job = self._worker.submit(self.runner.execute, sched) if self._worker else None
-            self._inflight.append((sched, time.perf_counter() - t0, job or self.runner.execute(sched)))
+            assert sched is not None and self._worker is not None, "engine is closed"
+            job = self._worker.submit(self.runner.execute, sched)
+            self._inflight.append((sched, time.perf_counter() - t0, job))
         # async keeps the step just launched running and post-processes the one before it
-        keep = 1 if launched and self._worker else 0
+        keep = 1 if launched and self.config.async_scheduling else 0
         while len(self._inflight) > keep:
             done, schedule_s, job = self._inflight.popleft()
-            result = job.result() if isinstance(job, Future) else job
-            outputs.extend(self._process(done, schedule_s, result))
+            outputs.extend(self._process(done, schedule_s, job.result()))
         if not self._inflight:
             self._prev_end = None  # idle from here on is not overhead
         self._maybe_log()
@@ -250,9 +250,7 @@ class LLMEngine:
     def close(self) -> None:
         """Finish the in-flight step and stop the worker thread."""
         while self._inflight:
-            _, _, job = self._inflight.popleft()
-            if isinstance(job, Future):
-                job.result()
+            self._inflight.popleft()[2].result()
         if self._worker is not None:
             self._worker.shutdown()
             self._worker = None
