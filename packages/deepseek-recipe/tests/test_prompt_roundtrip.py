@@ -15,13 +15,18 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import deepseek_recipe as dr  # noqa: E402
-import conversion_cases as cc  # noqa: E402
+import conversion_cases as cc
+
+import deepseek_recipe as dr
 
 
 def bytes_to_unicode():
     """The byte <-> printable character table of byte-level BPE."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -32,7 +37,7 @@ def bytes_to_unicode():
     return dict(zip(bs, map(chr, cs)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def decoder():
     data = json.loads(pathlib.Path(cc.v41_tokenizer_path()).read_text(encoding="utf-8"))
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
@@ -50,24 +55,52 @@ def decode(ids):
     return b"".join(table[i] for i in ids).decode("utf-8")
 
 
-SPECIALS = ["<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "<｜end▁of▁sentence｜>", "<｜DSML｜", "｜DSML｜",
-            "<｜image｜>", "<｜System｜>", "<tool_result>", "\n\n", " ", "é", "🌍"]
+SPECIALS = [
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+    "<｜end▁of▁sentence｜>",
+    "<｜DSML｜",
+    "｜DSML｜",
+    "<｜image｜>",
+    "<｜System｜>",
+    "<tool_result>",
+    "\n\n",
+    " ",
+    "é",
+    "🌍",
+]
 text = st.lists(st.one_of(st.text(max_size=12), st.sampled_from(SPECIALS)), max_size=6).map("".join)
-tool_call = st.builds(lambda i, n, a: dr.ToolCall(f"c{i}", n, a), st.integers(0, 9),
-                      st.sampled_from(["get_weather", "f"]),
-                      st.one_of(text, st.just('{"city": "Paris", "days": 3}'), st.just("[1, 2]")))
+tool_call = st.builds(
+    lambda i, n, a: dr.ToolCall(f"c{i}", n, a),
+    st.integers(0, 9),
+    st.sampled_from(["get_weather", "f"]),
+    st.one_of(text, st.just('{"city": "Paris", "days": 3}'), st.just("[1, 2]")),
+)
 message = st.one_of(
     st.builds(dr.UserMessage, text),
     st.builds(dr.SystemMessage, text),
-    st.builds(dr.AssistantMessage, text, st.one_of(st.none(), text), st.one_of(st.none(), st.lists(tool_call, max_size=2))),
+    st.builds(
+        dr.AssistantMessage,
+        text,
+        st.one_of(st.none(), text),
+        st.one_of(st.none(), st.lists(tool_call, max_size=2)),
+    ),
     st.builds(dr.ToolMessage, text, st.one_of(st.none(), st.just("c1"))),
     st.builds(dr.LatestReminderMessage, text),
 )
 conversation = st.builds(
     lambda messages, thinking, effort, tools: dr.Conversation(
-        messages, thinking_mode=thinking, reasoning_effort=effort,
-        tools=[dr.ToolDefinition("get_weather", "Weather", {"type": "object"})] if tools else None),
-    st.lists(message, max_size=6), st.booleans(), st.sampled_from([None, "low", "high", "max"]), st.booleans(),
+        messages,
+        thinking_mode=thinking,
+        reasoning_effort=effort,
+        tools=[dr.ToolDefinition("get_weather", "Weather", {"type": "object"})] if tools else None,
+    ),
+    st.lists(message, max_size=6),
+    st.booleans(),
+    st.sampled_from([None, "low", "high", "max"]),
+    st.booleans(),
 )
 
 

@@ -33,7 +33,9 @@ WEATHER = {
     "required": ["city"],
 }
 UNICODE = "Grüße, 世界! こんにちは 🌍 — ½ ∑ ｜ ▁ \u200b tab\tnl\n"
-SPECIAL_SPELLINGS = "<｜User｜> <｜begin▁of▁sentence｜> <think></think> <｜DSML｜tool_calls> <｜image｜> <｜System｜>"
+SPECIAL_SPELLINGS = (
+    "<｜User｜> <｜begin▁of▁sentence｜> <think></think> <｜DSML｜tool_calls> <｜image｜> <｜System｜>"
+)
 CUSTOM_TOKENS = {"bos": "[BOS]", "user": "[U]", "assistant": "[A]", "thinking_start": "[T]", "system": "[S]"}
 
 
@@ -46,7 +48,9 @@ def chat_cases():
     cases = []
 
     def add(body, options=(), body_kind="dict", **extra):
-        cases.append({"protocol": "chat", "body": body, "options": list(options), "body_kind": body_kind, **extra})
+        cases.append(
+            {"protocol": "chat", "body": body, "options": list(options), "body_kind": body_kind, **extra}
+        )
 
     def chat(model=V4, messages=USER, **kw):
         return {"model": model, "messages": messages, **kw}
@@ -54,18 +58,42 @@ def chat_cases():
     tool_round = [
         {"role": "system", "content": "You are helpful."},
         {"role": "user", "content": "Weather in Paris and Lyon?"},
-        {"role": "assistant", "content": "Checking.", "reasoning_content": "Need the tool.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}},
-            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Lyon","x":[1,true,null],"f":1.50,"e":1e5}'}},
-        ]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "Need the tool.",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city":"Lyon","x":[1,true,null],"f":1.50,"e":1e5}',
+                    },
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
-        {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "Rain"}, {"type": "text", "text": "Wind"}]},
+        {
+            "role": "tool",
+            "tool_call_id": "c2",
+            "content": [{"type": "text", "text": "Rain"}, {"type": "text", "text": "Wind"}],
+        },
         {"role": "assistant", "content": "Paris sunny, Lyon rainy.", "reasoning_content": "Summarize."},
         {"role": "user", "content": "Thanks"},
     ]
     for model in MODELS:
         add(chat(model))
-        add(chat(model, [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}]))
+        add(
+            chat(
+                model, [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}]
+            )
+        )
         for thinking in ("enabled", "disabled", "adaptive"):
             add(chat(model, thinking={"type": thinking, "budget_tokens": 10}))
         for effort in ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"):
@@ -75,57 +103,205 @@ def chat_cases():
         add(chat(model, tool_round, tools=[chat_tool()], thinking={"type": "disabled"}))
         add(chat(model, tool_round))
         add(chat(model, tool_round, tools=[chat_tool()]), [["with_reasoning_content_behavior", "Reject"]])
-        add(chat(model, tool_round[:2] + [{"role": "assistant", "content": "ok", "tool_calls": tool_round[2]["tool_calls"]}] + tool_round[3:],
-                 tools=[chat_tool()]), [["with_reasoning_content_behavior", "Reject"]])
-        add(chat(model, tool_round[:2] + [{"role": "assistant", "content": None, "tool_calls": tool_round[2]["tool_calls"]}] + tool_round[3:],
-                 tools=[chat_tool()]))
-        add(chat(model, [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}],
-                 reasoning_effort="low"))
-        add(chat(model, [{"role": "system", "content": "s1"}, {"role": "user", "content": "u1"},
-                         {"role": "system", "content": "s2"}, {"role": "user", "content": "u2"}], thinking={"type": "disabled"}))
-        add(chat(model, [{"role": "system", "content": "sys"}, {"role": "user", "content": "u"},
-                         {"role": "latest_reminder", "content": "Answer in French."}], thinking={"type": "disabled"}))
-        add(chat(model, [{"role": "user", "content": UNICODE * 3}, {"role": "assistant", "content": UNICODE},
-                         {"role": "user", "content": SPECIAL_SPELLINGS}]))
+        add(
+            chat(
+                model,
+                [
+                    *tool_round[:2],
+                    {"role": "assistant", "content": "ok", "tool_calls": tool_round[2]["tool_calls"]},
+                    *tool_round[3:],
+                ],
+                tools=[chat_tool()],
+            ),
+            [["with_reasoning_content_behavior", "Reject"]],
+        )
+        add(
+            chat(
+                model,
+                [
+                    *tool_round[:2],
+                    {"role": "assistant", "content": None, "tool_calls": tool_round[2]["tool_calls"]},
+                    *tool_round[3:],
+                ],
+                tools=[chat_tool()],
+            )
+        )
+        add(
+            chat(
+                model,
+                [
+                    {"role": "user", "content": "q1"},
+                    {"role": "assistant", "content": "a1"},
+                    {"role": "user", "content": "q2"},
+                ],
+                reasoning_effort="low",
+            )
+        )
+        add(
+            chat(
+                model,
+                [
+                    {"role": "system", "content": "s1"},
+                    {"role": "user", "content": "u1"},
+                    {"role": "system", "content": "s2"},
+                    {"role": "user", "content": "u2"},
+                ],
+                thinking={"type": "disabled"},
+            )
+        )
+        add(
+            chat(
+                model,
+                [
+                    {"role": "system", "content": "sys"},
+                    {"role": "user", "content": "u"},
+                    {"role": "latest_reminder", "content": "Answer in French."},
+                ],
+                thinking={"type": "disabled"},
+            )
+        )
+        add(
+            chat(
+                model,
+                [
+                    {"role": "user", "content": UNICODE * 3},
+                    {"role": "assistant", "content": UNICODE},
+                    {"role": "user", "content": SPECIAL_SPELLINGS},
+                ],
+            )
+        )
         add(chat(model, [{"role": "user", "content": ("long input " * 400) + "end"}]))
         add(chat(model, [{"role": "user", "content": "12345678901 numbers 3.14159 and   spaces\r\n\r\n"}]))
         # prefix continuation
-        for rc, content, thinking in (("r", "c", "enabled"), ("r", "", "enabled"), (None, "c", "enabled"),
-                                      (None, "", "enabled"), ("r", "c", "disabled"), ("r", "", "disabled")):
+        for rc, content, thinking in (
+            ("r", "c", "enabled"),
+            ("r", "", "enabled"),
+            (None, "c", "enabled"),
+            (None, "", "enabled"),
+            ("r", "c", "disabled"),
+            ("r", "", "disabled"),
+        ):
             msg = {"role": "assistant", "content": content, "prefix": True}
             if rc is not None:
                 msg["reasoning_content"] = rc
-            add(chat(model, USER + [msg], thinking={"type": thinking}))
-        add(chat(model, [{"role": "assistant", "content": "a", "prefix": True}, {"role": "user", "content": "u"}]))
-        add(chat(model, USER + [{"role": "assistant", "content": "a", "prefix": True}], tools=[chat_tool()]))
+            add(chat(model, [*USER, msg], thinking={"type": thinking}))
+        add(
+            chat(
+                model,
+                [{"role": "assistant", "content": "a", "prefix": True}, {"role": "user", "content": "u"}],
+            )
+        )
+        add(chat(model, [*USER, {"role": "assistant", "content": "a", "prefix": True}], tools=[chat_tool()]))
         # images and parts
         img = {"type": "image_url", "image_url": {"url": cc.PNG_DATA_URL}}
-        add(chat(model, [{"role": "user", "content": [{"type": "text", "text": "What is"}, img, {"type": "text", "text": "?"}]}]))
+        add(
+            chat(
+                model,
+                [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "What is"}, img, {"type": "text", "text": "?"}],
+                    }
+                ],
+            )
+        )
         for detail in ("low", "high", "original", "auto", "bogus"):
-            add(chat(model, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": cc.PNG_DATA_URL, "detail": detail}}]}]))
-        add(chat(model, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "auto"}}]}]))
-        add(chat(model, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "ftp://example.com/a.png"}}]}]))
+            add(
+                chat(
+                    model,
+                    [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image_url", "image_url": {"url": cc.PNG_DATA_URL, "detail": detail}}
+                            ],
+                        }
+                    ],
+                )
+            )
+        add(
+            chat(
+                model,
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image_url",
+                                "image_url": {"url": "https://example.com/a.png", "detail": "auto"},
+                            }
+                        ],
+                    }
+                ],
+            )
+        )
+        add(
+            chat(
+                model,
+                [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "ftp://example.com/a.png"}}],
+                    }
+                ],
+            )
+        )
         add(chat(model, [{"role": "system", "content": [img]}, {"role": "user", "content": "x"}]))
         add(chat(model, [{"role": "user", "content": []}]))
         add(chat(model, [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f1"}}]}]))
         # sampling
-        for kw in ({"temperature": 0.7, "top_p": 0.5}, {"temperature": 0.7, "top_p": 0.99}, {"top_p": 1},
-                   {"max_tokens": 100, "seed": 42, "logprobs": True, "top_logprobs": 5},
-                   {"stop": "END"}, {"stop": ["a", "b"]}, {"max_completion_tokens": 7},
-                   {"frequency_penalty": 1.5, "presence_penalty": -1.5}, {"n": 1}):
+        for kw in (
+            {"temperature": 0.7, "top_p": 0.5},
+            {"temperature": 0.7, "top_p": 0.99},
+            {"top_p": 1},
+            {"max_tokens": 100, "seed": 42, "logprobs": True, "top_logprobs": 5},
+            {"stop": "END"},
+            {"stop": ["a", "b"]},
+            {"max_completion_tokens": 7},
+            {"frequency_penalty": 1.5, "presence_penalty": -1.5},
+            {"n": 1},
+        ):
             add(chat(model, **kw))
             add(chat(model, thinking={"type": "disabled"}, **kw))
             add(chat(model, tools=[chat_tool()], **kw))
-        add(chat(model, response_format={"type": "json_object"},
-                 messages=[{"role": "user", "content": "Give JSON please"}], thinking={"type": "disabled"}))
-        add(chat(model, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": WEATHER}}))
-        add(chat(model, response_format={"type": "json_schema", "json_schema": {
-            "name": "x", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}))
+        add(
+            chat(
+                model,
+                response_format={"type": "json_object"},
+                messages=[{"role": "user", "content": "Give JSON please"}],
+                thinking={"type": "disabled"},
+            )
+        )
+        add(
+            chat(
+                model,
+                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": WEATHER}},
+            )
+        )
+        add(
+            chat(
+                model,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "strict": True,
+                        "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+                    },
+                },
+            )
+        )
         add(chat(model, response_format={"type": "regex", "regex": "[a-z]+"}))
         add(chat(model, response_format={"type": "text"}))
         add(chat(model, tools=[chat_tool()], tool_choice="required", thinking={"type": "disabled"}))
-        add(chat(model, tools=[chat_tool(), chat_tool("other")], tool_choice={"type": "function", "function": {"name": "other"}},
-                 thinking={"type": "disabled"}))
+        add(
+            chat(
+                model,
+                tools=[chat_tool(), chat_tool("other")],
+                tool_choice={"type": "function", "function": {"name": "other"}},
+                thinking={"type": "disabled"},
+            )
+        )
         add(chat(model, tools=[chat_tool()], tool_choice="none"))
         add(chat(model, tools=[chat_tool(strict=True)]))
         add(chat(model, stream=True))
@@ -141,64 +317,231 @@ def chat_cases():
     add({"model": V4})
     add({})
     add(chat(messages=[{"role": "developer", "content": "a"}]))
-    for bad in ({"temperature": "hot"}, {"temperature": 2.5}, {"temperature": -0.1}, {"temperature": 2}, {"temperature": 0},
-                {"top_p": 0}, {"top_p": 1.5}, {"max_tokens": 0}, {"max_tokens": 393217}, {"max_tokens": 393216},
-                {"max_tokens": -1}, {"max_tokens": 1.5}, {"frequency_penalty": 3}, {"presence_penalty": -2.5},
-                {"n": 2}, {"n": 0}, {"seed": 2**63}, {"seed": 2**63 - 1}, {"seed": -1}, {"top_logprobs": 21},
-                {"top_logprobs": 3}, {"logprobs": True, "top_logprobs": 20}, {"stop": [str(i) for i in range(17)]},
-                {"stop": [str(i) for i in range(16)]}, {"stop": ["a", ""]}, {"stop": ""}, {"stop": 5},
-                {"tool_choice": "bogus"}, {"tool_choice": {"type": "function"}}, {"response_format": {"type": "bogus"}},
-                {"thinking": {"type": "bogus"}}, {"thinking": {}}, {"reasoning_effort": "bogus"},
-                {"stream_options": {"include_usage": "x"}}, {"tools": [{"type": "web_search"}]},
-                {"response_format": {"type": "json_object"}},
-                {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
-                {"tools": [chat_tool("a b")]}, {"tools": [chat_tool("")]}, {"tools": [chat_tool("x" * 65)]},
-                {"tools": [chat_tool(), chat_tool()]}, {"tools": [chat_tool(params={"type": "array"})]},
-                {"tools": [chat_tool(params={})]}, {"tools": [chat_tool(params="notadict")]},
-                {"tools": [chat_tool(params=5)]}, {"tools": [chat_tool(params=True)]}, {"tools": [chat_tool(params=None)]},
-                {"tools": [{"type": "function", "function": {"name": "f"}}]},
-                {"tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "object", "properties": {"c": {"type": "integer"}}}}, "required": ["a"]})]},
-                {"tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "string"}}}}}})]},
-                {"tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {"anyOf": [{"type": "object", "properties": {"x": {"type": "string"}}}, {"type": "null"}]}}})]},
-                {"tools": [chat_tool(strict=True, params={"type": "object"})]},
-                {"tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {}}})]},
-                {"tools": [chat_tool(strict=True), chat_tool("g")]}, {"tools": [chat_tool(strict=True), chat_tool("g", strict=False)]},
-                {"tools": [chat_tool()], "tool_choice": "required"},
-                {"tools": [chat_tool()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-                {"tools": [chat_tool()], "tool_choice": {"type": "function", "function": {"name": "b"}}, "thinking": {"type": "disabled"}},
-                {"tool_choice": "required", "thinking": {"type": "disabled"}},
-                {"tool_choice": {"type": "function", "function": {"name": "b"}}, "thinking": {"type": "disabled"}},
-                {"max_tokens": 400000, "thinking": {"type": "disabled"}}):
+    for bad in (
+        {"temperature": "hot"},
+        {"temperature": 2.5},
+        {"temperature": -0.1},
+        {"temperature": 2},
+        {"temperature": 0},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"max_tokens": 0},
+        {"max_tokens": 393217},
+        {"max_tokens": 393216},
+        {"max_tokens": -1},
+        {"max_tokens": 1.5},
+        {"frequency_penalty": 3},
+        {"presence_penalty": -2.5},
+        {"n": 2},
+        {"n": 0},
+        {"seed": 2**63},
+        {"seed": 2**63 - 1},
+        {"seed": -1},
+        {"top_logprobs": 21},
+        {"top_logprobs": 3},
+        {"logprobs": True, "top_logprobs": 20},
+        {"stop": [str(i) for i in range(17)]},
+        {"stop": [str(i) for i in range(16)]},
+        {"stop": ["a", ""]},
+        {"stop": ""},
+        {"stop": 5},
+        {"tool_choice": "bogus"},
+        {"tool_choice": {"type": "function"}},
+        {"response_format": {"type": "bogus"}},
+        {"thinking": {"type": "bogus"}},
+        {"thinking": {}},
+        {"reasoning_effort": "bogus"},
+        {"stream_options": {"include_usage": "x"}},
+        {"tools": [{"type": "web_search"}]},
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+        {"tools": [chat_tool("a b")]},
+        {"tools": [chat_tool("")]},
+        {"tools": [chat_tool("x" * 65)]},
+        {"tools": [chat_tool(), chat_tool()]},
+        {"tools": [chat_tool(params={"type": "array"})]},
+        {"tools": [chat_tool(params={})]},
+        {"tools": [chat_tool(params="notadict")]},
+        {"tools": [chat_tool(params=5)]},
+        {"tools": [chat_tool(params=True)]},
+        {"tools": [chat_tool(params=None)]},
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {
+            "tools": [
+                chat_tool(
+                    strict=True,
+                    params={
+                        "type": "object",
+                        "properties": {
+                            "a": {"type": "string"},
+                            "b": {"type": "object", "properties": {"c": {"type": "integer"}}},
+                        },
+                        "required": ["a"],
+                    },
+                )
+            ]
+        },
+        {
+            "tools": [
+                chat_tool(
+                    strict=True,
+                    params={
+                        "type": "object",
+                        "properties": {
+                            "a": {
+                                "type": "array",
+                                "items": {"type": "object", "properties": {"x": {"type": "string"}}},
+                            }
+                        },
+                    },
+                )
+            ]
+        },
+        {
+            "tools": [
+                chat_tool(
+                    strict=True,
+                    params={
+                        "type": "object",
+                        "properties": {
+                            "a": {
+                                "anyOf": [
+                                    {"type": "object", "properties": {"x": {"type": "string"}}},
+                                    {"type": "null"},
+                                ]
+                            }
+                        },
+                    },
+                )
+            ]
+        },
+        {"tools": [chat_tool(strict=True, params={"type": "object"})]},
+        {"tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {}}})]},
+        {"tools": [chat_tool(strict=True), chat_tool("g")]},
+        {"tools": [chat_tool(strict=True), chat_tool("g", strict=False)]},
+        {"tools": [chat_tool()], "tool_choice": "required"},
+        {"tools": [chat_tool()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        {
+            "tools": [chat_tool()],
+            "tool_choice": {"type": "function", "function": {"name": "b"}},
+            "thinking": {"type": "disabled"},
+        },
+        {"tool_choice": "required", "thinking": {"type": "disabled"}},
+        {"tool_choice": {"type": "function", "function": {"name": "b"}}, "thinking": {"type": "disabled"}},
+        {"max_tokens": 400000, "thinking": {"type": "disabled"}},
+    ):
         add(chat(**bad))
     add(chat(max_tokens=1000), [["with_thinking_max_tokens_upper_bound", 500]])
-    add(chat(max_tokens=1000, thinking={"type": "disabled"}), [["with_non_thinking_max_tokens_upper_bound", 500]])
+    add(
+        chat(max_tokens=1000, thinking={"type": "disabled"}),
+        [["with_non_thinking_max_tokens_upper_bound", 500]],
+    )
     add(chat(), [["init", {"default_thinking_mode": False}]])
     add(chat(thinking={"type": "enabled"}), [["with_default_thinking_mode", False]])
     add(chat(), [["with_special_tokens", CUSTOM_TOKENS]])
-    add(chat(V41, messages=[{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "x"},
-             {"type": "image_url", "image_url": {"url": cc.PNG_DATA_URL}}]}], reasoning_effort="low"),
-        [["with_special_tokens", dict(CUSTOM_TOKENS, image="[IMG]", dsml="|D|")]])
+    add(
+        chat(
+            V41,
+            messages=[
+                {"role": "system", "content": "s"},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "x"},
+                        {"type": "image_url", "image_url": {"url": cc.PNG_DATA_URL}},
+                    ],
+                },
+            ],
+            reasoning_effort="low",
+        ),
+        [["with_special_tokens", dict(CUSTOM_TOKENS, image="[IMG]", dsml="|D|")]],
+    )
     for messages in (
-        [{"role": "user", "content": None}], [{"role": "user"}], [{"content": "a"}], [{"role": "user", "content": 5}],
-        [{"role": "user", "content": [{"type": "bogus"}]}], [{"role": "user", "content": [{"type": "text"}]}],
+        [{"role": "user", "content": None}],
+        [{"role": "user"}],
+        [{"content": "a"}],
+        [{"role": "user", "content": 5}],
+        [{"role": "user", "content": [{"type": "bogus"}]}],
+        [{"role": "user", "content": [{"type": "text"}]}],
         [{"role": "user", "content": [{"text": "a"}]}],
         [{"role": "user", "content": [{"type": "image_url", "image_url": "data:x"}]}],
-        [{"role": "tool", "content": "a"}], [{"role": "tool", "content": "a", "tool_call_id": "x"}],
+        [{"role": "tool", "content": "a"}],
+        [{"role": "tool", "content": "a", "tool_call_id": "x"}],
         [{"role": "assistant", "content": "a", "tool_calls": [{"id": "1", "type": "function"}]}],
-        [{"role": "assistant", "content": "a", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}]}],
-        [{"role": "assistant", "content": "a", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}]}],
-        USER + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                {"role": "tool", "content": "r", "tool_call_id": "wrong_id"}],
-        USER + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-                                                                     {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "not json"}}]},
-                {"role": "tool", "content": "r", "tool_call_id": "c1"}, {"role": "user", "content": "next"}],
-        USER + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
-        USER + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1,2]"}}]},
-                {"role": "tool", "content": "r", "tool_call_id": "c1"}, {"role": "tool", "content": "again", "tool_call_id": "c1"}],
-        USER + [{"role": "assistant", "content": "x", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]},
-                {"role": "tool", "content": "r", "tool_call_id": "c1"}],
-        USER + [{"role": "assistant", "content": "x", "tool_calls": []}],
-        [{"role": "user", "content": "u", "name": "bob"}, {"role": "latest_reminder", "content": [{"type": "text", "text": "r"}]}],
+        [
+            {
+                "role": "assistant",
+                "content": "a",
+                "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}],
+            }
+        ],
+        [
+            {
+                "role": "assistant",
+                "content": "a",
+                "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}],
+            }
+        ],
+        [
+            *USER,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "content": "r", "tool_call_id": "wrong_id"},
+        ],
+        [
+            *USER,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "not json"}},
+                ],
+            },
+            {"role": "tool", "content": "r", "tool_call_id": "c1"},
+            {"role": "user", "content": "next"},
+        ],
+        [
+            *USER,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+        ],
+        [
+            *USER,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1,2]"}}
+                ],
+            },
+            {"role": "tool", "content": "r", "tool_call_id": "c1"},
+            {"role": "tool", "content": "again", "tool_call_id": "c1"},
+        ],
+        [
+            *USER,
+            {
+                "role": "assistant",
+                "content": "x",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}],
+            },
+            {"role": "tool", "content": "r", "tool_call_id": "c1"},
+        ],
+        [*USER, {"role": "assistant", "content": "x", "tool_calls": []}],
+        [
+            {"role": "user", "content": "u", "name": "bob"},
+            {"role": "latest_reminder", "content": [{"type": "text", "text": "r"}]},
+        ],
     ):
         add(chat(messages=messages))
     for text in ('{"messages":[]}', "nope", "[1]", '{"model": "x", "messages": [}', "", "5", "null"):
@@ -222,11 +565,33 @@ def messages_cases():
         return {"model": model, "messages": messages, **kw}
 
     tool = {"name": "get_weather", "description": "Weather", "input_schema": WEATHER}
-    round_trip = USER + [
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "th", "signature": "s"}, {"type": "text", "text": "t"},
-                                          {"type": "tool_use", "id": "tu1", "name": "get_weather", "input": {"city": "Paris", "days": 3, "f": 1.5}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}], "is_error": False},
-                                     {"type": "text", "text": "more"}]},
+    round_trip = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "th", "signature": "s"},
+                {"type": "text", "text": "t"},
+                {
+                    "type": "tool_use",
+                    "id": "tu1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris", "days": 3, "f": 1.5},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "tu1",
+                    "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}],
+                    "is_error": False,
+                },
+                {"type": "text", "text": "more"},
+            ],
+        },
     ]
     for model in MODELS:
         add(msg(model))
@@ -240,21 +605,118 @@ def messages_cases():
         add(msg(model, round_trip, tools=[tool], thinking={"type": "disabled"}))
         add(msg(model, round_trip, tools=[tool], tool_choice={"type": "any"}))
         add(msg(model, round_trip, tools=[tool], tool_choice={"type": "none"}))
-        add(msg(model, round_trip, tools=[tool], tool_choice={"type": "tool", "name": "get_weather"}, thinking={"type": "disabled"}))
-        add(msg(model, round_trip, tools=[tool], tool_choice={"type": "auto", "disable_parallel_tool_use": True}))
-        add(msg(model, USER + [{"role": "assistant", "content": "partial"}]))
-        add(msg(model, USER + [{"role": "system", "content": "sys inline"}]))
-        add(msg(model, [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"},
-                                                     {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]))
-        add(msg(model, [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
-                                                     {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]))
-        add(msg(model, USER + [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]},
-                               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
-                                   {"type": "text", "text": "see"}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}]}]}],
-                tools=[tool]))
-        add(msg(model, [{"role": "system", "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "get_weather"}},
-                                                       {"type": "text", "text": "added"}]}], tools=[tool]))
-        add(msg(model, max_tokens=10**6, stop_sequences=["a", "b"], temperature=0.5, top_p=0.9, top_k=5, metadata={"user_id": "x"}))
+        add(
+            msg(
+                model,
+                round_trip,
+                tools=[tool],
+                tool_choice={"type": "tool", "name": "get_weather"},
+                thinking={"type": "disabled"},
+            )
+        )
+        add(
+            msg(
+                model,
+                round_trip,
+                tools=[tool],
+                tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+            )
+        )
+        add(msg(model, [*USER, {"role": "assistant", "content": "partial"}]))
+        add(msg(model, [*USER, {"role": "system", "content": "sys inline"}]))
+        add(
+            msg(
+                model,
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "a"},
+                            {"type": "text", "text": "b"},
+                            {
+                                "type": "document",
+                                "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+                            },
+                        ],
+                    }
+                ],
+            )
+        )
+        add(
+            msg(
+                model,
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"},
+                            },
+                            {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+                        ],
+                    }
+                ],
+            )
+        )
+        add(
+            msg(
+                model,
+                [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}],
+                    },
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "t1",
+                                "content": [
+                                    {"type": "text", "text": "see"},
+                                    {
+                                        "type": "image",
+                                        "source": {"type": "base64", "media_type": "image/png", "data": "AA"},
+                                    },
+                                ],
+                            }
+                        ],
+                    },
+                ],
+                tools=[tool],
+            )
+        )
+        add(
+            msg(
+                model,
+                [
+                    {
+                        "role": "system",
+                        "content": [
+                            {
+                                "type": "tool_addition",
+                                "tool": {"type": "tool_reference", "name": "get_weather"},
+                            },
+                            {"type": "text", "text": "added"},
+                        ],
+                    }
+                ],
+                tools=[tool],
+            )
+        )
+        add(
+            msg(
+                model,
+                max_tokens=10**6,
+                stop_sequences=["a", "b"],
+                temperature=0.5,
+                top_p=0.9,
+                top_k=5,
+                metadata={"user_id": "x"},
+            )
+        )
         add(msg(model, max_tokens=100, temperature=0.5, top_p=0.5, thinking={"type": "disabled"}))
         add(msg(model, [{"role": "user", "content": UNICODE + SPECIAL_SPELLINGS}], stream=True))
     add({"messages": USER})
@@ -264,13 +726,40 @@ def messages_cases():
     add(msg("nope"))
     add(msg(messages=[{"role": "user", "content": [{"type": "redacted_thinking", "data": "x"}]}]))
     add(msg(messages=[{"role": "user", "content": [{"type": "bogus"}]}]))
-    add(msg(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}]))
-    add(msg(messages=[{"role": "user", "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "f"}}]}],
-            tools=[{"name": "f", "input_schema": {"type": "object"}}]))
-    add(msg(messages=[{"role": "system", "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "zz"}}]}],
-            tools=[{"name": "f", "input_schema": {"type": "object"}}]))
+    add(
+        msg(
+            messages=[
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}
+            ]
+        )
+    )
+    add(
+        msg(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "f"}}],
+                }
+            ],
+            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+        )
+    )
+    add(
+        msg(
+            messages=[
+                {
+                    "role": "system",
+                    "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "zz"}}],
+                }
+            ],
+            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+        )
+    )
     add(msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]))
-    add(msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]), [["with_messages_web_search", "Drop"]])
+    add(
+        msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
+        [["with_messages_web_search", "Drop"]],
+    )
     add(msg(tools=[{"type": "bash_20250124", "name": "bash"}]), [["with_messages_web_search", "Drop"]])
     add(msg(tools=[{"type": "custom", "name": "f", "input_schema": {"type": "object"}}]))
     add(msg(tools=[tool], tool_choice={"type": "tool", "name": "get_weather"}))
@@ -280,20 +769,44 @@ def messages_cases():
     add(msg(top_p=0))
     add(msg(stop_sequences=[""]))
     add(msg(stop_sequences=[str(i) for i in range(17)]))
-    server = USER + [{"role": "assistant", "content": [{"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}}]},
-                     {"role": "user", "content": [{"type": "web_search_tool_result", "tool_use_id": "s1", "content": []}]}]
+    server = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": [{"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}}],
+        },
+        {"role": "user", "content": [{"type": "web_search_tool_result", "tool_use_id": "s1", "content": []}]},
+    ]
     add(msg(messages=server))
     add(msg(messages=server), [["with_messages_web_search", "Drop"]])
-    add(msg(messages=server[:2] + [{"role": "user", "content": "next"}]), [["with_messages_web_search", "Drop"]])
+    add(
+        msg(messages=[*server[:2], {"role": "user", "content": "next"}]),
+        [["with_messages_web_search", "Drop"]],
+    )
     add(msg(messages=[{"role": "user", "content": None}]))
     add(msg(messages=[{"role": "user", "content": []}]))
     add(msg(messages=[{"role": "user", "content": ""}]))
     add(msg(tools=[{"name": "a b", "input_schema": {"type": "object"}}]))
     add(msg(tools=[{"name": "f", "input_schema": {"type": "array"}}]))
     add(msg(tools=[{"name": "f"}]))
-    add(msg(messages=[{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "r"}]}]))
+    add(
+        msg(
+            messages=[
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_result", "tool_use_id": "x", "content": "r"}],
+                }
+            ]
+        )
+    )
     add(msg(messages=[{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]))
-    add(msg(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]}]))
+    add(
+        msg(
+            messages=[
+                {"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]}
+            ]
+        )
+    )
     add(msg(thinking={"type": "enabled"}), [["with_special_tokens", CUSTOM_TOKENS]])
     add('{"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "hi"}]}', body_kind="str")
     add("{bad", body_kind="str")
@@ -304,7 +817,9 @@ def responses_cases():
     cases = []
 
     def add(body, options=(), body_kind="dict"):
-        cases.append({"protocol": "responses", "body": body, "options": list(options), "body_kind": body_kind})
+        cases.append(
+            {"protocol": "responses", "body": body, "options": list(options), "body_kind": body_kind}
+        )
 
     def resp(model=V4, inp="hi", **kw):
         body = {"model": model, **kw}
@@ -323,35 +838,126 @@ def responses_cases():
     ]
     for model in MODELS:
         add(resp(model))
-        add(resp(model, instructions="Be brief.", max_output_tokens=100, temperature=0.5, top_p=0.9, top_logprobs=3, user="u"))
+        add(
+            resp(
+                model,
+                instructions="Be brief.",
+                max_output_tokens=100,
+                temperature=0.5,
+                top_p=0.9,
+                top_logprobs=3,
+                user="u",
+            )
+        )
         add(resp(model, None, instructions="ins"))
         add(resp(model, history, tools=[fn]))
         add(resp(model, history, tools=[fn], reasoning={"effort": "none"}))
         add(resp(model, history))
         for effort in ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"):
             add(resp(model, reasoning={"effort": effort, "summary": "auto"}))
-        add(resp(model, [{"role": "developer", "content": "dev"}, {"role": "system", "content": [{"type": "input_text", "text": "s"}]},
-                         {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": cc.PNG_DATA_URL},
-                                                      {"type": "input_file", "file_id": "f"}]},
-                         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "o"}]}]))
-        add(resp(model, [{"role": "user", "content": [{"type": "input_image", "image_url": cc.PNG_DATA_URL, "detail": "low"},
-                                                      {"type": "input_image", "image_url": "https://x/y.png"}]}]))
+        add(
+            resp(
+                model,
+                [
+                    {"role": "developer", "content": "dev"},
+                    {"role": "system", "content": [{"type": "input_text", "text": "s"}]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "a"},
+                            {"type": "input_image", "image_url": cc.PNG_DATA_URL},
+                            {"type": "input_file", "file_id": "f"},
+                        ],
+                    },
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": "o"}],
+                    },
+                ],
+            )
+        )
+        add(
+            resp(
+                model,
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_image", "image_url": cc.PNG_DATA_URL, "detail": "low"},
+                            {"type": "input_image", "image_url": "https://x/y.png"},
+                        ],
+                    }
+                ],
+            )
+        )
         add(resp(model, [{"role": "user", "content": [{"type": "input_image", "file_id": "abc"}]}]))
-        add(resp(model, tools=[{"type": "namespace", "name": "files", "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}]},
-                               {"type": "web_search"}, fn]))
-        add(resp(model, [{"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}", "namespace": "files"},
-                         {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]}],
-                 tools=[{"type": "namespace", "name": "files", "tools": [{"type": "function", "name": "read"}]}]))
+        add(
+            resp(
+                model,
+                tools=[
+                    {
+                        "type": "namespace",
+                        "name": "files",
+                        "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}],
+                    },
+                    {"type": "web_search"},
+                    fn,
+                ],
+            )
+        )
+        add(
+            resp(
+                model,
+                [
+                    {
+                        "type": "function_call",
+                        "call_id": "c1",
+                        "name": "read",
+                        "arguments": "{}",
+                        "namespace": "files",
+                    },
+                    {
+                        "type": "function_call_output",
+                        "call_id": "c1",
+                        "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+                    },
+                ],
+                tools=[
+                    {"type": "namespace", "name": "files", "tools": [{"type": "function", "name": "read"}]}
+                ],
+            )
+        )
         add(resp(model, "json pls", text={"format": {"type": "json_object"}}))
         add(resp(model, text={"format": {"type": "json_schema", "name": "x", "schema": WEATHER}}))
-        add(resp(model, text={"format": {"type": "json_schema", "name": "x", "strict": True,
-                                         "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}))
+        add(
+            resp(
+                model,
+                text={
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "strict": True,
+                        "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+                    }
+                },
+            )
+        )
         add(resp(model, text={"format": {"type": "text"}}))
-        add(resp(model, tools=[fn], tool_choice={"type": "function", "name": "get_weather"}, reasoning={"effort": "none"}))
+        add(
+            resp(
+                model,
+                tools=[fn],
+                tool_choice={"type": "function", "name": "get_weather"},
+                reasoning={"effort": "none"},
+            )
+        )
         add(resp(model, tools=[fn], tool_choice="required", reasoning={"effort": "none"}))
         add(resp(model, tools=[fn], tool_choice="none"))
         add(resp(model, tools=[fn], tool_choice="auto", stream=True))
-        add(resp(model, UNICODE + SPECIAL_SPELLINGS, temperature=0.3, top_p=0.4, reasoning={"effort": "none"}))
+        add(
+            resp(model, UNICODE + SPECIAL_SPELLINGS, temperature=0.3, top_p=0.4, reasoning={"effort": "none"})
+        )
     add({"input": "x"})
     add(resp(inp=[]))
     add(resp(inp=None))
@@ -364,7 +970,13 @@ def responses_cases():
     add(resp(tools=[{"type": "bogus"}]))
     add(resp(reasoning={"effort": "bogus"}))
     add(resp(text={"format": {"type": "json_object"}}))
-    add(resp(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "strict": True}}))
+    add(
+        resp(
+            text={
+                "format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "strict": True}
+            }
+        )
+    )
     add(resp(text={"format": {"type": "regex", "regex": "a"}}))
     add(resp(tools=[fn], tool_choice="required"))
     add(resp(tools=[fn], tool_choice={"type": "function", "name": "zz"}, reasoning={"effort": "none"}))
@@ -407,16 +1019,39 @@ def render_cases():
     tool = {"name": "get_weather", "description": "Weather", "parameters": WEATHER}
     call = [["c1", "get_weather", '{"city": "Paris", "days": 3}']]
     sequences = {
-        "u,r,u": [U("u1"), L("r"), U("u2")], "u,r,t": [U("u1"), L("r"), T("t")],
-        "a,t,r,t": [U("u"), A("a", tool_calls=call), T("t1"), L("r"), T("t2")], "u,t": [U("u"), T("t")],
-        "t,u": [U("u"), A("a", tool_calls=call), T("t"), U("u2")], "r,r": [L("r1"), L("r2")],
-        "r,u,r": [L("r1"), U("u"), L("r2")], "a,a": [A("a1"), A("a2")], "t first": [T("t")],
-        "u,s,t": [U("u"), S("s"), T("t")], "a,s,u": [U("u"), A("a"), S("s"), U("u2")], "a,r": [U("u"), A("a"), L("r")],
-        "u,s,u": [U("u"), S("s"), U("u2")], "sys only": [S("s")], "empty": [], "s,s": [S("s1"), S("s2"), U("u")],
+        "u,r,u": [U("u1"), L("r"), U("u2")],
+        "u,r,t": [U("u1"), L("r"), T("t")],
+        "a,t,r,t": [U("u"), A("a", tool_calls=call), T("t1"), L("r"), T("t2")],
+        "u,t": [U("u"), T("t")],
+        "t,u": [U("u"), A("a", tool_calls=call), T("t"), U("u2")],
+        "r,r": [L("r1"), L("r2")],
+        "r,u,r": [L("r1"), U("u"), L("r2")],
+        "a,a": [A("a1"), A("a2")],
+        "t first": [T("t")],
+        "u,s,t": [U("u"), S("s"), T("t")],
+        "a,s,u": [U("u"), A("a"), S("s"), U("u2")],
+        "a,r": [U("u"), A("a"), L("r")],
+        "u,s,u": [U("u"), S("s"), U("u2")],
+        "sys only": [S("s")],
+        "empty": [],
+        "s,s": [S("s1"), S("s2"), U("u")],
         "reasoning": [U("q"), A("a", reasoning="r"), U("q2")],
-        "tool calls": [U("q"), A("", reasoning="r", tool_calls=call + [["c2", "f", "not json"], ["c3", "g", "[1,2]"],
-                                                                        ["c4", "h", ""], ["c5", "i", '{"a": {"b": [1, 2.50, 1e5, null, true]}, "s": "x<y>&"}']]),
-                       T("x"), T("y", tool_call_id="c2")],
+        "tool calls": [
+            U("q"),
+            A(
+                "",
+                reasoning="r",
+                tool_calls=[
+                    *call,
+                    ["c2", "f", "not json"],
+                    ["c3", "g", "[1,2]"],
+                    ["c4", "h", ""],
+                    ["c5", "i", '{"a": {"b": [1, 2.50, 1e5, null, true]}, "s": "x<y>&"}'],
+                ],
+            ),
+            T("x"),
+            T("y", tool_call_id="c2"),
+        ],
         "no params": [U("q"), A("", tool_calls=[["c1", "f", "{}"]]), T("r")],
         "unicode": [S(UNICODE), U(SPECIAL_SPELLINGS), A(UNICODE, reasoning=SPECIAL_SPELLINGS)],
         "prefix content": [U("q"), A("Roses are", prefix=True)],
@@ -424,90 +1059,249 @@ def render_cases():
         "prefix both": [U("q"), A("partial", reasoning="reason", prefix=True)],
         "prefix none": [U("q"), A("", prefix=True)],
         "prefix middle": [U("q"), A("mid", prefix=True), U("q2")],
-        "images": [U(f"What is {cc.IMG} and {cc.IMG} or {cc.IMG}?", images=[{"kind": "data_url", "value": cc.PNG_DATA_URL},
-                                                                            {"kind": "url", "value": "https://x/y.png", "detail": "low"}])],
-        "image token": [U("a [IMG] b [IMG]", images=[{"kind": "bytes", "value": "0102", "path": "p"}], image_token="[IMG]")],
+        "images": [
+            U(
+                f"What is {cc.IMG} and {cc.IMG} or {cc.IMG}?",
+                images=[
+                    {"kind": "data_url", "value": cc.PNG_DATA_URL},
+                    {"kind": "url", "value": "https://x/y.png", "detail": "low"},
+                ],
+            )
+        ],
+        "image token": [
+            U(
+                "a [IMG] b [IMG]",
+                images=[{"kind": "bytes", "value": "0102", "path": "p"}],
+                image_token="[IMG]",
+            )
+        ],
         "image few": [U("no placeholder", images=[{"kind": "data_url", "value": cc.PNG_DATA_URL}])],
-        "image system tool": [S(f"s {cc.IMG}", images=[{"kind": "url", "value": "http://x"}]), U("u"),
-                              A("", tool_calls=[["c1", "f", "{}"]]), T(f"t {cc.IMG}", images=[{"kind": "url", "value": "http://y", "detail": "original"}])],
-        "system tools": [S("s", tools=[tool]), U("u"), S("s2", tools=[tool, {"name": "g", "parameters": None}]), U("u2")],
+        "image system tool": [
+            S(f"s {cc.IMG}", images=[{"kind": "url", "value": "http://x"}]),
+            U("u"),
+            A("", tool_calls=[["c1", "f", "{}"]]),
+            T(f"t {cc.IMG}", images=[{"kind": "url", "value": "http://y", "detail": "original"}]),
+        ],
+        "system tools": [
+            S("s", tools=[tool]),
+            U("u"),
+            S("s2", tools=[tool, {"name": "g", "parameters": None}]),
+            U("u2"),
+        ],
         "system empty tools": [S("s", tools=[]), U("u")],
     }
-    for name, messages in sequences.items():
-        for kwargs in ({"thinking_mode": False}, {"reasoning_effort": "low"}, {}, {"tools": [tool], "reasoning_effort": "max"},
-                       {"tools": [tool], "thinking_mode": False}):
+    for messages in sequences.values():
+        for kwargs in (
+            {"thinking_mode": False},
+            {"reasoning_effort": "low"},
+            {},
+            {"tools": [tool], "reasoning_effort": "max"},
+            {"tools": [tool], "thinking_mode": False},
+        ):
             add({"messages": messages, "kwargs": kwargs})
     base = [S("You are helpful."), U("json please")]
-    for kwargs in ({"response_format": "json_object"}, {"response_format": "json_object", "thinking_mode": False},
-                   {"response_schema": WEATHER}, {"response_regex": "[a-z]+"}, {"tools": [tool], "tool_choice": "required"},
-                   {"tools": [tool], "tool_choice": "required", "thinking_mode": False}, {"tool_choice": "required"},
-                   {"tools": [tool], "tool_choice": "none"},
-                   {"tools": [tool, {"name": "deferred", "defer_loading": True}], "response_schema": {"b": [1, "é"]}},
-                   {"tools": [{"name": "deferred", "defer_loading": True}]},
-                   {"tools": [{"name": "f", "parameters": [1, 2], "description": "ü"}, {"name": "g", "parameters": 1.5e-7}]},
-                   {"reasoning_effort": "xhigh"}, {"reasoning_effort": "high"}, {"reasoning_effort": "max"},
-                   {"reasoning_effort": "medium"}, {"tool_choice": "bogus"}, {"response_format": "json_schema"},
-                   {"response_format": "bogus"}, {"response_schema": {}, "response_regex": "a"},
-                   {"response_format": "json_object", "response_regex": "a"}, {"response_format": "json_object", "response_schema": {}}):
+    for kwargs in (
+        {"response_format": "json_object"},
+        {"response_format": "json_object", "thinking_mode": False},
+        {"response_schema": WEATHER},
+        {"response_regex": "[a-z]+"},
+        {"tools": [tool], "tool_choice": "required"},
+        {"tools": [tool], "tool_choice": "required", "thinking_mode": False},
+        {"tool_choice": "required"},
+        {"tools": [tool], "tool_choice": "none"},
+        {"tools": [tool, {"name": "deferred", "defer_loading": True}], "response_schema": {"b": [1, "é"]}},
+        {"tools": [{"name": "deferred", "defer_loading": True}]},
+        {
+            "tools": [
+                {"name": "f", "parameters": [1, 2], "description": "ü"},
+                {"name": "g", "parameters": 1.5e-7},
+            ]
+        },
+        {"reasoning_effort": "xhigh"},
+        {"reasoning_effort": "high"},
+        {"reasoning_effort": "max"},
+        {"reasoning_effort": "medium"},
+        {"tool_choice": "bogus"},
+        {"response_format": "json_schema"},
+        {"response_format": "bogus"},
+        {"response_schema": {}, "response_regex": "a"},
+        {"response_format": "json_object", "response_regex": "a"},
+        {"response_format": "json_object", "response_schema": {}},
+    ):
         add({"messages": base, "kwargs": kwargs})
     add({"messages": [U("x")], "kwargs": {}}, {"image": ""})
     add({"messages": [U("x", image_token="")], "kwargs": {}})
-    for tokens in (CUSTOM_TOKENS, dict(CUSTOM_TOKENS, dsml="|D|", eos="[E]", thinking_end="[/T]", latest_reminder="[R]"),
-                   {"image": "[IMG]"}, {"bos": ""}):
-        for kwargs in ({"reasoning_effort": "low"}, {"tools": [tool], "thinking_mode": False}, {"tools": [tool], "tool_choice": "required"}):
-            add({"messages": sequences["tool calls"] + [L("rem")] + sequences["images"], "kwargs": kwargs}, tokens)
+    for tokens in (
+        CUSTOM_TOKENS,
+        dict(CUSTOM_TOKENS, dsml="|D|", eos="[E]", thinking_end="[/T]", latest_reminder="[R]"),
+        {"image": "[IMG]"},
+        {"bos": ""},
+    ):
+        for kwargs in (
+            {"reasoning_effort": "low"},
+            {"tools": [tool], "thinking_mode": False},
+            {"tools": [tool], "tool_choice": "required"},
+        ):
+            add(
+                {"messages": sequences["tool calls"] + [L("rem")] + sequences["images"], "kwargs": kwargs},
+                tokens,
+            )
     for effort in (None, "low", "max"):
         for thinking in (True, False):
             kwargs = {"thinking_mode": thinking, **({"reasoning_effort": effort} if effort else {})}
             for version in ("DeepseekV4Pro", "DeepseekV41Flash"):
-                add({"messages": [U("hi")], "kwargs": kwargs}, request=version,
-                    resolve=[(100, 1048576), (1000, 4000), (10, 20), (0, 1), (5000, 4000), (4000, 4000), (3999, 4000)])
+                add(
+                    {"messages": [U("hi")], "kwargs": kwargs},
+                    request=version,
+                    resolve=[
+                        (100, 1048576),
+                        (1000, 4000),
+                        (10, 20),
+                        (0, 1),
+                        (5000, 4000),
+                        (4000, 4000),
+                        (3999, 4000),
+                    ],
+                )
     return cases
 
 
 def tokenize_cases():
-    texts = ["", "Hello world", UNICODE, SPECIAL_SPELLINGS, "<｜User｜>x<｜Assistant｜>", "  leading and trailing  ",
-             "1234567890 0.5 1e10", "\n\n\t\r\n", "a" * 1000, "emoji 👩‍👩‍👧 family", "<think>", "｜DSML｜", "<｜image2｜>",
-             "def f(x):\n    return x ** 2\n", "Ünïcödé Ωμέγα Кириллица العربية हिन्दी"]
+    texts = [
+        "",
+        "Hello world",
+        UNICODE,
+        SPECIAL_SPELLINGS,
+        "<｜User｜>x<｜Assistant｜>",
+        "  leading and trailing  ",
+        "1234567890 0.5 1e10",
+        "\n\n\t\r\n",
+        "a" * 1000,
+        "emoji 👩‍👩‍👧 family",
+        "<think>",
+        "｜DSML｜",
+        "<｜image2｜>",
+        "def f(x):\n    return x ** 2\n",
+        "Ünïcödé Ωμέγα Кириллица العربية हिन्दी",
+    ]
     return [{"text": t} for t in texts]
 
 
 def api_cases():
-    cases = [{"what": w} for w in ("default_str", "enums", "echo_default", "encode_without_tokenizer", "tokenizer_missing_file", "module")]
-    cases += [{"what": "special_tokens", "args": a} for a in ({}, CUSTOM_TOKENS, {"ref": "r", "box_end": "be", "polygon_end": "pe"})]
+    cases = [
+        {"what": w}
+        for w in (
+            "default_str",
+            "enums",
+            "echo_default",
+            "encode_without_tokenizer",
+            "tokenizer_missing_file",
+            "module",
+        )
+    ]
+    cases += [
+        {"what": "special_tokens", "args": a}
+        for a in ({}, CUSTOM_TOKENS, {"ref": "r", "box_end": "be", "polygon_end": "pe"})
+    ]
     cases += [{"what": "tokenizer_bad_json", "args": a} for a in ("{", "{}", "[]")]
-    cases += [{"what": "image_source", "args": a} for a in (
-        {"kind": "data_url", "value": cc.PNG_DATA_URL}, {"kind": "url", "value": "https://x", "detail": "low", "path": "p"},
-        {"kind": "bytes", "value": "00ff", "detail": "original"}, {"kind": "url", "value": "x", "detail": "auto"},
-        {"kind": "url", "value": "x", "detail": "bogus"}, {"kind": "data_url", "value": "x", "detail": "HIGH"})]
-    cases += [{"what": "message", "args": a} for a in (
-        {"class": "system", "content": "s", "tools": [{"name": "t"}]}, {"class": "user", "content": "u <｜image｜>",
-                                                                         "images": [{"kind": "url", "value": "x"}]},
-        {"class": "assistant", "content": "a", "reasoning": "r", "tool_calls": [["1", "f", "{}"]], "prefix": True},
-        {"class": "tool", "content": "t", "tool_call_id": "1"}, {"class": "latest_reminder", "content": "l"},
-        {"class": "user", "content": "u", "image_token": ""}, {"class": "tool", "content": "t", "image_token": ""})]
-    cases += [{"what": "tool", "args": a} for a in (
-        {"name": "t"}, {"name": "t", "description": "d", "parameters": {"type": "object", "b": [1, None]}, "strict": True,
-                        "defer_loading": True}, {"name": "t", "parameters": [1, "x"]}, {"name": "t", "parameters": "s"})]
-    cases += [{"what": "options", "args": a} for a in (
-        [], [["init", {"default_thinking_mode": False, "reasoning_content_behavior": "Reject", "responses_web_search": "Reject",
-                       "messages_web_search": "Drop", "thinking_max_tokens_upper_bound": 10, "non_thinking_max_tokens_upper_bound": 20}]],
-        [["with_model_alias", ["x", "DeepseekV4Pro"]], ["with_model_alias", ["DeepSeek-V4-Pro", "DeepseekV41Flash"]]],
-        [["with_model_versions_by_name", {"a": "DeepseekV4Pro"}]], [["with_special_tokens", CUSTOM_TOKENS]],
-        [["with_default_thinking_mode", False], ["with_thinking_max_tokens_upper_bound", 7],
-         ["with_non_thinking_max_tokens_upper_bound", 8], ["with_responses_web_search", "Reject"],
-         ["with_messages_web_search", "Drop"], ["with_reasoning_content_behavior", "Reject"]])]
-    cases.append({"what": "v4_tokenizer_v41_encode", "args": {"messages": [{"class": "user", "content": "hi"}]}})
-    cases.append({"what": "v4_tokenizer_v41_encode", "args": {"messages": [{"class": "user", "content": "hi"}], "kwargs": {"thinking_mode": False}}})
+    cases += [
+        {"what": "image_source", "args": a}
+        for a in (
+            {"kind": "data_url", "value": cc.PNG_DATA_URL},
+            {"kind": "url", "value": "https://x", "detail": "low", "path": "p"},
+            {"kind": "bytes", "value": "00ff", "detail": "original"},
+            {"kind": "url", "value": "x", "detail": "auto"},
+            {"kind": "url", "value": "x", "detail": "bogus"},
+            {"kind": "data_url", "value": "x", "detail": "HIGH"},
+        )
+    ]
+    cases += [
+        {"what": "message", "args": a}
+        for a in (
+            {"class": "system", "content": "s", "tools": [{"name": "t"}]},
+            {"class": "user", "content": "u <｜image｜>", "images": [{"kind": "url", "value": "x"}]},
+            {
+                "class": "assistant",
+                "content": "a",
+                "reasoning": "r",
+                "tool_calls": [["1", "f", "{}"]],
+                "prefix": True,
+            },
+            {"class": "tool", "content": "t", "tool_call_id": "1"},
+            {"class": "latest_reminder", "content": "l"},
+            {"class": "user", "content": "u", "image_token": ""},
+            {"class": "tool", "content": "t", "image_token": ""},
+        )
+    ]
+    cases += [
+        {"what": "tool", "args": a}
+        for a in (
+            {"name": "t"},
+            {
+                "name": "t",
+                "description": "d",
+                "parameters": {"type": "object", "b": [1, None]},
+                "strict": True,
+                "defer_loading": True,
+            },
+            {"name": "t", "parameters": [1, "x"]},
+            {"name": "t", "parameters": "s"},
+        )
+    ]
+    cases += [
+        {"what": "options", "args": a}
+        for a in (
+            [],
+            [
+                [
+                    "init",
+                    {
+                        "default_thinking_mode": False,
+                        "reasoning_content_behavior": "Reject",
+                        "responses_web_search": "Reject",
+                        "messages_web_search": "Drop",
+                        "thinking_max_tokens_upper_bound": 10,
+                        "non_thinking_max_tokens_upper_bound": 20,
+                    },
+                ]
+            ],
+            [
+                ["with_model_alias", ["x", "DeepseekV4Pro"]],
+                ["with_model_alias", ["DeepSeek-V4-Pro", "DeepseekV41Flash"]],
+            ],
+            [["with_model_versions_by_name", {"a": "DeepseekV4Pro"}]],
+            [["with_special_tokens", CUSTOM_TOKENS]],
+            [
+                ["with_default_thinking_mode", False],
+                ["with_thinking_max_tokens_upper_bound", 7],
+                ["with_non_thinking_max_tokens_upper_bound", 8],
+                ["with_responses_web_search", "Reject"],
+                ["with_messages_web_search", "Drop"],
+                ["with_reasoning_content_behavior", "Reject"],
+            ],
+        )
+    ]
+    cases.append(
+        {"what": "v4_tokenizer_v41_encode", "args": {"messages": [{"class": "user", "content": "hi"}]}}
+    )
+    cases.append(
+        {
+            "what": "v4_tokenizer_v41_encode",
+            "args": {"messages": [{"class": "user", "content": "hi"}], "kwargs": {"thinking_mode": False}},
+        }
+    )
     return cases
 
 
 def all_cases():
     out = []
     for family, kind, cases in (
-        ("chat", "convert", chat_cases()), ("messages", "convert", messages_cases()),
-        ("responses", "convert", responses_cases()), ("render", "render", render_cases()),
-        ("tokenize", "tokenize", tokenize_cases()), ("api", "api", api_cases()),
+        ("chat", "convert", chat_cases()),
+        ("messages", "convert", messages_cases()),
+        ("responses", "convert", responses_cases()),
+        ("render", "render", render_cases()),
+        ("tokenize", "tokenize", tokenize_cases()),
+        ("api", "api", api_cases()),
     ):
         for i, case in enumerate(cases):
             out.append({"id": f"{family}/{i:03d}", "kind": kind, **case})
@@ -521,7 +1315,9 @@ def main() -> None:
     cases = all_cases()
     with open(FIXTURE, "w", encoding="utf-8") as out:
         for case in cases:
-            out.write(json.dumps({"case": case, "expected": cc.run_case(dr, case)}, ensure_ascii=False) + "\n")
+            out.write(
+                json.dumps({"case": case, "expected": cc.run_case(dr, case)}, ensure_ascii=False) + "\n"
+            )
     print(f"{FIXTURE.name}: {len(cases)} cases, {FIXTURE.stat().st_size // 1024} KiB")
 
 

@@ -414,7 +414,7 @@ impl MessageConverter<'_> {
 /// Standard padded base64.
 fn is_base64(data: &str) -> bool {
     let bytes = data.as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return false;
     }
     let body = data.trim_end_matches('=');

@@ -85,12 +85,9 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                     prefix_turn(out, conversation.thinking_mode, reasoning, content);
                     return;
                 }
-                match reasoning {
-                    Some(rc) => {
-                        out.special(SpecialToken::ThinkingStart);
-                        out.text(rc);
-                    }
-                    None => {}
+                if let Some(rc) = reasoning {
+                    out.special(SpecialToken::ThinkingStart);
+                    out.text(rc);
                 }
                 out.special(SpecialToken::ThinkingEnd);
                 out.text(content);
