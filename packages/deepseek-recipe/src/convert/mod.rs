@@ -3,6 +3,23 @@
 //! Each protocol module parses its body with serde (shape errors become [`RequestParseError`]) and
 //! converts it, reporting semantic errors as [`ConversionError`]s. This module holds the steps they
 //! share: model resolution, reasoning effort, sampling validation and the final assembly.
+//!
+//! ```no_run
+//! use deepseek_recipe::convert::{chat::ChatCompletionRequest, parse_body, Body};
+//! use deepseek_recipe::options::ConversionOptions;
+//! use deepseek_recipe::render::{PromptFormat, Renderer};
+//! use deepseek_recipe::tokenizer::Tokenizer;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let body = br#"{"model":"DeepSeek-V4-Pro","messages":[{"role":"user","content":"Hi"}]}"#;
+//! let request: ChatCompletionRequest = parse_body(Body::Text(body))?;
+//! let converted = request.convert(&ConversionOptions::default())?;
+//! let rendered = Renderer::new(PromptFormat::V4).render(&converted.conversation);
+//! let ids = Tokenizer::from_file("tokenizer.json")?.encode_prompt(&rendered)?;
+//! # let _ = ids;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod chat;
 pub mod content;
