@@ -33,7 +33,7 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<u32>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
-    pub n: Option<u32>,
+    pub n: Option<u8>,
     pub seed: Option<u64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
@@ -163,6 +163,8 @@ impl<'de> Deserialize<'de> for ChatToolChoice {
             Value::String(s) if s == "auto" => RequestedToolChoice::Auto,
             Value::String(s) if s == "required" => RequestedToolChoice::Required,
             Value::Object(mut map) => {
+                let kind = map.remove("type").unwrap_or(Value::Null);
+                FunctionKind::deserialize(kind).map_err(|e| de::Error::custom(format!("field `type`: {e}")))?;
                 let function = map.remove("function").unwrap_or(Value::Null);
                 let function: ChatCompletionToolChoiceFunction = serde_json::from_value(function)
                     .map_err(|e| de::Error::custom(format!("field `function`: {e}")))?;
@@ -230,8 +232,8 @@ impl ChatCompletionRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
         let model_version = resolve_model(options, &self.model)?;
         let thinking_mode = match (self.thinking, self.reasoning_effort) {
-            (_, Some(EffortName::None)) => false,
             (Some(switch), _) => switch.enabled(),
+            (None, Some(EffortName::None)) => false,
             (None, _) => options.default_thinking_mode,
         };
         if self.messages.is_empty() {
@@ -243,7 +245,7 @@ impl ChatCompletionRequest {
             max_tokens: self.max_tokens,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
-            n: self.n,
+            n: self.n.map(u32::from),
             seed: self.seed,
             logprobs: self.logprobs.unwrap_or(false),
             top_logprobs: self.top_logprobs,
@@ -432,7 +434,13 @@ fn convert_messages(
                     }
                 }
                 let content = match content {
-                    Some(c) => content_of(c, index, model_version, image_token)?.text,
+                    Some(c) => {
+                        let content = content_of(c, index, model_version, image_token)?;
+                        if !content.image_sources.is_empty() {
+                            return Err(bad("Image in assistant message is not supported"));
+                        }
+                        content.text
+                    }
                     None => String::new(),
                 };
                 let reasoning_content = match (thinking_mode, reasoning_content) {

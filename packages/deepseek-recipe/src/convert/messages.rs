@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
-use super::{assemble, effort, resolve_model, Converted, EffortName, Sampling, ThinkingSwitch};
+use super::{assemble, effort, resolve_model, Converted, EffortName, Sampling};
 use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
@@ -20,7 +20,7 @@ use crate::tokens::SpecialToken;
 pub struct MessagesRequest {
     pub model: String,
     pub messages: Vec<AnthropicMessage>,
-    pub system: Option<Blocks>,
+    pub system: Option<SystemBlocks>,
     pub max_tokens: Option<u32>,
     pub stop_sequences: Option<Vec<String>>,
     pub temperature: Option<f32>,
@@ -30,9 +30,55 @@ pub struct MessagesRequest {
     pub top_k: Option<u32>,
     pub tools: Option<Vec<AnthropicTool>>,
     pub tool_choice: Option<AnthropicToolChoice>,
-    pub thinking: Option<ThinkingSwitch>,
+    pub thinking: Option<MessagesThinking>,
     pub output_config: Option<OutputConfig>,
+    /// Accepted and ignored.
+    #[allow(dead_code)]
+    pub metadata: Option<MessagesMetadata>,
     pub stream: Option<bool>,
+}
+
+/// The `thinking` switch; `budget_tokens` is accepted and ignored.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum MessagesThinking {
+    Adaptive {
+        #[allow(dead_code)]
+        budget_tokens: Option<u64>,
+    },
+    Enabled {
+        #[allow(dead_code)]
+        budget_tokens: Option<u64>,
+    },
+    Disabled {},
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessagesMetadata {
+    #[allow(dead_code)]
+    pub user_id: Option<String>,
+}
+
+/// `system`: a string or a list of text blocks.
+#[derive(Debug)]
+pub struct SystemBlocks(pub Vec<String>);
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum SystemBlock {
+    Text { text: String },
+}
+
+impl<'de> Deserialize<'de> for SystemBlocks {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(text) => Ok(Self(vec![text])),
+            list @ Value::Array(_) => serde_json::from_value::<Vec<SystemBlock>>(list)
+                .map(|blocks| Self(blocks.into_iter().map(|SystemBlock::Text { text }| text).collect()))
+                .map_err(de::Error::custom),
+            _ => Err(de::Error::custom("expected a string or a list")),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +149,7 @@ impl Block {
 pub enum ImageBlockSource {
     Base64 { media_type: String, data: String },
     Url { url: String },
+    File {},
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,8 +176,8 @@ pub struct AnthropicTool {
 pub enum AnthropicToolChoice {
     Auto {},
     Any {},
-    None {},
     Tool { name: String },
+    None {},
 }
 
 fn bad(message: impl Into<String>) -> ConversionError {
@@ -147,7 +194,7 @@ impl MessagesRequest {
         let requested_effort = self.output_config.and_then(|c| c.effort);
         let thinking_mode = match (requested_effort, self.thinking) {
             (Some(EffortName::None), _) => false,
-            (_, Some(switch)) => switch.enabled(),
+            (_, Some(switch)) => !matches!(switch, MessagesThinking::Disabled {}),
             (_, None) => options.default_thinking_mode,
         };
         if self.messages.is_empty() {
@@ -181,16 +228,7 @@ impl MessagesRequest {
         };
         let mut messages = Vec::new();
         if let Some(system) = self.system {
-            let text = system
-                .0
-                .into_iter()
-                .filter_map(|b| match b {
-                    Block::Text { text } => Some(text),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n\n");
-            messages.push(Message::system(text));
+            messages.push(Message::system(system.0.join("\n\n")));
         }
         converter.convert(self.messages, &mut messages)?;
 
@@ -325,7 +363,7 @@ impl MessageConverter<'_> {
                     out.push(Message::User { content: content.build() });
                 }
                 Block::Document { source } => {
-                    let media_type = source.and_then(|s| s.media_type).unwrap_or_default();
+                    let media_type = source.and_then(|s| s.media_type).unwrap_or_else(|| "unknown".into());
                     out.push(Message::user(format!("[Unsupported document type: {media_type}]")));
                 }
                 Block::ToolResult { tool_use_id, content } => {
@@ -373,6 +411,15 @@ impl MessageConverter<'_> {
                 ImageData::DataUrl(format!("data:{media_type};base64,{data}"))
             }
             ImageBlockSource::Url { url } => ImageData::Url(url),
+            ImageBlockSource::File {} if out.supports_images() => {
+                return Err(bad(format!(
+                    "{path}: file_id is not supported. Pass the image as a base64 data url instead."
+                )))
+            }
+            ImageBlockSource::File {} => {
+                out.text(super::content::UNSUPPORTED_IMAGE);
+                return Ok(());
+            }
         };
         out.image(data, ImageDetail::High, path);
         Ok(())
@@ -382,8 +429,15 @@ impl MessageConverter<'_> {
     fn assistant(&self, i: usize, blocks: Vec<Block>, out: &mut Vec<Message>) -> Result<Vec<String>, ConversionError> {
         let mut texts = Vec::new();
         let mut reasoning: Option<String> = None;
-        let mut calls = Vec::new();
-        for block in blocks {
+        let mut calls: Vec<ToolCall> = Vec::new();
+        for (j, block) in blocks.into_iter().enumerate() {
+            if !calls.is_empty() && !matches!(block, Block::ToolUse { .. }) {
+                let ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+                return Err(bad(format!(
+                    "messages.{i}.{j}: `tool_use` ids were found without `tool_result` blocks immediately after: {}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
+                    ids.join(", ")
+                )));
+            }
             match block {
                 Block::Text { text } => texts.push(text),
                 Block::Thinking { thinking } => reasoning.get_or_insert_with(String::new).push_str(&thinking),

@@ -1,6 +1,6 @@
 //! OpenAI Responses requests.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
@@ -233,7 +233,12 @@ pub struct TextConfig {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TextFormat {
     Text,
-    JsonSchema { name: Option<String>, schema: Value, strict: Option<bool> },
+    JsonSchema {
+        #[allow(dead_code)]
+        name: String,
+        schema: Value,
+        strict: Option<bool>,
+    },
     JsonObject,
 }
 
@@ -290,14 +295,20 @@ impl ResponsesRequest {
         Ok(map)
     }
 
-    /// Names are checked before namespaces are joined to them.
+    /// Names (of namespaces and of their functions) are checked before they are joined.
     fn validate_local_names(&self) -> Result<(), ConversionError> {
-        let names = self.declared().flat_map(|tool| match tool {
-            ResponsesTool::Function(f) => vec![f.name.as_str()],
-            ResponsesTool::Namespace { tools, .. } => tools.iter().map(|f| f.name.as_str()).collect(),
-            ResponsesTool::WebSearch {} | ResponsesTool::WebSearchPreview {} => Vec::new(),
-        });
-        validate_names(names, "tools[{}].name")
+        let indexed = self.tools.iter().flat_map(|t| &t.typed).enumerate();
+        for (i, tool) in indexed.filter_map(|(i, t)| t.0.as_ref().map(|t| (i, t))) {
+            match tool {
+                ResponsesTool::Function(f) => validate_names([f.name.as_str()].into_iter(), &format!("tools[{i}].name"))?,
+                ResponsesTool::Namespace { name, tools } => {
+                    validate_names([name.as_str()].into_iter(), &format!("tools[{i}].name"))?;
+                    validate_names(tools.iter().map(|f| f.name.as_str()), &format!("tools[{i}].tools[{{}}].name"))?;
+                }
+                ResponsesTool::WebSearch {} | ResponsesTool::WebSearchPreview {} => {}
+            }
+        }
+        Ok(())
     }
 
     fn declared(&self) -> impl Iterator<Item = &ResponsesTool> {
@@ -416,6 +427,46 @@ impl ResponsesRequest {
     }
 }
 
+/// Function calls and their outputs: outputs are matched to calls and emitted in call order.
+#[derive(Default)]
+struct CallTracker {
+    /// Call id -> position among all calls.
+    order: std::collections::HashMap<String, usize>,
+    /// Calls without an output yet, in call order.
+    unanswered: Vec<String>,
+    /// Consecutive outputs waiting to be emitted.
+    outputs: Vec<(usize, Message)>,
+}
+
+impl CallTracker {
+    fn called(&mut self, id: &str) {
+        let next = self.order.len();
+        self.order.entry(id.to_owned()).or_insert(next);
+        self.unanswered.push(id.to_owned());
+    }
+
+    fn answered(&mut self, id: String, content: ImageContent) -> Result<(), ConversionError> {
+        let Some(&position) = self.order.get(&id) else {
+            return Err(bad(format!("No tool call found for tool output with call_id {id}.")));
+        };
+        self.unanswered.retain(|pending| *pending != id);
+        self.outputs.push((position, Message::Tool { content, tool_call_id: Some(id) }));
+        Ok(())
+    }
+
+    fn flush_outputs(&mut self, out: &mut Vec<Message>) {
+        self.outputs.sort_by_key(|(position, _)| *position);
+        out.extend(self.outputs.drain(..).map(|(_, message)| message));
+    }
+
+    fn check_all_answered(&self) -> Result<(), ConversionError> {
+        match self.unanswered.first() {
+            Some(id) => Err(bad(format!("No tool output found for tool call {id}."))),
+            None => Ok(()),
+        }
+    }
+}
+
 struct ItemConverter<'a> {
     model_version: ModelVersion,
     image_token: &'a str,
@@ -424,15 +475,18 @@ struct ItemConverter<'a> {
 
 impl ItemConverter<'_> {
     fn convert(&self, items: Vec<Item>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
-        let mut call_ids: HashSet<String> = HashSet::new();
+        let mut calls = CallTracker::default();
         let mut pending_reasoning: Option<String> = None;
         // Whether the last message is an assistant turn that later assistant items extend.
         let mut assistant_open = false;
         for (index, item) in items.into_iter().enumerate() {
+            if !matches!(item, Item::FunctionCallOutput(_)) {
+                calls.flush_outputs(out);
+            }
             match item {
                 Item::Unknown => {}
                 Item::Reasoning(reasoning) => {
-                    let text: String = reasoning.content.into_iter().map(|r| r.text).collect();
+                    let text = reasoning.content.into_iter().map(|r| r.text).collect::<Vec<_>>().join("\n");
                     pending_reasoning.get_or_insert_with(String::new).push_str(&text);
                     assistant_open = false;
                 }
@@ -441,7 +495,7 @@ impl ItemConverter<'_> {
                         Some(ns) => namespaced(self.model_version, ns, &call.name),
                         None => call.name,
                     };
-                    call_ids.insert(call.call_id.clone());
+                    calls.called(&call.call_id);
                     let tool_call = ToolCall { id: call.call_id, name, arguments: call.arguments };
                     if !assistant_open {
                         out.push(self.assistant(String::new(), pending_reasoning.take()));
@@ -452,17 +506,12 @@ impl ItemConverter<'_> {
                     }
                 }
                 Item::FunctionCallOutput(output) => {
-                    if !call_ids.contains(&output.call_id) {
-                        return Err(bad(format!(
-                            "No tool call found for tool output with call_id {}.",
-                            output.call_id
-                        )));
-                    }
                     let content = self.content(output.output, &format!("input[{index}]"))?;
-                    out.push(Message::Tool { content, tool_call_id: Some(output.call_id) });
+                    calls.answered(output.call_id, content)?;
                     assistant_open = false;
                 }
                 Item::Message(message) => {
+                    calls.check_all_answered()?;
                     let path = format!("input[{index}]");
                     let content = self.content(message.content, &path)?;
                     match message.role {
@@ -481,7 +530,8 @@ impl ItemConverter<'_> {
                 }
             }
         }
-        Ok(())
+        calls.flush_outputs(out);
+        calls.check_all_answered()
     }
 
     fn assistant(&self, content: String, reasoning: Option<String>) -> Message {

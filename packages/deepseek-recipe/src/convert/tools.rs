@@ -131,6 +131,9 @@ fn normalise_strict(schema: &mut Value) -> Result<()> {
             ));
         }
     }
+    // Both keys move to the end, in this order, whether or not they were given.
+    map.remove("additionalProperties");
+    map.remove("required");
     map.insert("additionalProperties".into(), Value::Bool(false));
     map.insert("required".into(), Value::Array(names));
     Ok(())
@@ -190,16 +193,30 @@ pub fn tool_call_constraint(tools: &[ToolDefinition], choice: ToolChoice) -> Opt
     Some(OutputConstraint { kind: kind.to_owned(), schema: Value::Array(listed).to_string() })
 }
 
-/// A strict response schema is normalised for the constraint only.
+/// A response schema must be a JSON Schema (object or boolean); a strict one is normalised for the
+/// constraint only and may not contain property-less objects.
 pub fn normalised_response_schema(schema: &Value, strict: bool) -> Result<Value> {
+    if !matches!(schema, Value::Object(_) | Value::Bool(_)) {
+        return Err(ConversionError::bad_request(format!(
+            "Invalid json schema: {schema} is not of types \"boolean\", \"object\""
+        )));
+    }
     let mut schema = schema.clone();
     if strict {
-        let empty_object = schema.get("type") == Some(&json!("object"))
-            && schema.get("properties").and_then(Value::as_object).is_none_or(Map::is_empty);
-        if empty_object {
-            return Err(ConversionError::bad_request("An object with no properties is not allowed."));
-        }
+        reject_empty_objects(&schema)?;
         normalise_strict(&mut schema)?;
     }
     Ok(schema)
+}
+
+fn reject_empty_objects(schema: &Value) -> Result<()> {
+    let Value::Object(map) = schema else { return Ok(()) };
+    let properties = map.get("properties").and_then(Value::as_object);
+    if map.get("type") == Some(&json!("object")) && properties.is_none_or(Map::is_empty) {
+        return Err(ConversionError::bad_request("An object with no properties is not allowed."));
+    }
+    let nested = properties.into_iter().flat_map(|p| p.values());
+    let items = map.get("items").into_iter();
+    let variants = map.get("anyOf").and_then(Value::as_array).into_iter().flatten();
+    nested.chain(items).chain(variants).try_for_each(reject_empty_objects)
 }
