@@ -99,6 +99,8 @@ class CacheManager:
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Extend `seq`'s block table to cover `num_tokens`; False (nothing taken) if short of blocks."""
+        if num_tokens <= len(seq.blocks) * self.block_size:
+            return True  # the common decode case
         need = self.extra_blocks(seq, num_tokens)
         if need > len(self._free_blocks):
             return False

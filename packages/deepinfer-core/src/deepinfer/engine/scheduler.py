@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 PLACEHOLDER = -1  # "the token this sequence sampled in the previous step"
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSegment:
     seq: Sequence
     slot: int
@@ -150,7 +150,7 @@ class Scheduler:
                                req.params.prompt_logprobs if want_prompt_lp else None)
         if sampling:
             self._sample(seg, seq)
-            if self.can_fork:
+            if self.can_fork and seq.index == 0 and req.params.n > 1:
                 self._fork_children(out, seg, seq, scheduled)
         out.segments.append(seg)
         out.num_tokens += n

@@ -6,12 +6,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class StepStat:
     num_seqs: int  # sequences in the step
     num_tokens: int
-    schedule_s: float  # CPU: planning this step
-    process_s: float  # CPU: post-processing this step's samples into outputs
+    schedule_s: float  # engine thread CPU time planning this step
+    process_s: float  # engine thread CPU time turning this step's samples into outputs
     device_s: float  # worker: resets + forward + sampling
     idle_s: float | None  # worker idle between the previous step's end and this one's start
 

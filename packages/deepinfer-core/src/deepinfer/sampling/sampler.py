@@ -16,7 +16,7 @@ from deepinfer.sampling import rng
 from deepinfer.sampling.params import SamplingParams
 
 
-@dataclass
+@dataclass(slots=True)
 class SampleRow:
     """One token to draw: which request settings, where, and the history penalties need."""
 
@@ -28,7 +28,7 @@ class SampleRow:
     output_ids: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenLogprob:
     """Log-probability of a chosen token and the `k` most likely alternatives (raw distribution)."""
 
