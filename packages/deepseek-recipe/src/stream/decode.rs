@@ -23,11 +23,17 @@ fn byte_level_decoder() -> HashMap<char, u8> {
     map
 }
 
-/// Decodes token ids incrementally; caches the bytes of every id it has seen.
+/// The bytes of one token and whether it is an added (special) token.
+struct TokenInfo {
+    bytes: Box<[u8]>,
+    special: bool,
+}
+
+/// Decodes token ids incrementally; caches what it learns about every id it has seen.
 pub struct TokenDecoder {
     tokenizer: Tokenizer,
     byte_of: HashMap<char, u8>,
-    cache: HashMap<u32, Box<[u8]>>,
+    cache: HashMap<u32, TokenInfo>,
     /// Bytes of an incomplete UTF-8 sequence at the end of the previous push.
     carry: Vec<u8>,
 }
@@ -37,35 +43,39 @@ impl TokenDecoder {
         Self { tokenizer, byte_of: byte_level_decoder(), cache: HashMap::new(), carry: Vec::new() }
     }
 
-    /// Whether `id` is an added (special) token.
-    pub fn is_special(&self, id: u32) -> bool {
-        self.tokenizer.id_to_token(id).is_some_and(|t| self.tokenizer.added_token_id(&t) == Some(id))
+    fn info(&mut self, id: u32) -> &TokenInfo {
+        let Self { tokenizer, byte_of, cache, .. } = self;
+        cache.entry(id).or_insert_with(|| match tokenizer.id_to_token(id) {
+            Some(piece) if tokenizer.added_token_id(&piece) == Some(id) => {
+                TokenInfo { bytes: piece.into_bytes().into_boxed_slice(), special: true }
+            }
+            Some(piece) => {
+                let bytes = piece
+                    .chars()
+                    .map(|c| byte_of.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
+                    .unwrap_or_else(|| piece.into_bytes());
+                TokenInfo { bytes: bytes.into_boxed_slice(), special: false }
+            }
+            None => TokenInfo { bytes: Box::default(), special: false },
+        })
     }
 
-    fn token_bytes(&mut self, id: u32) -> &[u8] {
-        if !self.cache.contains_key(&id) {
-            let bytes: Vec<u8> = match self.tokenizer.id_to_token(id) {
-                Some(piece) if self.tokenizer.added_token_id(&piece) == Some(id) => piece.into_bytes(),
-                Some(piece) => piece
-                    .chars()
-                    .map(|c| self.byte_of.get(&c).copied())
-                    .collect::<Option<Vec<u8>>>()
-                    .unwrap_or_else(|| piece.into_bytes()),
-                None => Vec::new(),
-            };
-            self.cache.insert(id, bytes.into_boxed_slice());
-        }
-        &self.cache[&id]
+    /// Whether `id` is an added (special) token.
+    pub fn is_special(&mut self, id: u32) -> bool {
+        self.info(id).special
     }
 
     /// The text completed by this token; a trailing incomplete character waits for the next token.
     pub fn decode(&mut self, id: u32) -> String {
         let mut bytes = std::mem::take(&mut self.carry);
-        let piece = self.token_bytes(id).to_vec();
-        bytes.extend_from_slice(&piece);
+        bytes.extend_from_slice(&self.info(id).bytes);
         let keep = incomplete_tail(&bytes);
         self.carry = bytes.split_off(bytes.len() - keep);
-        String::from_utf8_lossy(&bytes).into_owned()
+        match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
     }
 
     /// Whether an incomplete character waits for more bytes.

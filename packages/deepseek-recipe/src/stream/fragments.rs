@@ -71,8 +71,14 @@ impl Fragments {
     }
 
     pub fn push_str(&mut self, piece: u64, channel: Channel, class: Class, s: &str) {
-        for c in s.chars() {
-            self.push_char(piece, channel, class, c);
+        let mut chars = s.chars();
+        let Some(first) = chars.next() else { return };
+        self.push_char(piece, channel, class, first);
+        if class == Class::Filler {
+            return;
+        }
+        if let Some(Fragment { output: Output::Text { text, .. }, .. }) = self.queue.back_mut() {
+            text.push_str(chars.as_str());
         }
     }
 

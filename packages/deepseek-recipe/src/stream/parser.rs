@@ -137,12 +137,42 @@ impl Parser {
     }
 
     pub fn feed_str(&mut self, text: &str, piece: u64, out: &mut Fragments) {
-        for c in text.chars() {
+        let mut rest = text;
+        while let Some(c) = rest.chars().next() {
             if self.halted.is_some() {
                 return;
             }
-            self.feed(c, piece, out);
+            let run = self.plain_run(rest);
+            if run > 0 {
+                self.emit_run(&rest[..run], piece, out);
+                rest = &rest[run..];
+            } else {
+                self.feed(c, piece, out);
+                rest = &rest[c.len_utf8()..];
+            }
         }
+    }
+
+    /// Length of the leading run of `text` that is certainly plain section text (no newline, no
+    /// possible tag start, nothing held), which can be emitted in one go.
+    fn plain_run(&self, text: &str) -> usize {
+        if !self.tag.is_empty() || !self.newlines.is_empty() || self.at_section_start || self.json.is_some() {
+            return 0;
+        }
+        if matches!(self.mode, Mode::Tools(_)) {
+            return 0;
+        }
+        text.char_indices()
+            .find(|&(_, c)| c == '\n' || self.may_start_tag(c))
+            .map_or(text.len(), |(i, _)| i)
+    }
+
+    fn emit_run(&mut self, run: &str, piece: u64, out: &mut Fragments) {
+        let channel = self.channel();
+        if channel == Channel::Reasoning {
+            self.reasoning_text.push_str(run);
+        }
+        out.push_str(piece, channel, Class::Text, run);
     }
 
     fn feed(&mut self, c: char, piece: u64, out: &mut Fragments) {
@@ -180,7 +210,10 @@ impl Parser {
     }
 
     fn may_start_tag(&self, c: char) -> bool {
-        self.tags().any(|(t, _)| t.starts_with(c))
+        let starts = |t: &str| t.starts_with(c);
+        (!self.token_level_think_end && starts(&self.think_end))
+            || (self.parse_tool_calls && starts(&self.dsml.opener))
+            || (matches!(self.mode, Mode::Content) && self.stops.iter().any(|s| starts(s)))
     }
 
     /// `Some(Ok)` on a complete tag, `Some(Err)` when the buffer can no longer become one.
