@@ -1383,6 +1383,50 @@ def extra_cases():
     return cases
 
 
+def fuzz_render_cases(count=160, seed=20261130):
+    """Seeded random conversations: message orders, prefixes, reasoning, tool calls and settings."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["hi", "json", "é", "🌍", "<｜User｜>", "</think>", "a\nb", "  ", "x" * 30, "｜DSML｜", "<think>"]
+
+    def text():
+        return "".join(rng.choice(words) for _ in range(rng.randint(0, 3)))
+
+    def message():
+        kind = rng.choice(["user", "user", "assistant", "assistant", "tool", "system", "latest_reminder"])
+        m = {"class": kind, "content": text()}
+        if kind == "assistant":
+            if rng.random() < 0.5:
+                m["reasoning"] = text()
+            if rng.random() < 0.4:
+                m["tool_calls"] = [[f"c{i}", rng.choice(["f", "get_weather"]), rng.choice(['{"a": 1}', '{"s": "x", "n": [1.5]}', "{}", "bad", '""'])]
+                                   for i in range(rng.randint(1, 2))]
+            if rng.random() < 0.2:
+                m["prefix"] = True
+        if kind == "tool" and rng.random() < 0.5:
+            m["tool_call_id"] = "c0"
+        if kind == "system" and rng.random() < 0.3:
+            m["tools"] = [{"name": "g", "parameters": {"type": "object"}}]
+        return m
+
+    cases = []
+    for _ in range(count):
+        kwargs = {"thinking_mode": rng.random() < 0.6}
+        if rng.random() < 0.6:
+            kwargs["reasoning_effort"] = rng.choice(["low", "high", "xhigh", "max"])
+        if rng.random() < 0.4:
+            kwargs["tools"] = [{"name": "get_weather", "description": "d", "parameters": WEATHER}]
+            kwargs["tool_choice"] = rng.choice(["auto", "auto", "none", "required"])
+        roll = rng.random()
+        if roll < 0.1:
+            kwargs["response_format"] = "json_object"
+        elif roll < 0.2:
+            kwargs["response_schema"] = {"type": "object", "properties": {"v": {"type": "number", "default": 2.5e-8}}}
+        cases.append({"conversation": {"messages": [message() for _ in range(rng.randint(0, 7))], "kwargs": kwargs}})
+    return cases
+
+
 def all_cases():
     out = []
     for family, kind, cases in (
@@ -1391,6 +1435,7 @@ def all_cases():
         ("responses", "convert", responses_cases()),
         ("extra", "convert", extra_cases()),
         ("render", "render", render_cases()),
+        ("fuzz", "render", fuzz_render_cases()),
         ("tokenize", "tokenize", tokenize_cases()),
         ("api", "api", api_cases()),
     ):

@@ -43,30 +43,41 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     system_part(out, conversation);
 
     let tools_declared = !conversation.tools.is_empty();
-    let last = conversation.messages.len().wrapping_sub(1);
+    let messages = tool_results_after_calls(&conversation.messages);
+    let last = messages.len().wrapping_sub(1);
     let mut open = OpenTurn::None;
-    for (i, message) in conversation.messages.iter().enumerate() {
+    // Whether the open user turn has text yet; empty pieces add no separator.
+    let mut turn_has_text = false;
+    for (i, message) in messages.into_iter().enumerate() {
         match message {
             // All system messages were gathered into the system part.
             Message::System { .. } => {}
             Message::User { content } => {
                 if open == OpenTurn::None {
                     out.special(SpecialToken::User);
-                } else {
-                    out.text("\n\n");
+                    turn_has_text = false;
                 }
-                out.image_content(content);
+                if !content.text.is_empty() {
+                    if turn_has_text {
+                        out.text("\n\n");
+                    }
+                    out.image_content(content);
+                    turn_has_text = true;
+                }
                 open = OpenTurn::User;
             }
             Message::Tool { content, .. } => {
-                if open == OpenTurn::Tool {
-                    out.text("\n\n");
-                } else {
+                if open != OpenTurn::Tool {
                     out.special(SpecialToken::User);
+                    turn_has_text = false;
+                }
+                if turn_has_text {
+                    out.text("\n\n");
                 }
                 out.text("<tool_result>");
                 out.image_content(content);
                 out.text("</tool_result>");
+                turn_has_text = true;
                 open = OpenTurn::Tool;
             }
             Message::LatestReminder { content } => {
@@ -76,13 +87,13 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
             }
             Message::Assistant { content, reasoning_content, tool_calls, prefix } => {
                 out.special(SpecialToken::Assistant);
-                let reasoning = if tools_declared || (*prefix && i == last) {
-                    reasoning_content.as_deref()
-                } else {
-                    None
-                };
+                // A prefix message keeps its reasoning; elsewhere only tool conversations do.
+                let reasoning = if tools_declared || *prefix { reasoning_content.as_deref() } else { None };
                 if *prefix && i == last {
                     prefix_turn(out, conversation.thinking_mode, reasoning, content);
+                    if let Some(calls) = tool_calls.as_deref().filter(|c| !c.is_empty()) {
+                        tool_calls_block(out, FORMAT, calls);
+                    }
                     return;
                 }
                 if let Some(rc) = reasoning {
@@ -102,10 +113,51 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     generation_prompt(out, conversation);
 }
 
+/// V4 puts the tool results of an assistant's calls right after it: the results that directly follow
+/// it plus later ones (before the next assistant) that name one of its calls, ordered by call
+/// (results naming no call sort first).
+fn tool_results_after_calls(messages: &[Message]) -> Vec<&Message> {
+    let mut ordered: Vec<&Message> = Vec::with_capacity(messages.len());
+    let mut moved = vec![false; messages.len()];
+    for (i, message) in messages.iter().enumerate() {
+        if moved[i] {
+            continue;
+        }
+        ordered.push(message);
+        let Message::Assistant { tool_calls: Some(calls), .. } = message else { continue };
+        let call_position = |id: &Option<String>| {
+            id.as_ref().and_then(|id| calls.iter().position(|c| &c.id == id)).unwrap_or(0)
+        };
+        let mut results: Vec<(usize, usize)> = Vec::new();
+        let mut adjacent = true;
+        for (j, later) in messages.iter().enumerate().skip(i + 1) {
+            match later {
+                Message::Assistant { .. } => break,
+                Message::Tool { tool_call_id, .. } => {
+                    let names_call = tool_call_id.as_ref().is_some_and(|id| calls.iter().any(|c| &c.id == id));
+                    if adjacent || names_call {
+                        results.push((call_position(tool_call_id), j));
+                    }
+                }
+                _ => adjacent = false,
+            }
+        }
+        results.sort_by_key(|(call, _)| *call);
+        for (_, j) in results {
+            moved[j] = true;
+            ordered.push(&messages[j]);
+        }
+    }
+    ordered
+}
+
 fn system_part(out: &mut PromptBuilder, conversation: &Conversation) {
     let mut first = true;
     for message in &conversation.messages {
         if let Message::System { content, .. } = message {
+            if content.text.is_empty() {
+                continue;
+            }
             if !first {
                 out.text("\n\n");
             }

@@ -89,6 +89,9 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                 // V4.1 continues a prefix message wherever it is: no EOS after it.
                 if *prefix {
                     prefix_turn(out, conversation.thinking_mode, reasoning_content.as_deref(), content);
+                    if let Some(calls) = tool_calls.as_deref().filter(|c| !c.is_empty()) {
+                        tool_calls_block(out, FORMAT, calls);
+                    }
                     if is_last {
                         return;
                     }
