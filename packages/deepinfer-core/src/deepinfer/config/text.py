@@ -132,6 +132,10 @@ class TextConfig(BaseModel):
         """The keys as they would appear in config.json (defaults that were never given stay absent)."""
         return self.model_dump(mode="json", exclude_unset=True)
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TextConfig:
+        """A re-validated copy (pydantic's plain copy would keep stale derived values such as `layers`)."""
+        return TextConfig.from_hf({**self.to_hf_dict(), **(update or {})})
+
     @model_validator(mode="after")
     def _check(self) -> TextConfig:
         _check_rules(self)
