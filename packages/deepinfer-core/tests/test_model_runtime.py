@@ -166,3 +166,19 @@ def test_release_cache_precision_deviation_is_reported(checkpoints, name, capsys
             f"argmax agreement {agree:.1%} (logit std {ref.std():.2f})"
         )
     assert torch.isfinite(got).all()
+
+
+def test_bfloat16_compute_tracks_float32(checkpoints, capsys) -> None:
+    path = checkpoints["full"]
+    ref = load_runtime(path).score([_ids(40, 31, 700)])[0]
+    bf16 = load_runtime(path, dtype=torch.bfloat16)
+    got = bf16.score([_ids(40, 31, 700)], chunk=9)[0]
+    assert got.dtype == torch.float32 and bf16.model.blocks[0].moe.experts.w1[0].dtype == torch.int8
+    diff = (got - ref).abs()
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    with capsys.disabled():
+        print(
+            f"\n[bf16 vs fp32 compute, full] max |dlogit| {diff.max():.3g}, mean {diff.mean():.3g}, "
+            f"argmax agreement {agree:.1%}"
+        )
+    assert diff.mean() < 0.1 * ref.std()

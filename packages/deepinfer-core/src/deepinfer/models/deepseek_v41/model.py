@@ -85,8 +85,7 @@ class TokenInputs:
 
 @dataclass
 class ModelOutput:
-    hidden: torch.Tensor  # [T_out, H] final-normed hidden states
-    rows: torch.Tensor | None  # rows of the input each output row belongs to (None: all rows)
+    hidden: torch.Tensor  # [T_out, H] final-normed hidden states (compact replay: kept rows only)
     target_features: torch.Tensor | None  # [T_out, n_targets * H] DSpark target features (mean of streams)
 
 
@@ -121,7 +120,7 @@ class DeepseekV41Model:
     def forward(self, inputs: TokenInputs, step: Any) -> ModelOutput:
         cfg, ops = self.cfg, self.ops
         streams, pre = initial_streams(self.embed_tokens(inputs.ids), cfg.hc_mult)
-        image_mask, rows = inputs.image_mask, None
+        image_mask = inputs.image_mask
         text_mask = None if image_mask is None else ~image_mask
         engram_rows = {}
         if self.hasher is not None:
@@ -155,7 +154,7 @@ class DeepseekV41Model:
             pre = mix.pre
 
         hidden = ops.rms_norm(self.blocks[-1].ffn_hc.collapse(streams, pre), self.norm, cfg.rms_norm_eps)
-        return ModelOutput(hidden, rows, torch.cat(targets, dim=-1) if targets else None)
+        return ModelOutput(hidden, torch.cat(targets, dim=-1) if targets else None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in float32 (the head is stored F32 or BF16)."""
