@@ -46,8 +46,9 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     let messages = tool_results_after_calls(&conversation.messages);
     let last = messages.len().wrapping_sub(1);
     let mut open = OpenTurn::None;
-    // Whether the open user turn has text yet; empty pieces add no separator.
-    let mut turn_has_text = false;
+    // A user turn is its tool results, then its user texts: the two parts are joined by a blank line
+    // once a user message joins, and empty user texts add no separator among themselves.
+    let (mut turn_has_results, mut turn_has_user, mut turn_has_text) = (false, false, false);
     for (i, message) in messages.into_iter().enumerate() {
         match message {
             // All system messages were gathered into the system part.
@@ -55,8 +56,12 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
             Message::User { content } => {
                 if open == OpenTurn::None {
                     out.special(SpecialToken::User);
-                    turn_has_text = false;
+                    (turn_has_results, turn_has_user, turn_has_text) = (false, false, false);
                 }
+                if !turn_has_user && turn_has_results {
+                    out.text("\n\n");
+                }
+                turn_has_user = true;
                 if !content.text.is_empty() {
                     if turn_has_text {
                         out.text("\n\n");
@@ -69,15 +74,15 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
             Message::Tool { content, .. } => {
                 if open != OpenTurn::Tool {
                     out.special(SpecialToken::User);
-                    turn_has_text = false;
+                    (turn_has_results, turn_has_user, turn_has_text) = (false, false, false);
                 }
-                if turn_has_text {
+                if turn_has_results {
                     out.text("\n\n");
                 }
                 out.text("<tool_result>");
                 out.image_content(content);
                 out.text("</tool_result>");
-                turn_has_text = true;
+                turn_has_results = true;
                 open = OpenTurn::Tool;
             }
             Message::LatestReminder { content } => {
