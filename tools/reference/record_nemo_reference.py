@@ -71,6 +71,15 @@ def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def file_digests(ckpt: Path) -> dict[str, str]:
+    """sha256 of config.json (canonical JSON) and tokenizer.json: they change the model too."""
+    config = json.loads((ckpt / "config.json").read_text())
+    return {
+        "config.json": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
+        "tokenizer.json": hashlib.sha256((ckpt / "tokenizer.json").read_bytes()).hexdigest(),
+    }
+
+
 # --------------------------------------------------------------------------- independent decoders
 # Our own reading of the release formats (model spec §13), used to cross-check nemo's dequantiser.
 
@@ -524,6 +533,8 @@ def main(argv: list[str] | None = None) -> None:
         "format_version": FORMAT_VERSION,
         "recipe": {"config_name": args.config_name, "seed": args.seed},
         "checkpoint_digest": tensor_digest(disk),
+        "file_digests": file_digests(args.checkpoint),
+        "config": json.loads((args.checkpoint / "config.json").read_text()),
         "reference": {
             "nemo_automodel": getattr(nemo_automodel, "__version__", "0.7.0"),
             "transformers": transformers.__version__,
