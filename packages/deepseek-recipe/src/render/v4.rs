@@ -42,7 +42,8 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     }
     system_part(out, conversation);
 
-    let tools_declared = !conversation.tools.is_empty();
+    // Tools that cannot be called (tool_choice none) count as absent.
+    let tools_declared = has_tools_section(conversation);
     let messages = tool_results_after_calls(&conversation.messages);
     let last = messages.len().wrapping_sub(1);
     let mut open = OpenTurn::None;

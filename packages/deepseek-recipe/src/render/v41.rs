@@ -55,7 +55,8 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
         }
     }
 
-    let tools_declared = !conversation.tools.is_empty();
+    // Tools that cannot be called (tool_choice none) count as absent.
+    let tools_declared = has_tools_section(conversation);
     let mut user_turn_open = false;
     let mut after_reminder = false;
     for (i, message) in rest.iter().enumerate() {
