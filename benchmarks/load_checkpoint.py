@@ -48,7 +48,7 @@ def main() -> None:
     config = flash_slice_config(
         num_layers=args.layers, n_routed_experts=args.experts, dspark_n_routed_experts=args.dspark_experts
     )
-    if not (args.dir / "config.json").exists():
+    if not (args.dir / "model.safetensors.index.json").exists():  # the writer's last file
         stats = write_checkpoint(config, args.dir, tokenizer=tokenizer_for(config), progress=True)
         print(f"wrote {stats.bytes / 1e9:.2f} GB in {stats.files} files in {stats.seconds:.0f} s")
     print(f"page-cache warm-up read: {_warm_page_cache(args.dir):.2f} GB/s")

@@ -10,20 +10,15 @@ class ConfigError(ValueError):
 
 
 def config_error_from(exc: ValidationError, prefix: str = "") -> ConfigError:
-    """Turn pydantic's error list into one ConfigError whose lines read `key: rule`."""
-    lines = []
+    """Turn pydantic's error list into one ConfigError whose parts read `dotted.key: rule`."""
+    parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
-        if err["type"] == "missing":
-            msg = "missing required key"
-        elif err["type"] == "value_error":
-            # our own rule messages already name their key ("key: rule"); keep them as written
+        if err["type"] == "value_error":
+            # raised by our own rule checks, whose messages already start with "key: "
             msg = str(err["ctx"]["error"])
-            if loc:
-                loc = f"{loc}." if ":" in msg.split(" ", 1)[0] else f"{loc}: "
-                lines.append(f"{loc}{msg}")
-                continue
-        else:
-            msg = err["msg"]
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return ConfigError("; ".join(lines))
+            parts.append(f"{loc}.{msg}" if loc else msg)
+            continue
+        msg = "missing required key" if err["type"] == "missing" else err["msg"]
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return ConfigError("; ".join(parts))
