@@ -45,7 +45,8 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     // Tools that cannot be called (tool_choice none) count as absent.
     let tools_declared = has_tools_section(conversation);
     let messages = tool_results_after_calls(&conversation.messages);
-    let last = messages.len().wrapping_sub(1);
+    // System messages live in the system part, so "last" means the last non-system message.
+    let last = messages.iter().rposition(|m| !matches!(m, Message::System { .. })).unwrap_or(usize::MAX);
     let mut open = OpenTurn::None;
     // A user turn is its tool results, then its user texts: the two parts are joined by a blank line
     // once a user message joins, and empty user texts add no separator among themselves.

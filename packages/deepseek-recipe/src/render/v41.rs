@@ -58,6 +58,7 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     // Tools that cannot be called (tool_choice none) count as absent.
     let tools_declared = has_tools_section(conversation);
     let mut user_turn_open = false;
+    let mut seen_user_side = false;
     let mut after_reminder = false;
     for (i, message) in rest.iter().enumerate() {
         let is_last = i + 1 == rest.len();
@@ -70,9 +71,11 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                 user_turn_open = false;
             }
             Message::User { content } => {
+                seen_user_side = true;
                 user_side(out, &mut user_turn_open, content, false);
             }
             Message::Tool { content, .. } => {
+                seen_user_side = true;
                 user_side(out, &mut user_turn_open, content, true);
             }
             Message::LatestReminder { content } => {
@@ -89,7 +92,9 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                 user_turn_open = false;
                 // V4.1 continues a prefix message wherever it is: no EOS after it.
                 if *prefix {
-                    prefix_turn(out, conversation.thinking_mode, reasoning_content.as_deref(), content);
+                    // A continued message before any user turn is rendered without reasoning.
+                    let thinking = conversation.thinking_mode && (is_last || seen_user_side);
+                    prefix_turn(out, thinking, reasoning_content.as_deref(), content);
                     if let Some(calls) = tool_calls.as_deref().filter(|c| !c.is_empty()) {
                         tool_calls_block(out, FORMAT, calls);
                     }
