@@ -10,23 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from tokenizers import Tokenizer
 
-from deepinfer.cache import KVCache, cache_layout
+from deepinfer.cache import CachePrecision, KVCache, cache_layout
 from deepinfer.checkpoint.loader import load_checkpoint
 from deepinfer.config import ModelConfig, TextConfig, load_model_config
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.dspark import DSpark
 from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
-from deepinfer.models.deepseek_v41.step_state import BoundedReplay, StepState
+from deepinfer.models.deepseek_v41.step_state import BoundedReplay, ReplayMode, StepState
 from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput, SequenceSegment
 from deepinfer.ops import Ops, get_ops
 from deepinfer.tokenizer import compressed_vocab
 
-CachePrecision = Literal["exact", "release"]
 _ID_BYTES = 8
 
 
@@ -34,7 +32,7 @@ _ID_BYTES = 8
 class RuntimeOptions:
     cache_precision: CachePrecision = "exact"
     max_backtrack: int | None = None  # None: DSpark block size + 1 (at least 1)
-    replay_mode: Literal["off", "mask", "compact"] = "off"
+    replay_mode: ReplayMode = "off"
     replay_keep: int = 140
 
 
@@ -49,10 +47,11 @@ class DeepseekV41Runtime:
         self.eos_token_id = cfg.eos_token_id
         self.max_backtrack = options.max_backtrack or max((cfg.dspark_block_size or 0) + 1, 1)
         self.replay = BoundedReplay(options.replay_mode, options.replay_keep)
-        self.history_len = self.max_backtrack + max((cfg.engram_max_ngram_size or 1) - 1, 0)
+        # Engram look-back: the N-1 tokens before a segment, which may start max_backtrack tokens back
+        self.history_len = self.max_backtrack + cfg.engram_max_ngram_size - 1 if cfg.has_engram else 0
         self.device = model.embed.device
         self.cache: KVCache | None = None
-        self.history: torch.Tensor | None = None  # [slots, history_len] token ids, position p at p % len
+        self.history: torch.Tensor | None = None  # Engram: [slots, history_len] ids, position p at p % len
 
     # --- cache management (interface.CausalLM)
 
@@ -72,11 +71,13 @@ class DeepseekV41Runtime:
             self.device,
             ops=self.model.ops,
         )
-        self.history = torch.zeros(num_slots, max(self.history_len, 1), dtype=torch.int64, device=self.device)
+        if self.history_len:
+            self.history = torch.zeros(num_slots, self.history_len, dtype=torch.int64, device=self.device)
 
     def reset_slot(self, slot: int) -> None:
         self._require_cache().reset_slot(slot)
-        self.history[slot].zero_()
+        if self.history is not None:
+            self.history[slot].zero_()
 
     def _require_cache(self) -> KVCache:
         if self.cache is None:
@@ -95,10 +96,12 @@ class DeepseekV41Runtime:
                 "logits='all' is not available for longer segments"
             )
         ids = torch.tensor([t for s in segs for t in s.token_ids], dtype=torch.int64, device=self.device)
-        inputs = TokenInputs(ids=ids, ngrams=self._ngrams(segs) if self.model.hasher is not None else None)
+        engram = self.model.hasher is not None
+        inputs = TokenInputs(ids=ids, ngrams=self._ngrams(segs) if engram else None)
         step = StepState.build(batch, self.cfg, cache, replay=self.replay)
         out = self.model.forward(inputs, step)
-        self._remember(segs)
+        if engram:
+            self._remember(segs)
 
         last = step.rows(self.model.blocks[-1].spec)
         if self.dspark is not None and out.target_features is not None:
