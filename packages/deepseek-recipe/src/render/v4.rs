@@ -96,12 +96,18 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                 out.special(SpecialToken::Assistant);
                 // A prefix message keeps its reasoning; elsewhere only tool conversations do.
                 let reasoning = if tools_declared || *prefix { reasoning_content.as_deref() } else { None };
-                if *prefix && i == last {
+                if *prefix {
                     prefix_turn(out, conversation.thinking_mode, reasoning, content);
                     if let Some(calls) = tool_calls.as_deref().filter(|c| !c.is_empty()) {
                         tool_calls_block(out, FORMAT, calls);
                     }
-                    return;
+                    if i == last {
+                        return;
+                    }
+                    // V4 closes a continued message that is not the last one.
+                    out.special(SpecialToken::Eos);
+                    open = OpenTurn::None;
+                    continue;
                 }
                 if let Some(rc) = reasoning {
                     out.special(SpecialToken::ThinkingStart);

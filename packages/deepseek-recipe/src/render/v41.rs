@@ -58,7 +58,6 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     // Tools that cannot be called (tool_choice none) count as absent.
     let tools_declared = has_tools_section(conversation);
     let mut user_turn_open = false;
-    let mut seen_user_side = false;
     let mut after_reminder = false;
     for (i, message) in rest.iter().enumerate() {
         let is_last = i + 1 == rest.len();
@@ -71,11 +70,9 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                 user_turn_open = false;
             }
             Message::User { content } => {
-                seen_user_side = true;
                 user_side(out, &mut user_turn_open, content, false);
             }
             Message::Tool { content, .. } => {
-                seen_user_side = true;
                 user_side(out, &mut user_turn_open, content, true);
             }
             Message::LatestReminder { content } => {
@@ -92,9 +89,10 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                 user_turn_open = false;
                 // V4.1 continues a prefix message wherever it is: no EOS after it.
                 if *prefix {
-                    // A continued message before any user turn is rendered without reasoning.
-                    let thinking = conversation.thinking_mode && (is_last || seen_user_side);
-                    prefix_turn(out, thinking, reasoning_content.as_deref(), content);
+                    // A continued message that opens the conversation is rendered without reasoning.
+                    let thinking = conversation.thinking_mode && (is_last || i > 0);
+                    let has_calls = tool_calls.as_ref().is_some_and(|c| !c.is_empty());
+                    prefix_turn(out, thinking, reasoning_content.as_deref(), content, has_calls);
                     if let Some(calls) = tool_calls.as_deref().filter(|c| !c.is_empty()) {
                         tool_calls_block(out, FORMAT, calls);
                     }
@@ -148,11 +146,18 @@ fn updated_tool_schemas(out: &mut PromptBuilder, tools: Option<&[ToolDefinition]
 }
 
 /// A continued final assistant message; V4.1 drops its reasoning outside thinking mode.
-fn prefix_turn(out: &mut PromptBuilder, thinking_mode: bool, reasoning: Option<&str>, content: &str) {
+fn prefix_turn(
+    out: &mut PromptBuilder,
+    thinking_mode: bool,
+    reasoning: Option<&str>,
+    content: &str,
+    has_calls: bool,
+) {
     if thinking_mode {
         out.special(SpecialToken::ThinkingStart);
         out.text(reasoning.unwrap_or(""));
-        if content.is_empty() {
+        // Reasoning stays open only when nothing follows it.
+        if content.is_empty() && !has_calls {
             return;
         }
     }
