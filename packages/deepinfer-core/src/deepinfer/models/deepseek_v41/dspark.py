@@ -18,10 +18,13 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from deepinfer.cache import KVCache
 from deepinfer.config import LayerSpec, TextConfig
+from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.linear import Linear, make_linear
 from deepinfer.models.deepseek_v41.mhc import initial_streams
 from deepinfer.models.deepseek_v41.model import AttentionFactory, Block, DeepseekV41Model
+from deepinfer.models.deepseek_v41.step_state import Rows
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.models.interface import SequenceSegment
 from deepinfer.ops import Ops
@@ -34,7 +37,7 @@ class DraftOutput:
     base_logits: torch.Tensor  # [n, B, V] float32: head(normed)
 
 
-def _window_kv(attn: Any, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def _window_kv(attn: Attention, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Window key (= value) of a DSpark block's attention: RoPE(RMSNorm(wkv x; kv_norm)), before the codec."""
     return attn.ops.rope_interleaved(attn.ops.rms_norm(attn.wkv(x), attn.kv_norm, attn.eps), angles)
 
@@ -79,7 +82,7 @@ class DSpark:
         return self.ops.rms_norm(self.main_proj(target_features), self.main_norm, self.cfg.rms_norm_eps)
 
     def write_context(
-        self, cache: Any, segs: Sequence[SequenceSegment], rows: Any, features: torch.Tensor
+        self, cache: KVCache, segs: Sequence[SequenceSegment], rows: Rows, features: torch.Tensor
     ) -> None:
         """Key the target features of the output rows into every block's window ring."""
         f = self.context_features(features)
@@ -88,12 +91,13 @@ class DSpark:
             kv = _window_kv(blk.attn, f, blk.attn.rope.angles(rows.positions))
             encoded = ring.codec.encode(kv, ring.ops)
             for (begin, end), seg in zip(rows.bounds, segs):
+                begin = max(begin, end - ring.length)  # older rows would collide in the ring
                 ring.write(seg.slot, rows.positions[begin:end], encoded[begin:end])
 
     # --- draft forward
 
     def draft(
-        self, cache: Any, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
+        self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
     ) -> DraftOutput:
         """Run the draft blocks for n sequences: slot, golden-token position a and golden token id each."""
         cfg, ops, dev = self.cfg, self.ops, self.main.embed.device
@@ -122,7 +126,7 @@ class DSpark:
     def _attend(
         self,
         blk: Block,
-        cache: Any,
+        cache: KVCache,
         x: torch.Tensor,
         positions: torch.Tensor,
         slots: Sequence[int],
