@@ -126,10 +126,12 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     generation_prompt(out, conversation);
 }
 
-/// V4 puts the tool results of an assistant's calls right after it: the results that directly follow
-/// it plus later ones (before the next assistant) that name one of its calls, ordered by call
-/// (results naming no call sort first).
+/// V4 puts the tool results of an assistant's calls right after it, ordered by call (results naming
+/// no call first): the results that follow it directly, or the run of results that follows the one
+/// user or reminder message answering it (that message then joins the results' user turn).
 fn tool_results_after_calls(messages: &[Message]) -> Vec<&Message> {
+    let is_system = |m: &Message| matches!(m, Message::System { .. });
+    let is_tool = |m: &Message| matches!(m, Message::Tool { .. });
     let mut ordered: Vec<&Message> = Vec::with_capacity(messages.len());
     let mut moved = vec![false; messages.len()];
     for (i, message) in messages.iter().enumerate() {
@@ -138,25 +140,22 @@ fn tool_results_after_calls(messages: &[Message]) -> Vec<&Message> {
         }
         ordered.push(message);
         let Message::Assistant { tool_calls: Some(calls), .. } = message else { continue };
-        let call_position = |id: &Option<String>| {
-            id.as_ref().and_then(|id| calls.iter().position(|c| &c.id == id)).unwrap_or(0)
+        let call_position = |m: &Message| match m {
+            Message::Tool { tool_call_id: Some(id), .. } => calls.iter().position(|c| &c.id == id).unwrap_or(0),
+            _ => 0,
         };
-        let mut results: Vec<(usize, usize)> = Vec::new();
-        let mut adjacent = true;
-        for (j, later) in messages.iter().enumerate().skip(i + 1) {
-            match later {
-                Message::Assistant { .. } => break,
-                Message::Tool { tool_call_id, .. } => {
-                    let names_call = tool_call_id.as_ref().is_some_and(|id| calls.iter().any(|c| &c.id == id));
-                    if adjacent || names_call {
-                        results.push((call_position(tool_call_id), j));
-                    }
+        let after: Vec<usize> = (i + 1..messages.len()).filter(|&j| !is_system(&messages[j])).collect();
+        let leading = after.iter().take_while(|&&j| is_tool(&messages[j])).count();
+        let mut run: Vec<usize> = after[..leading].to_vec();
+        if leading == 0 {
+            if let Some(&answer) = after.first() {
+                if matches!(messages[answer], Message::User { .. } | Message::LatestReminder { .. }) {
+                    run = after[1..].iter().copied().take_while(|&j| is_tool(&messages[j])).collect();
                 }
-                _ => adjacent = false,
             }
         }
-        results.sort_by_key(|(call, _)| *call);
-        for (_, j) in results {
+        run.sort_by_key(|&j| call_position(&messages[j]));
+        for j in run {
             moved[j] = true;
             ordered.push(&messages[j]);
         }
