@@ -100,13 +100,15 @@ def one_shot(name: str, x: torch.Tensor, **kw) -> list[torch.Tensor]:
 CONFIGS = ["swa_only", "c2", "c1_yoco", "reindex", "full"]
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_chunked_prefill_decode_verify_rollback_equal_one_shot(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "precision"), [(n, "exact") for n in CONFIGS] + [("c2", "release"), ("full", "release")]
+)
+def test_chunked_prefill_decode_verify_rollback_equal_one_shot(name: str, precision: str) -> None:
     length = 120
-    h = Harness(name)
+    h = Harness(name, precision)
     xs = [inputs_for(h, length, 10), inputs_for(h, length, 11)]
     junk = [inputs_for(h, length, 20), inputs_for(h, length, 21)]
-    ref = [one_shot(name, x) for x in xs]
+    ref = [one_shot(name, x, precision=precision) for x in xs]
 
     # (seq, start, length, rejected?) per segment; two sequences at different positions share each step
     schedule = [
@@ -133,7 +135,7 @@ def test_chunked_prefill_decode_verify_rollback_equal_one_shot(name: str) -> Non
                 diff = (out[row : row + good] - ref[s][li][p : p + good]).abs().max().item()
                 worst = max(worst, diff)
                 row += n
-    print(f"{name}: max abs diff {worst:.2e}")
+    print(f"{name} {precision}: max abs diff {worst:.2e}")
     assert worst < 1e-5, worst
 
 
