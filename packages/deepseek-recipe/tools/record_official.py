@@ -1436,6 +1436,7 @@ def all_cases():
         ("extra", "convert", extra_cases()),
         ("render", "render", render_cases()),
         ("fuzz", "render", fuzz_render_cases()),
+        ("fuzz2", "render", fuzz_render_cases(count=240, seed=7)),
         ("tokenize", "tokenize", tokenize_cases()),
         ("api", "api", api_cases()),
     ):

@@ -127,11 +127,10 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
 }
 
 /// V4 puts the tool results of an assistant's calls right after it, ordered by call (results naming
-/// no call first): the results that follow it directly, or the run of results that follows the one
-/// user or reminder message answering it (that message then joins the results' user turn).
+/// no call first): the results that follow it directly, or else the run of results that follows
+/// the user, reminder or empty assistant message right after it, which then follows those results.
 fn tool_results_after_calls(messages: &[Message]) -> Vec<&Message> {
-    let is_system = |m: &Message| matches!(m, Message::System { .. });
-    let is_tool = |m: &Message| matches!(m, Message::Tool { .. });
+    let is_tool = |j: &usize| matches!(messages[*j], Message::Tool { .. });
     let mut ordered: Vec<&Message> = Vec::with_capacity(messages.len());
     let mut moved = vec![false; messages.len()];
     for (i, message) in messages.iter().enumerate() {
@@ -140,21 +139,23 @@ fn tool_results_after_calls(messages: &[Message]) -> Vec<&Message> {
         }
         ordered.push(message);
         let Message::Assistant { tool_calls: Some(calls), .. } = message else { continue };
-        let call_position = |m: &Message| match m {
+        let call_position = |j: &usize| match &messages[*j] {
             Message::Tool { tool_call_id: Some(id), .. } => calls.iter().position(|c| &c.id == id).unwrap_or(0),
             _ => 0,
         };
-        let after: Vec<usize> = (i + 1..messages.len()).filter(|&j| !is_system(&messages[j])).collect();
-        let leading = after.iter().take_while(|&&j| is_tool(&messages[j])).count();
-        let mut run: Vec<usize> = after[..leading].to_vec();
-        if leading == 0 {
-            if let Some(&answer) = after.first() {
-                if matches!(messages[answer], Message::User { .. } | Message::LatestReminder { .. }) {
-                    run = after[1..].iter().copied().take_while(|&j| is_tool(&messages[j])).collect();
-                }
+        let start = match messages.get(i + 1) {
+            Some(Message::Tool { .. }) => i + 1,
+            Some(Message::User { .. } | Message::LatestReminder { .. }) => i + 2,
+            // An empty assistant turn in between is passed over too.
+            Some(Message::Assistant { content, tool_calls, .. })
+                if content.is_empty() && tool_calls.as_ref().is_none_or(Vec::is_empty) =>
+            {
+                i + 2
             }
-        }
-        run.sort_by_key(|&j| call_position(&messages[j]));
+            _ => continue,
+        };
+        let mut run: Vec<usize> = (start..messages.len()).take_while(is_tool).collect();
+        run.sort_by_key(call_position);
         for j in run {
             moved[j] = true;
             ordered.push(&messages[j]);

@@ -27,6 +27,7 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
     out.special(SpecialToken::Bos);
     let messages = &conversation.messages;
     let mut rest = &messages[..];
+    let system_block_has_content;
     {
         let leading_system = match messages.first() {
             Some(Message::System { content, tools }) => {
@@ -39,6 +40,10 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
             || leading_system.is_some()
             || has_tools_section(conversation)
             || has_response_format_section(&conversation.response_format);
+        system_block_has_content = needed
+            && (leading_system.is_some()
+                || has_tools_section(conversation)
+                || has_response_format_section(&conversation.response_format));
         if needed {
             out.special(SpecialToken::System);
             if conversation.thinking_mode {
@@ -89,8 +94,9 @@ pub(super) fn render(out: &mut PromptBuilder, conversation: &Conversation) {
                 user_turn_open = false;
                 // V4.1 continues a prefix message wherever it is: no EOS after it.
                 if *prefix {
-                    // A continued message that opens the conversation is rendered without reasoning.
-                    let thinking = conversation.thinking_mode && (is_last || i > 0);
+                    // A continued message that opens the prompt (nothing but the effort line before
+                    // it) has no reasoning.
+                    let thinking = conversation.thinking_mode && (i > 0 || system_block_has_content);
                     let has_calls = tool_calls.as_ref().is_some_and(|c| !c.is_empty());
                     prefix_turn(out, thinking, reasoning_content.as_deref(), content, has_calls);
                     if let Some(calls) = tool_calls.as_deref().filter(|c| !c.is_empty()) {
