@@ -99,8 +99,6 @@ class CacheManager:
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Extend `seq`'s block table to cover `num_tokens`; False (nothing taken) if short of blocks."""
-        if num_tokens <= len(seq.blocks) * self.block_size:
-            return True  # the common decode case
         need = self.extra_blocks(seq, num_tokens)
         if need > len(self._free_blocks):
             return False
@@ -116,7 +114,7 @@ class CacheManager:
 
     def free(self, seq: Sequence) -> None:
         self._free_blocks.extend(reversed(seq.blocks))
-        seq.blocks = []
+        seq.blocks = []  # a new list: an in-flight step may still hold the old one
         if seq.slot:
             self._free_slots.append(seq.slot)
             seq.slot = 0

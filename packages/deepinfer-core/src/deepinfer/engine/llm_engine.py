@@ -52,7 +52,7 @@ class LLMEngine:
             logger.warning("max_model_len lowered from %d to %d: the cache holds no more",
                            config.max_model_len, self.max_model_len)
         self.cache = CacheManager(layout.block_size, plan)
-        self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork), self._pending_done)
+        self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork))
         self.runner = ModelRunner(model, Sampler(model.eos_token_id))
         # The model always runs on this thread, so both modes execute it identically; sync mode just
         # waits for each step before planning the next.
@@ -99,11 +99,12 @@ class LLMEngine:
         req = Request(request_id, text, ids, params, arrival, time.time(), stream)
         req.prompt_logprobs = [None] if params.prompt_logprobs is not None else []
         base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(64)
+        limit = min(self.max_model_len, len(ids) + (params.max_tokens or self.max_model_len))
         for i in range(params.n):
             detok = (IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
                                             params.skip_special_tokens) if self.tokenizer else None)
             seed = rng.as_int64(rng.child_seed(base_seed, i))
-            req.seqs.append(Sequence(next(self._seq_ids), req, i, seed, list(ids), detok))
+            req.seqs.append(Sequence(next(self._seq_ids), req, i, seed, list(ids), detok, limit, len(ids)))
         self.requests[request_id] = req
 
         if len(ids) >= self.max_model_len:
@@ -164,13 +165,13 @@ class LLMEngine:
                 if pos == len(req.prompt_logprobs):  # recompute after preemption repeats none
                     req.prompt_logprobs.append(lp)
         now = time.time()
-        touched: dict[str, tuple[Request, list[Sequence]]] = {}
+        touched: dict[str, tuple[Request, list[Sequence]]] = {}  # requests with outputs due
         for seq, token, logprob in result.sampled:
             seq.num_inflight -= 1
             if seq.status is SeqStatus.FINISHED:
                 continue  # planned before its stop was seen (async) or aborted: discard
-            self._append(seq, token, logprob, now)
-            touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
+            if self._append(seq, token, logprob, now) or seq.request.stream:
+                touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
         outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
         self.stats.generated_tokens += len(result.sampled)
         self.stats.num_preemptions = self.scheduler.num_preemptions
@@ -180,7 +181,8 @@ class LLMEngine:
                                          time.thread_time() - t0, result.end - result.start, idle))
         return outputs
 
-    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> None:
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> bool:
+        """Add a sampled token and apply the stop rules; True if that finished the sequence."""
         req, p = seq.request, seq.request.params
         seq.token_ids.append(token)
         if p.logprobs is not None:
@@ -193,17 +195,11 @@ class LLMEngine:
             self._finish(seq, FinishReason.STOP, token)
         elif seq.detok is not None and (stop := seq.detok.add(token)) is not None:
             self._finish(seq, FinishReason.STOP, stop)
-        elif self._at_length(seq, len(seq.token_ids)):
+        elif len(seq.token_ids) >= seq.limit:
             self._finish(seq, FinishReason.LENGTH)
-
-    def _pending_done(self, seq: Sequence) -> bool:
-        """The scheduler's question: will the tokens already sampled or in flight finish `seq`?"""
-        return self._at_length(seq, len(seq.token_ids) + seq.num_inflight)
-
-    def _at_length(self, seq: Sequence, num_tokens: int) -> bool:
-        max_tokens = seq.request.params.max_tokens
-        return num_tokens >= self.max_model_len or (
-            max_tokens is not None and num_tokens - seq.prompt_len >= max_tokens)
+        else:
+            return False
+        return True
 
     def _finish(self, seq: Sequence, reason: FinishReason, stop: str | int | None = None) -> None:
         seq.status = SeqStatus.FINISHED

@@ -17,7 +17,7 @@ import torch
 from deepinfer.engine.scheduler import PLACEHOLDER, ScheduledSegment, SchedulerOutput
 from deepinfer.engine.sequence import Request, Sequence
 from deepinfer.models.interface import CausalLM, ForwardBatch, SequenceSegment
-from deepinfer.sampling.sampler import Sampler, TokenLogprob, token_logprobs
+from deepinfer.sampling.sampler import Sampler, SampleRow, TokenLogprob, token_logprobs
 
 
 @runtime_checkable
@@ -62,11 +62,7 @@ class ModelRunner:
         for s in sched.segments:
             ids = s.token_ids
             if ids[-1] == PLACEHOLDER:
-                tok = self._last_sampled[s.seq.seq_id]
-                ids = [*ids[:-1], tok]
-                for row in s.samples:
-                    if row.params.has_penalties:
-                        row.output_ids = [*row.output_ids, tok]
+                ids = [*ids[:-1], self._last_sampled[s.seq.seq_id]]
             segments.append(SequenceSegment(s.slot, s.blocks, s.start_pos, ids, s.logits))
         batch = ForwardBatch(segments)
         out = self.model.forward(batch)
@@ -79,9 +75,10 @@ class ModelRunner:
         rows, sample_rows, sample_seqs = [], [], []
         prompt_lp = []
         for i, s in enumerate(sched.segments):
-            if s.samples:
-                rows.extend([offsets[i + 1] - 1] * len(s.samples))
-                sample_rows.extend(s.samples)
+            if s.sample_seqs:
+                position = s.start_pos + len(s.token_ids)  # of the token being generated
+                rows.extend([offsets[i + 1] - 1] * len(s.sample_seqs))
+                sample_rows.extend(self._sample_row(seq, position) for seq in s.sample_seqs)
                 sample_seqs.extend(s.sample_seqs)
             if s.prompt_logprobs is not None:
                 prompt_lp.append(self._prompt_logprobs(out.logits, offsets[i], segments[i], s))
@@ -94,6 +91,17 @@ class ModelRunner:
         end = time.perf_counter()
         return StepResult(sampled, prompt_lp, start, end, forward_end - start,
                           num_tokens=sched.num_tokens, num_seqs=len(sched.segments))
+
+    def _sample_row(self, seq: Sequence, position: int) -> SampleRow:
+        p = seq.request.params
+        row = SampleRow(p, seq.seed, position, position - seq.prompt_len)
+        if p.has_penalties:
+            # tokens up to `position` never change once appended; the newest may still be in flight
+            row.prompt_ids = seq.request.prompt_ids
+            row.output_ids = seq.token_ids[seq.prompt_len:position]
+            if len(row.output_ids) < row.num_outputs:
+                row.output_ids.append(self._last_sampled[seq.seq_id])
+        return row
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, first_row: int, seg: SequenceSegment,

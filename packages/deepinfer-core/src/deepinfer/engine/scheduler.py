@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deepinfer.engine.cache_manager import CacheManager
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.models.interface import LogitsWanted
-from deepinfer.sampling.sampler import SampleRow
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +31,11 @@ PLACEHOLDER = -1  # "the token this sequence sampled in the previous step"
 class ScheduledSegment:
     seq: Sequence
     slot: int
-    blocks: list[int]  # snapshot: later steps may grow the sequence's table
+    blocks: list[int]  # the sequence's table; later steps may append to it, never change entries
     start_pos: int
     token_ids: list[int]
     logits: LogitsWanted
-    samples: list[SampleRow]  # the segment's last row is sampled once per entry (n > 1 forks)
-    sample_seqs: list[Sequence]
+    sample_seqs: list[Sequence]  # the last row is sampled once for each (several: n > 1 forks)
     prompt_logprobs: int | None = None  # top-k for the prompt tokens this chunk predicts
 
 
@@ -62,13 +59,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: CacheManager, can_fork: bool,
-                 pending_done: Callable[[Sequence], bool]):
+    def __init__(self, config: EngineConfig, cache: CacheManager, can_fork: bool):
         self.config = config
         self.cache = cache
         self.can_fork = can_fork
-        # a sequence whose in-flight tokens will already finish it (max_tokens, max_model_len)
-        self._pending_done = pending_done
         self.waiting: list[Sequence] = []  # sorted by arrival
         self.running: list[Sequence] = []  # sorted by arrival; the tail is preempted first
         self.num_preemptions = 0
@@ -89,31 +83,34 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def schedule(self) -> SchedulerOutput:
-        self._step += 1
-        out = SchedulerOutput(step_id=self._step)
+        self._step = step = self._step + 1
+        out = SchedulerOutput(step_id=step)
         budget = self.config.token_budget
-        scheduled: set[int] = set()  # seq ids: forks join `running` mid-loop and must not run twice
+        running, block_size = SeqStatus.RUNNING, self.cache.block_size
         for seq in list(self.running):
             if budget <= 0:
                 break
-            todo = len(seq.token_ids) + seq.num_inflight - seq.num_computed
-            if (seq.status is not SeqStatus.RUNNING or seq.seq_id in scheduled or todo <= 0
-                    or self._pending_done(seq)):
+            # forks join `running` mid-loop (already planned); preempted victims leave it
+            if seq.scheduled_step == step or seq.status is not running:
                 continue
-            n = min(todo, budget)
-            while not self.cache.grow(seq, seq.num_computed + n):
-                victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
+            known = len(seq.token_ids) + seq.num_inflight
+            if known >= seq.limit:
+                continue  # what is sampled or in flight already finishes it
+            n = min(known - seq.num_computed, budget)
+            while (seq.num_computed + n > len(seq.blocks) * block_size  # fast path: fits already
+                   and not self.cache.grow(seq, seq.num_computed + n)):
+                victim = next(s for s in reversed(self.running) if s.scheduled_step != step)
                 self._preempt(victim, f"no free cache block for request {seq.request.request_id}")
                 if victim is seq:
                     break
-            if seq.status is not SeqStatus.RUNNING:
-                break  # it was the youngest unscheduled sequence: nothing after it can run either
-            self._add_segment(out, seq, n, scheduled)
+            if seq.status is not running:
+                break  # it was the youngest unplanned sequence: nothing after it can run either
+            self._add_segment(out, seq, n)
             budget -= n
-        self._admit(out, budget, scheduled)
+        self._admit(out, budget)
         return out
 
-    def _admit(self, out: SchedulerOutput, budget: int, scheduled: set[int]) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_inflight:
@@ -128,11 +125,11 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.order)
             out.resets.append(seq.slot)
-            self._add_segment(out, seq, n, scheduled)
+            self._add_segment(out, seq, n)
             budget -= n
 
-    def _add_segment(self, out: SchedulerOutput, seq: Sequence, n: int, scheduled: set[int]) -> None:
-        scheduled.add(seq.seq_id)
+    def _add_segment(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
+        seq.scheduled_step = self._step
         start = seq.num_computed
         known = len(seq.token_ids)
         ids = seq.token_ids[start:start + n]
@@ -146,29 +143,22 @@ class Scheduler:
         want_prompt_lp = (req.params.prompt_logprobs is not None and seq.index == 0
                           and have < seq.prompt_len and start + n >= have)
         logits: LogitsWanted = "all" if want_prompt_lp else ("last" if sampling else "none")
-        seg = ScheduledSegment(seq, seq.slot, list(seq.blocks), start, ids, logits, [], [],
+        # the block list is shared, not copied: the cache manager only appends to it or replaces it
+        seg = ScheduledSegment(seq, seq.slot, seq.blocks, start, ids, logits, [],
                                req.params.prompt_logprobs if want_prompt_lp else None)
         if sampling:
             self._sample(seg, seq)
             if self.can_fork and seq.index == 0 and req.params.n > 1:
-                self._fork_children(out, seg, seq, scheduled)
+                self._fork_children(out, seg, seq)
         out.segments.append(seg)
         out.num_tokens += n
 
     @staticmethod
     def _sample(seg: ScheduledSegment, seq: Sequence) -> None:
-        p = seq.request.params
-        position = seq.num_computed  # index of the token to be generated
-        row = SampleRow(p, seq.seed, position, position - seq.prompt_len)
-        if p.has_penalties:  # snapshot: post-processing appends while the step runs
-            row.prompt_ids = seq.request.prompt_ids
-            row.output_ids = seq.output_ids
-        seg.samples.append(row)
         seg.sample_seqs.append(seq)
         seq.num_inflight += 1
 
-    def _fork_children(self, out: SchedulerOutput, seg: ScheduledSegment, parent: Sequence,
-                       scheduled: set[int]) -> None:
+    def _fork_children(self, out: SchedulerOutput, seg: ScheduledSegment, parent: Sequence) -> None:
         """Siblings waiting on this prompt copy its cache after the step and sample from its logits."""
         for child in [s for s in parent.request.seqs if s.fork_parent is parent]:
             child.fork_parent = None
@@ -182,7 +172,7 @@ class Scheduler:
             child.num_computed = parent.num_computed
             bisect.insort(self.running, child, key=lambda s: s.order)
             out.forks.append(ForkCopy(parent.slot, child.slot, list(parent.blocks), list(child.blocks)))
-            scheduled.add(child.seq_id)
+            child.scheduled_step = self._step
             self._sample(seg, child)
 
     def _preempt(self, seq: Sequence, reason: str) -> None:

@@ -50,6 +50,8 @@ class Sequence:
     seed: int  # int64 bit pattern keying this sequence's RNG
     token_ids: list[int]  # prompt + generated tokens known on the CPU
     detok: IncrementalDetokenizer | None
+    limit: int  # length at which it finishes: min(max_model_len, prompt + max_tokens)
+    prompt_len: int
     status: SeqStatus = SeqStatus.WAITING
     num_computed: int = 0  # tokens in the cache, counting those of steps still in flight
     num_inflight: int = 0  # sampled tokens of in-flight steps not yet in token_ids
@@ -60,10 +62,7 @@ class Sequence:
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob | None] = field(default_factory=list)
     streamed: int = 0  # output tokens already handed out as stream deltas
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.request.prompt_ids)
+    scheduled_step: int = 0  # last step that planned tokens for it
 
     @property
     def num_outputs(self) -> int:

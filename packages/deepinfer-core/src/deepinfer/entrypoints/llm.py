@@ -50,7 +50,13 @@ class LLM:
                  **engine_kwargs: Any):
         self.model_dir = Path(model)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = TextTokenizer.from_dir(tokenizer or self.model_dir)
+        tokenizer_dir = Path(tokenizer or self.model_dir)
+        self.tokenizer = None
+        if (tokenizer_dir / "tokenizer.json").exists():
+            self.tokenizer = TextTokenizer.from_dir(tokenizer_dir)
+        else:
+            logger.warning("no tokenizer.json in %s: prompts must be token ids, outputs have no text",
+                           tokenizer_dir)
         runtime = load_model(self.model_dir, backend=backend, dtype=dtype, device=device)
         if max_model_len is None:
             hf = json.loads((self.model_dir / "config.json").read_text())

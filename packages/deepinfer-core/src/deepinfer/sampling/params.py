@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
@@ -76,11 +78,11 @@ class SamplingParams(BaseModel):
             raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
         return self
 
-    @property
+    @cached_property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    @property
+    @cached_property  # read per token by the scheduler: computed once
     def has_penalties(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 

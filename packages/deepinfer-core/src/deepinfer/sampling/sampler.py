@@ -8,6 +8,7 @@ depend on the other rows. Reported log-probabilities are those of the raw model 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,8 +25,8 @@ class SampleRow:
     seed: int  # int64 bit pattern of the uint64 seed
     position: int  # index of the token being generated (the RNG counter)
     num_outputs: int  # tokens generated before this one (min_tokens)
-    prompt_ids: list[int] = field(default_factory=list)  # filled only when penalties are on
-    output_ids: list[int] = field(default_factory=list)
+    prompt_ids: Sequence[int] = ()  # filled only when penalties are on
+    output_ids: Sequence[int] = ()
 
 
 @dataclass(slots=True)
