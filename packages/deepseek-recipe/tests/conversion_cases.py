@@ -9,6 +9,7 @@ exceptions recorded as their type and message.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import pathlib
@@ -283,12 +284,28 @@ def dump_request(dr, r):
     }
 
 
+def digest_text(text):
+    """Long prompts are kept as length + both ends + SHA-256 (exact, but small fixtures)."""
+    if len(text) <= 1500:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return {"length": len(text), "head": text[:300], "tail": text[-300:], "sha256": digest}
+
+
 def dump_rendered(rp):
     return {
-        "prompt": rp.prompt,
+        "prompt": digest_text(rp.prompt),
         "special_ranges": [list(r) for r in rp.special_ranges],
         "image_sources": [dump_image_source(s) for s in rp.image_sources],
     }
+
+
+def digest_ids(ids):
+    """Long id lists are kept as count + head + SHA-256 so the fixtures stay small (still exact)."""
+    if not isinstance(ids, list) or len(ids) <= 48:
+        return ids
+    digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+    return {"count": len(ids), "head": ids[:16], "sha256": digest}
 
 
 def render_and_encode(dr, conversation, v41, special_tokens=None):
@@ -299,7 +316,7 @@ def render_and_encode(dr, conversation, v41, special_tokens=None):
         enc = enc.with_special_tokens(special_tokens)
         plain = plain.with_special_tokens(special_tokens)
     out = {"rendered": attempt(lambda: dump_rendered(plain.render_conversation(conversation)))}
-    out["ids"] = attempt(lambda: enc.encode(conversation))
+    out["ids"] = digest_ids(attempt(lambda: enc.encode(conversation)))
     return out
 
 
@@ -362,7 +379,11 @@ def run_convert(dr, case):
     custom = [arg for name, arg in case.get("options", []) if name == "with_special_tokens"]
     special = build_special_tokens(dr, custom[-1]) if custom else None
     out.update(render_and_encode(dr, converted.conversation, v41, special))
-    prompt_tokens = len(out["ids"]) if isinstance(out["ids"], list) else 100
+    ids = out["ids"]
+    if isinstance(ids, list):
+        prompt_tokens = len(ids)
+    else:
+        prompt_tokens = ids.get("count", 100)
     out["resolve"] = [
         attempt(lambda p=p, c=c: converted.resolve_max_tokens(p, c))
         for p, c in [
@@ -395,7 +416,7 @@ def run_render(dr, case):
 
 def run_tokenize(dr, case):
     v4, _ = tokenizers(dr)
-    return attempt(lambda: v4.encode(case["text"]))
+    return digest_ids(attempt(lambda: v4.encode(case["text"])))
 
 
 def run_api(dr, case):

@@ -1300,64 +1300,357 @@ def extra_cases():
     def add(protocol, body, options=()):
         cases.append({"protocol": protocol, "body": body, "options": list(options), "body_kind": "dict"})
 
-    floats = {"tiny": 1.5e-7, "big": 1e20, "neg": -0.0, "int": 2**62, "exp": 1e16, "half": 0.5, "text": "é\n\"q\""}
+    floats = {
+        "tiny": 1.5e-7,
+        "big": 1e20,
+        "neg": -0.0,
+        "int": 2**62,
+        "exp": 1e16,
+        "half": 0.5,
+        "text": 'é\n"q"',
+    }
     img = {"type": "image_url", "image_url": {"url": cc.PNG_DATA_URL}}
     for model in MODELS:
-        add("chat", {"model": model, "messages": [*USER, {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps(floats)}},
-            {"id": "c2", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "a": 2, "s": "x\\u00e9y"}'}},
-            {"id": "c3", "type": "function", "function": {"name": "f", "arguments": '{"nested": {"x": [1.0, 2.50, 3e-5]}}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "r"}, img]},
-            {"role": "tool", "tool_call_id": "c2", "content": "r2"}, {"role": "tool", "tool_call_id": "c3", "content": "r3"}],
-            "tools": [chat_tool("f", params={"type": "object", "properties": {"x": {"type": "number", "minimum": 1.5e-7, "maximum": 1e20}}})]})
-        add("chat", {"model": model, "messages": [*USER, {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, {"role": "user", "content": "c"}]})
+        add(
+            "chat",
+            {
+                "model": model,
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": json.dumps(floats)},
+                            },
+                            {
+                                "id": "c2",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": '{"a": 1, "a": 2, "s": "x\\u00e9y"}'},
+                            },
+                            {
+                                "id": "c3",
+                                "type": "function",
+                                "function": {
+                                    "name": "f",
+                                    "arguments": '{"nested": {"x": [1.0, 2.50, 3e-5]}}',
+                                },
+                            },
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "r"}, img]},
+                    {"role": "tool", "tool_call_id": "c2", "content": "r2"},
+                    {"role": "tool", "tool_call_id": "c3", "content": "r3"},
+                ],
+                "tools": [
+                    chat_tool(
+                        "f",
+                        params={
+                            "type": "object",
+                            "properties": {"x": {"type": "number", "minimum": 1.5e-7, "maximum": 1e20}},
+                        },
+                    )
+                ],
+            },
+        )
+        add(
+            "chat",
+            {
+                "model": model,
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    },
+                    {"role": "user", "content": "c"},
+                ],
+            },
+        )
         add("chat", {"model": model, "messages": [*USER, {"role": "assistant", "content": [img]}]})
         add("chat", {"model": model, "messages": [{"role": "system", "content": "only system"}]})
-        add("chat", {"model": model, "messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {"v": {"type": "number", "default": 1.5e-7}}}}}})
+        add(
+            "chat",
+            {
+                "model": model,
+                "messages": USER,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "n",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"v": {"type": "number", "default": 1.5e-7}},
+                        },
+                    },
+                },
+            },
+        )
         add("chat", {"model": model, "messages": USER, "max_tokens": 3000})
-        add("chat", {"model": model, "messages": USER, "thinking": {"type": "enabled"}, "reasoning_effort": "none"})
-        add("messages", {"model": model, "messages": [*USER, {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "a"}, {"type": "thinking", "thinking": "b"}, {"type": "text", "text": "t1"},
-            {"type": "tool_use", "id": "u1", "name": "f", "input": floats}, {"type": "text", "text": "t2"}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1", "content": "plain", "is_error": True}]}],
-            "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"x": {"type": "number", "default": 1.5e-7}}}}]})
-        add("messages", {"model": model, "messages": [*USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "u1", "name": "f", "input": {}}]},
-                                                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1"}]}],
-                         "tools": [{"name": "f", "input_schema": {"type": "object"}}]})
+        add(
+            "chat",
+            {"model": model, "messages": USER, "thinking": {"type": "enabled"}, "reasoning_effort": "none"},
+        )
+        add(
+            "messages",
+            {
+                "model": model,
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "thinking", "thinking": "a"},
+                            {"type": "thinking", "thinking": "b"},
+                            {"type": "text", "text": "t1"},
+                            {"type": "tool_use", "id": "u1", "name": "f", "input": floats},
+                            {"type": "text", "text": "t2"},
+                        ],
+                    },
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "u1", "content": "plain", "is_error": True}
+                        ],
+                    },
+                ],
+                "tools": [
+                    {
+                        "name": "f",
+                        "input_schema": {
+                            "type": "object",
+                            "properties": {"x": {"type": "number", "default": 1.5e-7}},
+                        },
+                    }
+                ],
+            },
+        )
+        add(
+            "messages",
+            {
+                "model": model,
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "u1", "name": "f", "input": {}}],
+                    },
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1"}]},
+                ],
+                "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            },
+        )
         add("messages", {"model": model, "system": "", "messages": USER})
-        add("messages", {"model": model, "system": [{"type": "text", "text": "a"}, {"type": "image", "source": {"type": "url", "url": "https://x"}}], "messages": USER})
-        add("messages", {"model": model, "messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "base64", "data": "AA"}}]}]})
-        add("messages", {"model": model, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "x"}}]}]})
+        add(
+            "messages",
+            {
+                "model": model,
+                "system": [
+                    {"type": "text", "text": "a"},
+                    {"type": "image", "source": {"type": "url", "url": "https://x"}},
+                ],
+                "messages": USER,
+            },
+        )
+        add(
+            "messages",
+            {
+                "model": model,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "document", "source": {"type": "base64", "data": "AA"}}],
+                    }
+                ],
+            },
+        )
+        add(
+            "messages",
+            {
+                "model": model,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image", "source": {"type": "file", "file_id": "x"}}],
+                    }
+                ],
+            },
+        )
         add("messages", {"model": model, "messages": [{"role": "system", "content": "first"}, *USER]})
-        add("messages", {"model": model, "messages": [*USER, {"role": "assistant", "content": [{"type": "thinking", "thinking": "only"}]}, {"role": "user", "content": "next"}]})
-        add("responses", {"model": model, "input": [
-            {"role": "user", "content": [{"type": "output_text", "text": "u"}]},
-            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "r1"}, {"type": "reasoning_text", "text": "r2"}]},
-            {"type": "message", "role": "assistant", "content": [{"type": "input_text", "text": "a"}]},
-            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": json.dumps(floats)},
-            {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "o2"}, {"type": "input_image", "image_url": cc.PNG_DATA_URL}]},
-            {"type": "function_call_output", "call_id": "c1", "output": "o1"},
-            {"type": "reasoning", "content": []},
-            {"type": "function_call", "call_id": "c3", "name": "f", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "c3", "output": "o3"},
-        ], "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "number", "default": 1.5e-7}}}}]})
-        add("responses", {"model": model, "instructions": "ins", "input": [{"role": "developer", "content": "dev"}, {"role": "user", "content": "u"}]})
-        add("responses", {"model": model, "input": "hi", "text": {"format": {"type": "json_schema", "schema": WEATHER, "strict": False}}})
-        add("responses", {"model": model, "input": "hi", "reasoning": {"effort": None}, "top_logprobs": 0, "max_output_tokens": 5})
-        add("responses", {"model": model, "input": [{"role": "assistant", "content": "a"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]})
+        add(
+            "messages",
+            {
+                "model": model,
+                "messages": [
+                    *USER,
+                    {"role": "assistant", "content": [{"type": "thinking", "thinking": "only"}]},
+                    {"role": "user", "content": "next"},
+                ],
+            },
+        )
+        add(
+            "responses",
+            {
+                "model": model,
+                "input": [
+                    {"role": "user", "content": [{"type": "output_text", "text": "u"}]},
+                    {
+                        "type": "reasoning",
+                        "content": [
+                            {"type": "reasoning_text", "text": "r1"},
+                            {"type": "reasoning_text", "text": "r2"},
+                        ],
+                    },
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "input_text", "text": "a"}],
+                    },
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": json.dumps(floats)},
+                    {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+                    {
+                        "type": "function_call_output",
+                        "call_id": "c2",
+                        "output": [
+                            {"type": "input_text", "text": "o2"},
+                            {"type": "input_image", "image_url": cc.PNG_DATA_URL},
+                        ],
+                    },
+                    {"type": "function_call_output", "call_id": "c1", "output": "o1"},
+                    {"type": "reasoning", "content": []},
+                    {"type": "function_call", "call_id": "c3", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c3", "output": "o3"},
+                ],
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"x": {"type": "number", "default": 1.5e-7}},
+                        },
+                    }
+                ],
+            },
+        )
+        add(
+            "responses",
+            {
+                "model": model,
+                "instructions": "ins",
+                "input": [{"role": "developer", "content": "dev"}, {"role": "user", "content": "u"}],
+            },
+        )
+        add(
+            "responses",
+            {
+                "model": model,
+                "input": "hi",
+                "text": {"format": {"type": "json_schema", "schema": WEATHER, "strict": False}},
+            },
+        )
+        add(
+            "responses",
+            {
+                "model": model,
+                "input": "hi",
+                "reasoning": {"effort": None},
+                "top_logprobs": 0,
+                "max_output_tokens": 5,
+            },
+        )
+        add(
+            "responses",
+            {
+                "model": model,
+                "input": [
+                    {"role": "assistant", "content": "a"},
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                ],
+            },
+        )
     for body in (
-        {"model": V4, "messages": USER, "stop": ["a", 5]}, {"model": V4, "messages": USER, "n": -1},
+        {"model": V4, "messages": USER, "stop": ["a", 5]},
+        {"model": V4, "messages": USER, "n": -1},
         {"model": V4, "messages": USER, "logprobs": False, "top_logprobs": 2},
         {"model": V4, "messages": USER, "frequency_penalty": "x"},
-        {"model": V4, "messages": USER, "tool_choice": {"type": "bogus", "function": {"name": "f"}}, "tools": [chat_tool("f")], "thinking": {"type": "disabled"}},
-        {"model": V4, "messages": USER, "tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {"$ref": "#/$defs/d"}}, "$defs": {"d": {"type": "object", "properties": {"y": {"type": "string"}}}}})]},
-        {"model": V4, "messages": USER, "tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False})]},
-        {"model": V4, "messages": USER, "tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}, "required": ["b", "a"]})]},
-        {"model": V4, "messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}}}},
-        {"model": V4, "messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": "not a schema"}}},
-        {"model": "x", "messages": []}, {"model": V4, "messages": [], "temperature": 5},
-        {"model": V4, "messages": USER, "temperature": 5, "top_p": 5}, {"model": V4, "messages": USER, "max_tokens": None},
+        {
+            "model": V4,
+            "messages": USER,
+            "tool_choice": {"type": "bogus", "function": {"name": "f"}},
+            "tools": [chat_tool("f")],
+            "thinking": {"type": "disabled"},
+        },
+        {
+            "model": V4,
+            "messages": USER,
+            "tools": [
+                chat_tool(
+                    strict=True,
+                    params={
+                        "type": "object",
+                        "properties": {"a": {"$ref": "#/$defs/d"}},
+                        "$defs": {"d": {"type": "object", "properties": {"y": {"type": "string"}}}},
+                    },
+                )
+            ],
+        },
+        {
+            "model": V4,
+            "messages": USER,
+            "tools": [
+                chat_tool(
+                    strict=True,
+                    params={
+                        "type": "object",
+                        "properties": {"a": {"type": "string"}},
+                        "required": ["a"],
+                        "additionalProperties": False,
+                    },
+                )
+            ],
+        },
+        {
+            "model": V4,
+            "messages": USER,
+            "tools": [
+                chat_tool(
+                    strict=True,
+                    params={
+                        "type": "object",
+                        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                        "required": ["b", "a"],
+                    },
+                )
+            ],
+        },
+        {
+            "model": V4,
+            "messages": USER,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "n",
+                    "strict": True,
+                    "schema": {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}},
+                },
+            },
+        },
+        {
+            "model": V4,
+            "messages": USER,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": "not a schema"},
+            },
+        },
+        {"model": "x", "messages": []},
+        {"model": V4, "messages": [], "temperature": 5},
+        {"model": V4, "messages": USER, "temperature": 5, "top_p": 5},
+        {"model": V4, "messages": USER, "max_tokens": None},
         {"model": V4, "messages": USER, "tools": [chat_tool("a b"), chat_tool("a b")]},
         {"model": V4, "messages": USER, "tools": [chat_tool("f"), chat_tool("f", params={"type": "array"})]},
         {"model": V4, "messages": USER, "seed": 0, "top_p": 1e-9, "temperature": 1e-9},
@@ -1365,19 +1658,54 @@ def extra_cases():
     ):
         add("chat", body)
     for body in (
-        {"model": V4, "messages": USER, "stop_sequences": "a"}, {"model": V4, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": "x"}},
-        {"model": V4, "messages": USER, "tool_choice": {"type": "bogus"}}, {"model": V4, "messages": USER, "metadata": 5},
-        {"model": V4, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "bogus"}}]}]},
-        {"model": V41, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "not base64!"}}]}]},
+        {"model": V4, "messages": USER, "stop_sequences": "a"},
+        {"model": V4, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": "x"}},
+        {"model": V4, "messages": USER, "tool_choice": {"type": "bogus"}},
+        {"model": V4, "messages": USER, "metadata": 5},
+        {
+            "model": V4,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "bogus"}}]}],
+        },
+        {
+            "model": V41,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": "not base64!"},
+                        }
+                    ],
+                }
+            ],
+        },
         {"model": V4, "messages": USER, "max_tokens": 393217, "thinking": {"type": "disabled"}},
     ):
         add("messages", body)
     for body in (
-        {"model": V4, "input": [{"type": "message", "content": "x"}]}, {"model": V4, "input": "x", "tool_choice": {"type": "function"}},
-        {"model": V4, "input": "x", "user": 5}, {"model": V4, "input": "x", "text": {"format": {"type": "json_schema", "schema": WEATHER}}},
-        {"model": V4, "input": "x", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "a b"}]}]},
-        {"model": V4, "input": "x", "tools": [{"type": "namespace", "name": "n s", "tools": [{"type": "function", "name": "ab"}]}]},
-        {"model": V41, "input": "x", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "a"}]}, {"type": "function", "name": "ns::a"}]},
+        {"model": V4, "input": [{"type": "message", "content": "x"}]},
+        {"model": V4, "input": "x", "tool_choice": {"type": "function"}},
+        {"model": V4, "input": "x", "user": 5},
+        {"model": V4, "input": "x", "text": {"format": {"type": "json_schema", "schema": WEATHER}}},
+        {
+            "model": V4,
+            "input": "x",
+            "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "a b"}]}],
+        },
+        {
+            "model": V4,
+            "input": "x",
+            "tools": [{"type": "namespace", "name": "n s", "tools": [{"type": "function", "name": "ab"}]}],
+        },
+        {
+            "model": V41,
+            "input": "x",
+            "tools": [
+                {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "a"}]},
+                {"type": "function", "name": "ns::a"},
+            ],
+        },
     ):
         add("responses", body)
     return cases
@@ -1400,8 +1728,14 @@ def fuzz_render_cases(count=160, seed=20261130):
             if rng.random() < 0.5:
                 m["reasoning"] = text()
             if rng.random() < 0.4:
-                m["tool_calls"] = [[f"c{i}", rng.choice(["f", "get_weather"]), rng.choice(['{"a": 1}', '{"s": "x", "n": [1.5]}', "{}", "bad", '""'])]
-                                   for i in range(rng.randint(1, 2))]
+                m["tool_calls"] = [
+                    [
+                        f"c{i}",
+                        rng.choice(["f", "get_weather"]),
+                        rng.choice(['{"a": 1}', '{"s": "x", "n": [1.5]}', "{}", "bad", '""']),
+                    ]
+                    for i in range(rng.randint(1, 2))
+                ]
             if rng.random() < 0.2:
                 m["prefix"] = True
         if kind == "tool" and rng.random() < 0.5:
@@ -1422,8 +1756,13 @@ def fuzz_render_cases(count=160, seed=20261130):
         if roll < 0.1:
             kwargs["response_format"] = "json_object"
         elif roll < 0.2:
-            kwargs["response_schema"] = {"type": "object", "properties": {"v": {"type": "number", "default": 2.5e-8}}}
-        cases.append({"conversation": {"messages": [message() for _ in range(rng.randint(0, 7))], "kwargs": kwargs}})
+            kwargs["response_schema"] = {
+                "type": "object",
+                "properties": {"v": {"type": "number", "default": 2.5e-8}},
+            }
+        cases.append(
+            {"conversation": {"messages": [message() for _ in range(rng.randint(0, 7))], "kwargs": kwargs}}
+        )
     return cases
 
 
@@ -1452,9 +1791,8 @@ def main() -> None:
     cases = all_cases()
     with open(FIXTURE, "w", encoding="utf-8") as out:
         for case in cases:
-            out.write(
-                json.dumps({"case": case, "expected": cc.run_case(dr, case)}, ensure_ascii=False) + "\n"
-            )
+            record = {"case": case, "expected": cc.run_case(dr, case)}
+            out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
     print(f"{FIXTURE.name}: {len(cases)} cases, {FIXTURE.stat().st_size // 1024} KiB")
 
 
