@@ -154,6 +154,8 @@ pub struct ConversationRequest {
     pub stream: bool,
     /// Chat `stream_options.include_usage`.
     pub include_usage: bool,
+    /// The reasoning effort name the protocol request asked for (`"none"`, `"medium"`, ...).
+    pub requested_effort: Option<String>,
 }
 
 const DEFAULT_MAX_TOKENS_NON_THINKING: u64 = 8192;
@@ -169,6 +171,7 @@ impl ConversationRequest {
             model_version,
             stream: false,
             include_usage: false,
+            requested_effort: None,
         }
     }
 

@@ -1572,6 +1572,26 @@ def extra_cases():
                 ],
             },
         )
+    off = [["with_default_thinking_mode", False]]
+    fn_tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    for effort in (None, "none", "minimal", "medium", "max"):
+        for switch in (None, "enabled", "disabled"):
+            chat_body = {"model": V4, "messages": USER}
+            msg_body = {"model": V41, "messages": USER}
+            if effort:
+                chat_body["reasoning_effort"] = effort
+                msg_body["output_config"] = {"effort": effort}
+            if switch:
+                chat_body["thinking"] = msg_body["thinking"] = {"type": switch}
+            add("chat", chat_body, off)
+            add("messages", msg_body, off)
+        resp_body = {"model": V4, "input": "hi", "tools": [fn_tool], "tool_choice": {"type": "function", "name": "f"}}
+        if effort:
+            resp_body["reasoning"] = {"effort": effort}
+        add("responses", resp_body, off)
+        add("responses", {k: v for k, v in resp_body.items() if k != "tool_choice"}, off)
+        add("chat", {"model": V41, "messages": USER, "tools": [chat_tool("f")], "tool_choice": "required",
+                     **({"reasoning_effort": effort} if effort else {})}, off)
     for body in (
         {"model": V4, "messages": USER, "stop": ["a", 5]},
         {"model": V4, "messages": USER, "n": -1},

@@ -9,7 +9,9 @@ use serde_json::Value;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
-use super::{assemble, effort, mentions_json, resolve_model, Converted, EffortName, Sampling, ThinkingSwitch};
+use super::{
+    assemble, effort, mentions_json, resolve_model, thinking_mode, Converted, EffortName, Sampling, ThinkingSwitch,
+};
 use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
@@ -231,11 +233,11 @@ fn bad(message: impl Into<String>) -> ConversionError {
 impl ChatCompletionRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
         let model_version = resolve_model(options, &self.model)?;
-        let thinking_mode = match (self.thinking, self.reasoning_effort) {
-            (Some(switch), _) => switch.enabled(),
-            (None, Some(EffortName::None)) => false,
-            (None, _) => options.default_thinking_mode,
-        };
+        let thinking_mode = thinking_mode(
+            self.thinking.map(ThinkingSwitch::enabled),
+            self.reasoning_effort,
+            options.default_thinking_mode,
+        );
         if self.messages.is_empty() {
             return Err(bad("Empty input messages"));
         }
@@ -325,6 +327,7 @@ impl ChatCompletionRequest {
                 strict_response_schema,
                 stream: self.stream.unwrap_or(false),
                 include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+                requested_effort: self.reasoning_effort,
             },
         )
     }

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
-use super::{assemble, effort, resolve_model, Converted, EffortName, Sampling};
+use super::{assemble, effort, resolve_model, thinking_mode, Converted, EffortName, Sampling};
 use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
@@ -192,11 +192,8 @@ impl MessagesRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
         let model_version = resolve_model(options, &self.model)?;
         let requested_effort = self.output_config.and_then(|c| c.effort);
-        let thinking_mode = match (requested_effort, self.thinking) {
-            (Some(EffortName::None), _) => false,
-            (_, Some(switch)) => !matches!(switch, MessagesThinking::Disabled {}),
-            (_, None) => options.default_thinking_mode,
-        };
+        let switch = self.thinking.map(|t| !matches!(t, MessagesThinking::Disabled {}));
+        let thinking_mode = thinking_mode(switch, requested_effort, options.default_thinking_mode);
         if self.messages.is_empty() {
             return Err(bad("messages: at least one message is required"));
         }
@@ -249,6 +246,7 @@ impl MessagesRequest {
                 strict_response_schema: false,
                 stream: self.stream.unwrap_or(false),
                 include_usage: false,
+                requested_effort,
             },
         )
     }

@@ -97,6 +97,17 @@ impl EffortName {
     }
 }
 
+/// Thinking mode: an explicit switch wins; otherwise a requested effort turns thinking on (`none`
+/// turns it off); otherwise the configured default.
+pub fn thinking_mode(switch: Option<bool>, requested: Option<EffortName>, default: bool) -> bool {
+    match (switch, requested) {
+        (Some(enabled), _) => enabled,
+        (None, Some(EffortName::None)) => false,
+        (None, Some(_)) => true,
+        (None, None) => default,
+    }
+}
+
 /// The conversation's effort in thinking mode (none when thinking is off).
 pub fn effort(thinking_mode: bool, requested: Option<EffortName>) -> Option<ReasoningEffort> {
     if !thinking_mode {
@@ -187,12 +198,21 @@ pub struct Converted {
     pub strict_response_schema: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// The effort name the request asked for, reported back by Responses.
+    pub requested_effort: Option<EffortName>,
 }
 
 /// Builds the final request: inference options, output constraint and parsing options.
 pub fn assemble(options: &ConversionOptions, converted: Converted) -> Result<ConversationRequest, ConversionError> {
-    let Converted { model_version, conversation, sampling, strict_response_schema, stream, include_usage } =
-        converted;
+    let Converted {
+        model_version,
+        conversation,
+        sampling,
+        strict_response_schema,
+        stream,
+        include_usage,
+        requested_effort,
+    } = converted;
     let (temperature, top_p) = sampling_for_model(model_version, &conversation, &sampling);
     let output_constraint = match tools::tool_call_constraint(&conversation.tools, conversation.tool_choice) {
         Some(constraint) => Some(constraint),
@@ -223,5 +243,6 @@ pub fn assemble(options: &ConversionOptions, converted: Converted) -> Result<Con
         model_version,
         stream,
         include_usage,
+        requested_effort: requested_effort.map(|e| e.as_str().to_owned()),
     })
 }

@@ -10,7 +10,7 @@ use super::chat::DetailName;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{apply_tool_choice, validate_definitions, validate_names, RequestedToolChoice};
-use super::{assemble, effort, mentions_json, resolve_model, Converted, EffortName, Sampling};
+use super::{assemble, effort, mentions_json, resolve_model, thinking_mode, Converted, EffortName, Sampling};
 use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
@@ -349,10 +349,7 @@ impl ResponsesRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
         let model_version = resolve_model(options, &self.model)?;
         let requested_effort = self.reasoning.as_ref().and_then(|r| r.effort);
-        let thinking_mode = match requested_effort {
-            Some(EffortName::None) => false,
-            _ => options.default_thinking_mode,
-        };
+        let thinking_mode = thinking_mode(None, requested_effort, options.default_thinking_mode);
         match &self.input {
             None if self.instructions.is_none() => {
                 return Err(bad("Either input or instructions must be provided"))
@@ -422,6 +419,7 @@ impl ResponsesRequest {
                 strict_response_schema,
                 stream: self.stream.unwrap_or(false),
                 include_usage: false,
+                requested_effort,
             },
         )
     }

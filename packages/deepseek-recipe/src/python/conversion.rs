@@ -399,10 +399,9 @@ impl PyResponsesRequest {
     }
     #[staticmethod]
     fn chunk_generator(request: &PyConversationRequest, id: &str, model: &str) -> PyResponsesChunkGenerator {
-        let config = ResponsesConfig {
-            thinking_mode: request.inner.conversation.thinking_mode,
-            ..ResponsesConfig::default()
-        };
+        let r = &request.inner;
+        let echo = Echo { reasoning_effort: r.requested_effort.clone(), ..Echo::default() };
+        let config = ResponsesConfig { thinking_mode: r.conversation.thinking_mode, echo, ..ResponsesConfig::default() };
         PyResponsesChunkGenerator::from_config(config, id, model)
     }
 }
