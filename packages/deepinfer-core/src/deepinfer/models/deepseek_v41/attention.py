@@ -79,9 +79,8 @@ class Attention:
         if x.shape[0] != rows.count:
             raise ValueError(f"layer {spec.index}: {x.shape[0]} input rows, the step computes {rows.count}")
         angles = self.rope.angles(rows.positions)
-        q_latent = ops.rms_norm(self.wq_a(x), self.q_norm, self.eps)
-        q = ops.rope_interleaved(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), angles)
-        kv = ops.rope_interleaved(ops.rms_norm(self.wkv(x), self.kv_norm, self.eps), angles)
+        q_latent, q = self.query(x, angles)
+        kv = self.window_kv(x, angles)
         ring = step.cache.window(spec.index)
         kv_bytes, kv = ring.codec.round_trip(kv, ops)  # current keys cross the same boundary as cached ones
 
@@ -107,8 +106,23 @@ class Attention:
             pos, enc = rows.positions[b:e][keep][-ring.length :], kv_bytes[b:e][keep][-ring.length :]
             ring.write(seg.slot, pos, enc)
 
-        o = ops.rope_interleaved(out, angles, inverse=True).flatten(1).chunk(len(self.wo_a), dim=-1)
-        return self.wo_b(torch.cat([wo(og) for wo, og in zip(self.wo_a, o, strict=True)], dim=-1))
+        return self.project_output(out, angles)
+
+    # The three projections are public so DSpark blocks (own key sources) reuse them.
+    def query(self, x: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query latent c [n, q_lora_rank], rotated queries [n, heads, head_dim])."""
+        q_latent = self.ops.rms_norm(self.wq_a(x), self.q_norm, self.eps)
+        q = self.ops.rope_interleaved(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), angles)
+        return q_latent, q
+
+    def window_kv(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        """Sliding-window key (= value) [n, head_dim], rotated, before the cache codec."""
+        return self.ops.rope_interleaved(self.ops.rms_norm(self.wkv(x), self.kv_norm, self.eps), angles)
+
+    def project_output(self, o: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        """Attention output [n, heads, head_dim] -> [n, H]: undo RoPE, grouped wo_a, then wo_b."""
+        groups = self.ops.rope_interleaved(o, angles, inverse=True).flatten(1).chunk(len(self.wo_a), dim=-1)
+        return self.wo_b(torch.cat([wo(g) for wo, g in zip(self.wo_a, groups, strict=True)], dim=-1))
 
     def _window(
         self, seg: Segment, pos: torch.Tensor, kv: torch.Tensor, ring: Ring, lo: int
