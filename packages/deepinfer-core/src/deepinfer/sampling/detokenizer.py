@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from typing import Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -18,9 +19,11 @@ class Tokenizer(Protocol):
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas without ever splitting a UTF-8 character.
 
-    Only a short window of ids is re-decoded each step: `prefix` ids give context (byte-level BPE and
-    sentencepiece pieces can change how their neighbour renders), ids after `read` are new. While the
-    window decodes to a trailing U+FFFD the last character is incomplete and nothing is emitted.
+    Byte-level tokenizers that expose `byte_pieces()` go through a table of each id's bytes and an
+    incremental UTF-8 decoder, which holds back an incomplete character. Others re-decode a short
+    window of ids each step: `prefix` ids give context (sentencepiece pieces can change how their
+    neighbour renders), ids after `read` are new, and while the window decodes to a trailing U+FFFD
+    the last character is incomplete and nothing is emitted.
     Stop strings are matched on the text, so they are found across token boundaries; the last
     `len(longest stop) - 1` characters are held back from streaming until they cannot start a match.
     """
@@ -36,6 +39,9 @@ class IncrementalDetokenizer:
         self.emitted = 0  # characters of `text` already handed out as deltas
         self._prefix = 0
         self._read = 0
+        table = getattr(tokenizer, "byte_pieces", None)
+        self._pieces, self._special = table if table is not None else (None, frozenset())
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
@@ -43,6 +49,11 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str | None:
         """Append a token; returns the stop string it completed, if any (text is then truncated)."""
         self.ids.append(token_id)
+        if self._pieces is not None:
+            if (self.skip_special and token_id in self._special) or token_id >= len(self._pieces):
+                return None
+            delta = self._utf8.decode(self._pieces[token_id])
+            return self._append(delta) if delta else None
         before = self._decode(self.ids[self._prefix:self._read])
         after = self._decode(self.ids[self._prefix:])
         if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
@@ -51,6 +62,10 @@ class IncrementalDetokenizer:
 
     def flush(self) -> None:
         """At the end, emit whatever an incomplete trailing character left pending."""
+        if self._pieces is not None:
+            if delta := self._utf8.decode(b"", final=True):
+                self._append(delta)
+            return
         before = self._decode(self.ids[self._prefix:self._read])
         after = self._decode(self.ids[self._prefix:])
         if len(after) > len(before):
