@@ -137,6 +137,7 @@ def test_chunked_prefill_decode_verify_rollback_equal_one_shot(name: str, precis
                 row += n
     print(f"{name} {precision}: max abs diff {worst:.2e}")
     assert worst < 1e-5, worst
+    assert h.cache.blocks[0].count_nonzero() == 0 and h.cache.slots[0].count_nonzero() == 0  # padding
 
 
 
