@@ -1,7 +1,5 @@
 //! Image sources attached to messages: plain data, resolved later by the image pipeline.
 
-use std::fmt;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ImageDetail {
     Low,
@@ -31,12 +29,6 @@ impl ImageDetail {
                 "invalid detail \"{s}\"; expected \"low\", \"high\", \"original\", or \"auto\""
             )),
         }
-    }
-}
-
-impl fmt::Display for ImageDetail {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

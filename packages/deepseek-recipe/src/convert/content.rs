@@ -37,10 +37,6 @@ impl<'a> ContentBuilder<'a> {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.parts.is_empty()
-    }
-
     pub fn build(self) -> ImageContent {
         let text = self.parts.join("\n\n");
         match ImageContent::with_images(text.clone(), self.sources.clone(), Some(self.image_token)) {
