@@ -374,9 +374,9 @@ def test_engram_rows(ours_exact: Ours, case: Case):
     if not any(k.endswith(".engram_rows") for k in case.exact):
         pytest.skip("no Engram layers in this config")
     for p in case.prompts():
-        ref = case.exact[f"{p}.engram_rows"]  # [prompt + continuation, engram layers, hash heads]
+        ref = case.exact[f"{p}.engram_rows"]  # [prompt, engram layers, hash heads]
         for k in range(ref.shape[1]):
-            ours = ours_exact.engram[p][k].to(torch.int64).cpu()
+            ours = ours_exact.engram[p][k].to(torch.int64).cpu()[: ref.shape[0]]  # causal: prefix rows
             assert torch.equal(ours, ref[:, k]), f"{p} Engram layer #{k}"
 
 
