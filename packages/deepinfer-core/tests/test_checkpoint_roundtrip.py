@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from deepinfer.checkpoint import CheckpointError, inventory, load_checkpoint, write_checkpoint
 from deepinfer.checkpoint.safetensors_io import INDEX_FILE, SINGLE_FILE
-from deepinfer.testing import TINY_CONFIG_NAMES, tiny_config
+from deepinfer.config import ModelConfig
+from deepinfer.testing import TINY_CONFIG_NAMES, tiny_config, tiny_config_dict
 from deepinfer.tokenizer import build_synthetic_tokenizer
 
 SHARD_BYTES = 700_000  # small enough that every tiny config spans several shards
@@ -292,3 +293,15 @@ def test_tokenizer_files_and_engram_vocab_consistency(written):
     bad = cfg.model_copy(update={"text": cfg.text.model_copy(update={"engram_compressed_vocab_size": 5})})
     with pytest.raises(ValueError, match="engram_compressed_vocab_size"):
         write_checkpoint(bad, d.parent / "bad", tokenizer=build_synthetic_tokenizer(), progress=False)
+
+
+def test_official_engine_only_variants_round_trip(tmp_path):
+    """Non-shifted mHC (global HC head) and an index-K source that is not a KV source."""
+    d = tiny_config_dict("reindex")
+    d["text_config"].update(hc_shifted=False, index_k_source_layer_ids=[1, 2, 4])
+    cfg = ModelConfig.from_hf_dict(d)
+    write_checkpoint(cfg, tmp_path, single_file=True, progress=False)
+    t = load_checkpoint(tmp_path, progress=False).tensors
+    assert t["hc_head_fn"].shape == (4, 4 * 128) and t["hc_head_scale"].shape == (1,)
+    assert "layers.4.attn.indexer.wk.weight" in t and "layers.4.attn.compressor.wkv.weight" not in t
+    assert "layers.3.attn.indexer.wk.weight" not in t
