@@ -7,6 +7,6 @@ scripts/bootstrap.sh
 export PATH="$HOME/.local/bin:$PATH"
 model=checkpoints/tiny-default
 if [ ! -f "$model/model.safetensors.index.json" ]; then
-    uv run --frozen deepinfer make-checkpoint --config tiny-default --out "$model" --seed 0
+    uv run --frozen deepinfer make-checkpoint --config full --out "$model" --seed 0
 fi
 uv run --frozen deepinfer describe --model "$model"
