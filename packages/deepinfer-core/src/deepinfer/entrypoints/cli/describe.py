@@ -57,11 +57,11 @@ def _bytes_table(ck: Checkpoint) -> list[str]:
         size[spec.group] += t.numel() * t.element_size()
         count[spec.group] += 1
     total = sum(size.values())
-    lines = [f"{'parameter class':<16} {'tensors':>8} {'GB':>10} {'share':>7}"]
+    lines = [f"{'parameter class':<16} {'tensors':>8} {'MB':>12} {'share':>7}"]
     lines += [
-        f"{g:<16} {count[g]:>8} {b / 1e9:>10.3f} {100 * b / total:>6.1f}%" for g, b in size.most_common()
+        f"{g:<16} {count[g]:>8} {b / 1e6:>12.1f} {100 * b / total:>6.1f}%" for g, b in size.most_common()
     ]
-    lines.append(f"{'total':<16} {sum(count.values()):>8} {total / 1e9:>10.3f}")
+    lines.append(f"{'total':<16} {sum(count.values()):>8} {total / 1e6:>12.1f}")
     return lines
 
 
