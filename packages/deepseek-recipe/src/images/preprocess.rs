@@ -13,6 +13,8 @@ use crate::image_source::ImageDetail;
 
 /// WebP cannot store a side above 16383 px; sizes are capped to the largest multiple of 14 below.
 const MAX_WEBP_SIDE: u32 = 16380;
+/// The vision encoder needs at least two patches per side.
+const MIN_SIDE: u32 = 28;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PreprocessOptions {
@@ -69,7 +71,8 @@ pub fn preprocess(data: &[u8], options: &PreprocessOptions) -> Result<ImageInfo,
         _ => (width, height),
     };
     let target = calc_resize(width, height).map_err(|e| error(ImageErrorKind::Decode, e))?;
-    let (w, h) = (target.width.min(MAX_WEBP_SIDE), target.height.min(MAX_WEBP_SIDE));
+    let side = |v: u32| v.clamp(MIN_SIDE, MAX_WEBP_SIDE);
+    let (w, h) = (side(target.width), side(target.height));
     let resized = image.resize_exact(w, h, FilterType::Triangle).into_rgb8();
     let mut out = Cursor::new(Vec::new());
     DynamicImage::ImageRgb8(resized)

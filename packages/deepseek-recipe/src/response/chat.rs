@@ -41,13 +41,23 @@ impl ChatGenerator {
     }
 
     fn chunk(&self, delta: Value, finish_reason: Option<&str>, usage: Option<Value>) -> ChatChunk {
+        self.chunk_with_logprobs(delta, Value::Null, finish_reason, usage)
+    }
+
+    fn chunk_with_logprobs(
+        &self,
+        delta: Value,
+        logprobs: Value,
+        finish_reason: Option<&str>,
+        usage: Option<Value>,
+    ) -> ChatChunk {
         let mut chunk = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": self.system_fingerprint,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         });
         if usage.is_some() || !self.config.omit_usage {
             chunk["usage"] = usage.unwrap_or(Value::Null);
@@ -112,23 +122,55 @@ impl Generator for ChatGenerator {
     }
 
     fn delta(&mut self, delta: Delta, out: &mut Vec<ChatChunk>) {
-        let delta = match delta {
-            Delta::Reasoning(text) => json!({"content": null, "reasoning_content": text}),
-            Delta::Content(text) => self.content_delta(&text),
-            Delta::ToolCallStart { index, id, name } => json!({"tool_calls": [{
-                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}
-            }]}),
-            Delta::ToolCallArguments { index, fragment } => {
-                json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
+        let (delta, logprobs) = match delta {
+            Delta::Reasoning(text, lp) => {
+                (json!({"content": null, "reasoning_content": text}), logprobs_json("reasoning_content", &lp))
             }
+            Delta::Content(text, lp) => (self.content_delta(&text), logprobs_json("content", &lp)),
+            other => (Self::tool_delta(other), Value::Null),
         };
-        out.push(self.chunk(delta, None, None));
+        out.push(self.chunk_with_logprobs(delta, logprobs, None, None));
     }
 
     fn complete(&mut self, completion: &Completion, out: &mut Vec<ChatChunk>) {
         let delta = self.content_delta("");
         out.push(self.chunk(delta, Some(finish_reason(completion)), Some(usage_json(completion, self.config.thinking_mode))));
     }
+}
+
+impl ChatGenerator {
+    fn tool_delta(delta: Delta) -> Value {
+        match delta {
+            Delta::ToolCallStart { index, id, name } => json!({"tool_calls": [{
+                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}
+            }]}),
+            Delta::ToolCallArguments { index, fragment } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
+            }
+            Delta::Reasoning(..) | Delta::Content(..) => Value::Null,
+        }
+    }
+}
+
+/// `{"<key>": [entries]}` in the Chat Completions layout, or null without entries.
+fn logprobs_json(key: &str, entries: &[crate::stream::LogprobEntry]) -> Value {
+    if entries.is_empty() {
+        return Value::Null;
+    }
+    let list: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let top: Vec<Value> = e
+                .top
+                .iter()
+                .map(|(token, bytes, logprob)| json!({"token": token, "logprob": logprob, "bytes": bytes}))
+                .collect();
+            json!({"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": top})
+        })
+        .collect();
+    let mut map = Map::new();
+    map.insert(key.to_owned(), Value::Array(list));
+    Value::Object(map)
 }
 
 /// Accumulates chunks into the final `chat.completion` body.
@@ -139,7 +181,8 @@ pub struct ChatResponse {
     created: u64,
     message: Option<Map<String, Value>>,
     tool_calls: Vec<Value>,
-    logprobs: Value,
+    /// Accumulated log-probabilities per key (`content`, `reasoning_content`).
+    logprobs: Vec<(String, Vec<Value>)>,
     finish_reason: Value,
     usage: Option<Value>,
     system_fingerprint: Value,
@@ -153,7 +196,7 @@ impl ChatResponse {
             created,
             message: None,
             tool_calls: Vec::new(),
-            logprobs: Value::Null,
+            logprobs: Vec::new(),
             finish_reason: Value::Null,
             usage: None,
             system_fingerprint: Value::Null,
@@ -169,6 +212,15 @@ impl ChatResponse {
         let choice = &c["choices"][0];
         if !choice["finish_reason"].is_null() {
             self.finish_reason = choice["finish_reason"].clone();
+        }
+        if let Some(lp) = choice["logprobs"].as_object() {
+            for (key, entries) in lp {
+                let add = entries.as_array().cloned().unwrap_or_default();
+                match self.logprobs.iter_mut().find(|(k, _)| k == key) {
+                    Some((_, list)) => list.extend(add),
+                    None => self.logprobs.push((key.clone(), add)),
+                }
+            }
         }
         let delta = &choice["delta"];
         let message = self.message.get_or_insert_with(Map::new);
@@ -199,6 +251,20 @@ impl ChatResponse {
         }
     }
 
+    /// Content entries first, then reasoning entries; null when there are none.
+    fn logprobs_json(&self) -> Value {
+        if self.logprobs.is_empty() {
+            return Value::Null;
+        }
+        let mut map = Map::new();
+        for key in ["content", "reasoning_content"] {
+            if let Some((_, list)) = self.logprobs.iter().find(|(k, _)| k == key) {
+                map.insert(key.to_owned(), Value::Array(list.clone()));
+            }
+        }
+        Value::Object(map)
+    }
+
     pub fn to_json(&self) -> String {
         let mut body = json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model});
         match &self.message {
@@ -209,7 +275,7 @@ impl ChatResponse {
                     message.insert("tool_calls".to_owned(), Value::Array(self.tool_calls.clone()));
                 }
                 body["choices"] = json!([{
-                    "index": 0, "message": message, "logprobs": self.logprobs, "finish_reason": self.finish_reason
+                    "index": 0, "message": message, "logprobs": self.logprobs_json(), "finish_reason": self.finish_reason
                 }]);
                 if let Some(usage) = &self.usage {
                     body["usage"] = usage.clone();

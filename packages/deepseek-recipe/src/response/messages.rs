@@ -128,13 +128,13 @@ impl Generator for MessagesGenerator {
 
     fn delta(&mut self, delta: Delta, out: &mut Vec<MessagesEvent>) {
         match delta {
-            Delta::Reasoning(text) => {
+            Delta::Reasoning(text, _) => {
                 if self.open != Some(Block::Thinking) {
                     self.open_block(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), out);
                 }
                 self.block_delta(json!({"type": "thinking_delta", "thinking": text}), out);
             }
-            Delta::Content(text) => {
+            Delta::Content(text, _) => {
                 if self.open != Some(Block::Text) {
                     self.open_block(Block::Text, json!({"type": "text", "text": ""}), out);
                 }

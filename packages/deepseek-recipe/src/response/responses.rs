@@ -216,7 +216,7 @@ impl Generator for ResponsesGenerator {
     fn delta(&mut self, delta: Delta, out: &mut Vec<ResponsesEvent>) {
         let n = self.output_index();
         match delta {
-            Delta::Reasoning(text) => {
+            Delta::Reasoning(text, _) => {
                 if !matches!(self.open, Some(Item::Reasoning { .. })) {
                     self.open_item(Item::Reasoning { text: String::new() }, out);
                 }
@@ -227,7 +227,7 @@ impl Generator for ResponsesGenerator {
                 self.event("response.reasoning_text.delta",
                     json!({"content_index": 0, "delta": text, "item_id": item_id, "output_index": n}), out);
             }
-            Delta::Content(text) => {
+            Delta::Content(text, _) => {
                 if !matches!(self.open, Some(Item::Message { .. })) {
                     self.open_item(Item::Message { text: String::new() }, out);
                 }

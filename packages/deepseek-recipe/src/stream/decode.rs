@@ -61,6 +61,17 @@ impl TokenDecoder {
         })
     }
 
+    /// The token's text for log-probability reports (`\\xNN` escapes when it is not valid UTF-8) and
+    /// its bytes.
+    pub fn display(&mut self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self.info(id).bytes.to_vec();
+        let text = match std::str::from_utf8(&bytes) {
+            Ok(text) => text.to_owned(),
+            Err(_) => bytes.iter().map(|b| format!("\\x{b:02x}")).collect(),
+        };
+        (text, bytes)
+    }
+
     /// Whether `id` is an added (special) token.
     pub fn is_special(&mut self, id: u32) -> bool {
         self.info(id).special

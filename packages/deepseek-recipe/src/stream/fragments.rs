@@ -35,7 +35,8 @@ pub enum Class {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
-    Text { channel: Channel, text: String },
+    /// `piece` is the pushed piece the text came from.
+    Text { channel: Channel, piece: u64, text: String },
     ToolStart { index: usize, name: String },
 }
 
@@ -67,7 +68,7 @@ impl Fragments {
             }
         }
         let text = if class == Class::Filler { " ".to_owned() } else { c.to_string() };
-        self.queue.push_back(Fragment { sealed: false, piece, channel, class, output: Output::Text { channel, text } });
+        self.queue.push_back(Fragment { sealed: false, piece, channel, class, output: Output::Text { channel, piece, text } });
     }
 
     pub fn push_str(&mut self, piece: u64, channel: Channel, class: Class, s: &str) {

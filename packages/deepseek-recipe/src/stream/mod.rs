@@ -14,4 +14,4 @@ pub mod parser;
 pub mod processor;
 
 pub use chunk::{FinishReason, InferenceChunk, PromptUsage, TokenLogprob};
-pub use processor::{Delta, Completion, StreamError, StreamProcessor, Usage};
+pub use processor::{Completion, Delta, LogprobEntry, StreamError, StreamProcessor, Usage};

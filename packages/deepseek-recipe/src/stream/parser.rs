@@ -14,7 +14,7 @@ use crate::tokens::SpecialToken;
 enum Mode {
     Reasoning,
     Content,
-    Tools(DsmlParser),
+    Tools(Box<DsmlParser>),
 }
 
 /// What a completed tag does.
@@ -59,7 +59,7 @@ impl Parser {
         let dsml = DsmlTags::new(tokens.token(SpecialToken::Dsml));
         let starts_in_reasoning = options.thinking_initial_stage.is_some_and(|s| s.starts_in_reasoning());
         let mode = if options.starts_in_tool_calls {
-            Mode::Tools(DsmlParser::new(dsml.clone()))
+            Mode::Tools(Box::new(DsmlParser::new(dsml.clone())))
         } else if starts_in_reasoning {
             Mode::Reasoning
         } else {
@@ -237,6 +237,14 @@ impl Parser {
         }
     }
 
+    /// Where the next character would go (`None` inside a tool-call block).
+    pub fn current_channel(&self) -> Option<Channel> {
+        match self.mode {
+            Mode::Tools(_) => None,
+            _ => Some(self.channel()),
+        }
+    }
+
     fn channel(&self) -> Channel {
         match self.mode {
             Mode::Reasoning => Channel::Reasoning,
@@ -293,7 +301,7 @@ impl Parser {
                 for c in self.dsml.opener.chars() {
                     parser.feed(c, piece, out);
                 }
-                self.mode = Mode::Tools(parser);
+                self.mode = Mode::Tools(Box::new(parser));
             }
             (Tag::Stop(i), _) => {
                 self.release_newlines(out);

@@ -8,11 +8,21 @@ use crate::options::ParsingOptions;
 use crate::tokenizer::Tokenizer;
 use crate::tokens::SpecialToken;
 
-/// One piece of parsed output, in protocol-neutral form.
+/// The log-probability of one output token, with its display text and bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogprobEntry {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f64,
+    pub top: Vec<(String, Vec<u8>, f64)>,
+}
+
+/// One piece of parsed output, in protocol-neutral form; text deltas carry the log-probabilities of
+/// the tokens that produced them (when the backend sent any).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Delta {
-    Reasoning(String),
-    Content(String),
+    Reasoning(String, Vec<LogprobEntry>),
+    Content(String, Vec<LogprobEntry>),
     ToolCallStart { index: usize, id: String, name: String },
     ToolCallArguments { index: usize, fragment: String },
 }
@@ -87,12 +97,14 @@ pub struct StreamProcessor<G: Generator> {
     think_end_id: Option<u32>,
     /// Decoded tokens of pushes that ended inside a UTF-8 character.
     carried_units: Vec<Unit>,
+    /// Log-probabilities waiting for the delta of their piece and channel.
+    logprobs: Vec<(u64, Channel, LogprobEntry)>,
 }
 
 /// One decoded token.
 enum Unit {
     ThinkEnd,
-    Text { text: String, special: bool },
+    Text { text: String, special: bool, logprob: Option<LogprobEntry> },
 }
 
 impl<G: Generator> StreamProcessor<G> {
@@ -119,6 +131,7 @@ impl<G: Generator> StreamProcessor<G> {
             released: Vec::new(),
             think_end_id,
             carried_units: Vec::new(),
+            logprobs: Vec::new(),
         }
     }
 
@@ -170,8 +183,7 @@ impl<G: Generator> StreamProcessor<G> {
                 }
                 self.ensure_started(&mut out);
                 self.completion_tokens += token_ids.len() as u64;
-                self.feed_tokens(&token_ids, &mut out);
-                let _: Option<Vec<TokenLogprob>> = logprobs;
+                self.feed_tokens(&token_ids, logprobs.unwrap_or_default(), &mut out);
             }
             InferenceChunk::Finish(reason) => {
                 self.ensure_started(&mut out);
@@ -214,14 +226,27 @@ impl<G: Generator> StreamProcessor<G> {
     }
 
     /// Decodes a push into units; a push that ends inside a UTF-8 character waits whole for the next.
-    fn feed_tokens(&mut self, ids: &[u32], out: &mut Vec<G::Event>) {
+    fn feed_tokens(&mut self, ids: &[u32], logprobs: Vec<TokenLogprob>, out: &mut Vec<G::Event>) {
         let decoder = self.decoder.as_mut().expect("checked by the caller");
         let mut units = std::mem::take(&mut self.carried_units);
+        let mut logprobs = logprobs.into_iter();
         for &id in ids {
+            let logprob = logprobs.next().map(|lp| {
+                let (token, bytes) = decoder.display(id);
+                let top = lp
+                    .top
+                    .iter()
+                    .map(|&(top_id, value)| {
+                        let (text, bytes) = decoder.display(top_id);
+                        (text, bytes, value)
+                    })
+                    .collect();
+                LogprobEntry { token, bytes, logprob: lp.logprob, top }
+            });
             units.push(if Some(id) == self.think_end_id {
                 Unit::ThinkEnd
             } else {
-                Unit::Text { text: decoder.decode(id), special: decoder.is_special(id) }
+                Unit::Text { text: decoder.decode(id), special: decoder.is_special(id), logprob }
             });
         }
         if decoder.has_pending() {
@@ -243,8 +268,11 @@ impl<G: Generator> StreamProcessor<G> {
                     self.piece += 1;
                 }
                 // A special token streams as its own fragment.
-                Unit::Text { text, special } => {
+                Unit::Text { text, special, logprob } => {
                     self.piece += u64::from(special);
+                    if let (Some(entry), Some(channel)) = (logprob, self.parser.current_channel()) {
+                        self.logprobs.push((self.piece, channel, entry));
+                    }
                     self.parser.feed_str(&text, self.piece, &mut self.fragments);
                     self.piece += u64::from(special);
                 }
@@ -268,9 +296,13 @@ impl<G: Generator> StreamProcessor<G> {
                     let id = format!("call_{index:02}_{}{}", self.id_marker, self.ids.next_suffix());
                     Delta::ToolCallStart { index, id, name }
                 }
-                Output::Text { channel: Channel::Reasoning, text } => Delta::Reasoning(text),
-                Output::Text { channel: Channel::Content, text } => Delta::Content(text),
-                Output::Text { channel: Channel::Arguments(index), text } => {
+                Output::Text { channel: Channel::Reasoning, piece, text } => {
+                    Delta::Reasoning(text, self.take_logprobs(piece, Channel::Reasoning))
+                }
+                Output::Text { channel: Channel::Content, piece, text } => {
+                    Delta::Content(text, self.take_logprobs(piece, Channel::Content))
+                }
+                Output::Text { channel: Channel::Arguments(index), text, .. } => {
                     Delta::ToolCallArguments { index, fragment: text }
                 }
             };
@@ -278,12 +310,20 @@ impl<G: Generator> StreamProcessor<G> {
         }
     }
 
+    fn take_logprobs(&mut self, piece: u64, channel: Channel) -> Vec<LogprobEntry> {
+        let (taken, kept) = std::mem::take(&mut self.logprobs)
+            .into_iter()
+            .partition(|(p, c, _)| *p == piece && *c == channel);
+        self.logprobs = kept;
+        taken.into_iter().map(|(_, _, entry)| entry).collect()
+    }
+
     fn complete(&mut self, reason: Option<FinishReason>, out: &mut Vec<G::Event>) {
         if let Some(decoder) = &mut self.decoder {
             let rest = decoder.flush();
             let mut units = std::mem::take(&mut self.carried_units);
             if !rest.is_empty() {
-                units.push(Unit::Text { text: rest, special: false });
+                units.push(Unit::Text { text: rest, special: false, logprob: None });
             }
             if !units.is_empty() {
                 self.feed_units(units);

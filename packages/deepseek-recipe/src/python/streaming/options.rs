@@ -117,6 +117,9 @@ impl PyPromptUsage {
     }
 }
 
+/// One `(logprob, [(token id, logprob), ...])` pair per token, as Python passes it.
+type PyLogprobs = Vec<(f64, Vec<(u32, f64)>)>;
+
 #[pyclass(name = "InferenceChunk", module = "deepseek_recipe._native", frozen)]
 pub struct PyInferenceChunk {
     pub inner: InferenceChunk,
@@ -138,7 +141,7 @@ impl PyInferenceChunk {
 
     #[staticmethod]
     #[pyo3(signature = (token_ids, logprobs=None))]
-    fn tokens(token_ids: Vec<u32>, logprobs: Option<Vec<(f64, Vec<(u32, f64)>)>>) -> Self {
+    fn tokens(token_ids: Vec<u32>, logprobs: Option<PyLogprobs>) -> Self {
         let logprobs =
             logprobs.map(|lp| lp.into_iter().map(|(logprob, top)| TokenLogprob { logprob, top }).collect());
         Self { inner: InferenceChunk::Tokens { token_ids, logprobs } }

@@ -15,6 +15,7 @@ use crate::response::responses::ResponsesGenerator;
 use crate::stream::processor::{StreamError, StreamProcessor};
 use crate::stream::InferenceChunk;
 
+#[allow(clippy::large_enum_variant)] // one per Python object; boxing buys nothing
 enum Processor {
     Chat(StreamProcessor<ChatGenerator>),
     Messages(StreamProcessor<MessagesGenerator>),
