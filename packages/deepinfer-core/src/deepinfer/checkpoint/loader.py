@@ -179,7 +179,9 @@ def _has_nonfinite(t: torch.Tensor, dtype: str) -> bool:
         elif dtype == "F8_E8M0":
             bad = chunk.view(torch.uint8).amax().item() == 0xFF  # the only NaN code
         elif dtype == "F8_E4M3":
-            bad = torch.bitwise_and(chunk.view(torch.uint8), 0x7F).amax().item() == 0x7F  # S.1111.111 = NaN
+            # NaN is S.1111.111: 0xFF is the uint8 maximum, 0x7F the int8 maximum (two passes, no temporary)
+            u = chunk.view(torch.uint8)
+            bad = u.amax().item() == 0xFF or u.view(torch.int8).amax().item() == 0x7F
         else:
             return False  # packed FP4 codes have no NaN
         if bad:
