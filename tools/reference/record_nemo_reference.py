@@ -180,7 +180,7 @@ def backend(adapter: bool):
     )
 
 
-def build_models(ckpt: Path, num_anchors: int, notes: list[str]):
+def build_models(ckpt: Path, num_anchors: int, notes: list[str], dtype: str = "float32", draft: bool = True):
     from transformers import PreTrainedTokenizerFast
 
     config_mod = importlib.import_module(f"{NEMO}.config")
@@ -192,18 +192,43 @@ def build_models(ckpt: Path, num_anchors: int, notes: list[str]):
         name: p.default for name, p in inspect.signature(config_mod.DeepseekV41TextConfig).parameters.items()
     }
     text, top = translate_config(cfg_json, notes, defaults)
+    text["dtype"] = dtype
     vision = dict(cfg_json.get("vision_config") or {})
     vision["num_hidden_layers"] = 0
-    cfg = config_mod.DeepseekV41Config(text_config=text, vision_config=vision, dtype="float32", **top)
+    cfg = config_mod.DeepseekV41Config(text_config=text, vision_config=vision, dtype=dtype, **top)
     tok = PreTrainedTokenizerFast(tokenizer_file=str(ckpt / "tokenizer.json"))
     model = model_mod.DeepseekV41ForCausalLM(cfg, backend=backend(True), tokenizer=tok)
-    model.initialize_weights(dtype=torch.float32)
-    draft = None
-    if cfg.text_config.num_nextn_predict_layers > 0:
-        draft = dspark_mod.DeepseekV41DSparkModel(
+    model.initialize_weights(dtype=getattr(torch, dtype))
+    drafter = None
+    if draft and cfg.text_config.num_nextn_predict_layers > 0:
+        drafter = dspark_mod.DeepseekV41DSparkModel(
             cfg.text_config, backend(False), num_anchors=num_anchors, enable_confidence_head=True
         )
-    return cfg, tok, model, draft
+    return cfg, tok, model, drafter
+
+
+def bf16_deviation(
+    ckpt: Path, disk: dict[str, torch.Tensor], exact: dict[str, torch.Tensor], prompts
+) -> dict:
+    """nemo's own bfloat16 model (cache quantisation off) against its float32 logits: how sensitive
+    this random model is to bf16 compute, the yardstick for our bf16 path."""
+    _, _, model, _ = build_models(ckpt, 1, [], dtype="bfloat16", draft=False)
+    missing, unexpected = model.load_state_dict(model.state_dict_adapter.from_hf(dict(disk)), strict=False)
+    if [k for k in missing if "_extra_state" not in k] or unexpected:
+        raise SystemExit("bf16 model did not load")
+    model.eval()
+    stats = {}
+    with cache_quantisation(False), torch.no_grad():
+        for i in range(len(prompts)):
+            ref = exact[f"p{i}.logits"]
+            ours = model(exact[f"p{i}.tokens"].long().unsqueeze(0)).logits[0].float()
+            d = (ours - ref).abs()
+            stats[f"p{i}"] = {
+                "max_abs": d.max().item(),
+                "mean_abs": d.mean().item(),
+                "argmax_agreement": (ours.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+            }
+    return stats
 
 
 def load_and_roundtrip(model, draft, disk: dict[str, torch.Tensor], report: dict) -> None:
@@ -562,6 +587,7 @@ def main(argv: list[str] | None = None) -> None:
             "position_convention": "golden tokens[a] at position a; context keys [a-W, a)",
         },
         "summary": summary,
+        "bf16_reference": bf16_deviation(args.checkpoint, disk, tensors["exact"], prompts),
         "roundtrip": report["roundtrip"],
         "notes": notes,
     }
