@@ -15,6 +15,8 @@ Compared here:
   outputs (nemo's convention: teacher Markov inputs, confidence on the final-normed state).
 * release mode (FP8/FP4 cache rounding): statistics only (max/mean abs, argmax agreement), with
   loose sanity bounds; the numbers are printed (run with -s to see them).
+* bf16 compute (exact caches): statistics against nemo's fp32 logits, bounded relative to nemo's own
+  bf16-vs-fp32 deviation on the same prompts (tiny random models are very sensitive to bf16).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ DSPARK_ATOL = 1e-3
 CHUNK = 11  # odd prefill chunk for the chunked comparison (longest prompt)
 DECODE_STEPS = 4  # one-token decode steps in the fast set (all 32 in the slow test)
 RELEASE_MIN_ARGMAX_AGREEMENT = 0.8  # sanity bound only; FP8/FP4 rounding-bin flips are legitimate
+# bf16 compute vs nemo's fp32 logits, judged against nemo's own bf16-vs-fp32 deviation (meta.json):
+BF16_MEAN_ABS_RATIO = 2.5  # our mean abs deviation <= this x nemo's
+BF16_ARGMAX_SLACK = 0.3  # our argmax agreement >= nemo's - this
 
 
 # --------------------------------------------------------------------------- fixtures and recipe
@@ -466,3 +471,36 @@ def test_release_greedy_decode_32(release_model, case: Case):
         same += next((j for j, (a, b) in enumerate(zip(ours, ref)) if a != b), len(ref))
         total += len(ref)
     _report(case, "release greedy decode", agreeing_prefix_tokens=f"{same}/{total}")
+
+
+def test_bf16_statistics(checkpoint: Path, case: Case):
+    nemo = case.meta.get("bf16_reference")
+    if not nemo:
+        pytest.skip("fixture recorded without nemo's bf16 yardstick")
+    rt = _runtime_module()
+    model = rt.load_runtime(
+        checkpoint, dtype=torch.bfloat16, options=rt.RuntimeOptions(cache_precision="exact")
+    )
+    ours_mean, ours_agree, stats = [], [], {}
+    for p in case.prompts():
+        ref = case.exact[f"{p}.logits"]
+        ours = _score(model, case.exact[f"{p}.tokens"].tolist())
+        assert torch.isfinite(ours).all()
+        d = (ours - ref).abs()
+        ours_mean.append(d.mean().item())
+        ours_agree.append((ours.argmax(-1) == ref.argmax(-1)).float().mean().item())
+        stats[f"{p}_max_abs"] = d.max().item()
+    nemo_mean = sum(v["mean_abs"] for v in nemo.values()) / len(nemo)
+    nemo_agree = sum(v["argmax_agreement"] for v in nemo.values()) / len(nemo)
+    mean, agree = sum(ours_mean) / len(ours_mean), sum(ours_agree) / len(ours_agree)
+    _report(
+        case,
+        "bf16 compute vs nemo fp32",
+        mean_abs=mean,
+        nemo_bf16_mean_abs=nemo_mean,
+        argmax_agreement=agree,
+        nemo_bf16_argmax_agreement=nemo_agree,
+        **stats,
+    )
+    assert mean <= BF16_MEAN_ABS_RATIO * nemo_mean
+    assert agree >= nemo_agree - BF16_ARGMAX_SLACK
