@@ -441,7 +441,21 @@ def test_exact_dspark(exact_model, case: Case):
 def test_release_statistics(release_model, case: Case):
     p = _longest(case)
     ref = case.release[f"{p}.logits"]
-    ours = _score(release_model, case.release[f"{p}.tokens"].tolist())
+    layers = case.meta["index_source_layers"]
+    probe = Probe(release_model, layers)
+    try:
+        ours = _score(release_model, case.release[f"{p}.tokens"].tolist())
+    finally:
+        probe.close()
+    same = clear = 0
+    for layer in layers:
+        gap = case.release[f"{p}.topk_gap.{layer}"]
+        for row, (a, b) in enumerate(
+            zip(probe.topk[layer].tolist(), case.release[f"{p}.topk.{layer}"].tolist())
+        ):
+            if gap[row] > TOPK_GAP:
+                clear += 1
+                same += sorted(v for v in a if v >= 0) == sorted(v for v in b if v >= 0)
     assert ours.shape == ref.shape
     assert torch.isfinite(ours).all()
     d = (ours - ref).abs()
@@ -453,6 +467,7 @@ def test_release_statistics(release_model, case: Case):
         "mean_abs": d.mean().item(),
         "argmax_agreement": (ours.argmax(-1) == ref.argmax(-1)).float().mean().item(),
         "greedy_teacher_forced_prefix": f"{prefix}/{len(greedy)}",
+        "topk_rows_identical": f"{same}/{clear}",
     }
     if case.meta["dspark"] is not None:
         stats.update(
