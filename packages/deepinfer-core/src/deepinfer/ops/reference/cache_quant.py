@@ -5,6 +5,8 @@ Groups run over the last dimension. Scales follow the spec exactly:
 * NVFP4 compressed KV: E2M1 elements, E4M3 scale E4M3(max(amax, 6 * 2^-9) / 6) per 16.
 * MXFP4 indexer Q/K: E2M1 elements, UE8M0 scale pow2ceil(max(amax, 6 * 2^-126) / 6) per 32.
 E2M1 codes and nibble packing are the checkpoint's (even element in the low nibble).
+UE8M0 scales multiply amax by the reciprocal of the code maximum, as the released kernels do: it can
+differ from a division in the last bit, which decides pow2ceil when the quotient is near a power of two.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _e2m1_values(packed: torch.Tensor) -> torch.Tensor:
 def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., D] -> (E4M3 elements [..., D], UE8M0 exponent bytes uint8 [..., D/32])."""
     g = _groups(x, FP8_GROUP)
-    exp = ue8m0_exponent_ceil(g.abs().amax(-1, keepdim=True).clamp_min(1e-4) / E4M3_MAX)
+    exp = ue8m0_exponent_ceil(g.abs().amax(-1, keepdim=True).clamp_min(1e-4) * (1 / E4M3_MAX))
     q = (g / ue8m0_to_float(exp)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.flatten(-2), exp.squeeze(-1)
 
@@ -67,7 +69,7 @@ def nvfp4_dequantize(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
 def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., D] -> (packed E2M1 uint8 [..., D/2], UE8M0 exponent bytes uint8 [..., D/32])."""
     g = _groups(x, MXFP4_GROUP)
-    exp = ue8m0_exponent_ceil(g.abs().amax(-1, keepdim=True).clamp_min(E2M1_MAX * 2**-126) / E2M1_MAX)
+    exp = ue8m0_exponent_ceil(g.abs().amax(-1, keepdim=True).clamp_min(E2M1_MAX * 2**-126) * (1 / E2M1_MAX))
     codes = e2m1_encode(g / ue8m0_to_float(exp))
     return pack_fp4(codes.flatten(-2)).view(torch.uint8), exp.squeeze(-1)
 
