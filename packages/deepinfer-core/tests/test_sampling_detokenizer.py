@@ -12,7 +12,8 @@ from deepinfer.sampling.detokenizer import IncrementalDetokenizer
 TEXT = "The quick brown fox says: café ① naïve 日本語 🙂 — END of story."
 
 
-def stream(tokenizer, ids, stop=(), include=False) -> tuple[list[str], IncrementalDetokenizer, str | None]:
+def stream(tokenizer, ids, stop=(), include=False) -> tuple[list[str], str, str | None]:
+    """Feed ids one by one; the streamed deltas, their concatenation and the stop string hit."""
     d = IncrementalDetokenizer(tokenizer, list(stop), include, skip_special=True)
     deltas, hit = [], None
     for t in ids:
@@ -23,15 +24,15 @@ def stream(tokenizer, ids, stop=(), include=False) -> tuple[list[str], Increment
     if hit is None:
         d.flush()
         deltas.append(d.take_delta(finished=True))
-    return deltas, d, hit
+    return deltas, "".join(deltas), hit
 
 
 def test_never_splits_a_utf8_character(synthetic_tokenizer):
     ids = synthetic_tokenizer.encode(TEXT)[1:]  # without BOS
     singles = [synthetic_tokenizer.decode([t]) for t in ids]
     assert any("\ufffd" in s for s in singles)  # some tokens are partial characters
-    deltas, d, _ = stream(synthetic_tokenizer, ids)
-    assert "".join(deltas) == TEXT == d.text
+    deltas, text, _ = stream(synthetic_tokenizer, ids)
+    assert text == TEXT
     assert not any("\ufffd" in x for x in deltas)
 
 
@@ -41,17 +42,17 @@ def test_stop_string_across_token_boundaries(synthetic_tokenizer, include):
     stop = "x says: caf"  # spans several tokens, ends inside "café"
     pieces = [synthetic_tokenizer.decode([t]) for t in ids]
     assert not any(stop in p for p in pieces)
-    deltas, d, hit = stream(synthetic_tokenizer, ids, stop=["zzz", stop], include=include)
+    deltas, text, hit = stream(synthetic_tokenizer, ids, stop=["zzz", stop], include=include)
     want = TEXT[: TEXT.index(stop) + (len(stop) if include else 0)]
-    assert hit == stop and d.text == want and "".join(deltas) == want
+    assert hit == stop and text == want
     # nothing past the final text was ever streamed, though the stop was only seen at its last token
     assert all(want.startswith("".join(deltas[: i + 1])) for i in range(len(deltas)))
 
 
 def test_earliest_stop_wins(synthetic_tokenizer):
     ids = synthetic_tokenizer.encode(TEXT)[1:]
-    _, d, hit = stream(synthetic_tokenizer, ids, stop=["story", "brown"])
-    assert hit == "brown" and d.text == "The quick "
+    _, text, hit = stream(synthetic_tokenizer, ids, stop=["story", "brown"])
+    assert hit == "brown" and text == "The quick "
 
 
 class ScriptedLM:

@@ -26,6 +26,8 @@ class IncrementalDetokenizer:
     the last character is incomplete and nothing is emitted.
     Stop strings are matched on the text, so they are found across token boundaries; the last
     `len(longest stop) - 1` characters are held back from streaming until they cannot start a match.
+    Only text not yet handed out is kept (as pieces, joined when taken): no per-token copy of the
+    whole text.
     """
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str], include_stop: bool, skip_special: bool):
@@ -35,8 +37,9 @@ class IncrementalDetokenizer:
         self.skip_special = skip_special
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.ids: list[int] = []
-        self.text = ""
-        self.emitted = 0  # characters of `text` already handed out as deltas
+        self._pending: list[str] = []  # text not yet handed out
+        self._pending_len = 0
+        self._tail = ""  # the last `holdback` characters, where a stop string may have begun
         self._prefix = 0
         self._read = 0
         table = getattr(tokenizer, "byte_pieces", None)
@@ -72,19 +75,28 @@ class IncrementalDetokenizer:
             self._append(after[len(before):])
 
     def _append(self, delta: str) -> str | None:
-        start = max(0, len(self.text) - self.holdback)  # a match may begin in earlier text
-        self.text += delta
         self._prefix, self._read = self._read, len(self.ids)
-        hits = [(at, s) for s in self.stop if (at := self.text.find(s, start)) >= 0]
+        window = self._tail + delta  # a match found here ends in `delta`: earlier ones stopped us
+        self._pending.append(delta)
+        self._pending_len += len(delta)
+        self._tail = window[max(0, len(window) - self.holdback):] if self.holdback else ""
+        hits = [(at, s) for s in self.stop if (at := window.find(s)) >= 0]
         if not hits:
             return None
         at, s = min(hits)
-        self.text = self.text[: at + len(s) if self.include_stop else at]
+        cut = len(window) - (at + (len(s) if self.include_stop else 0))  # never reaches handed-out text
+        text = "".join(self._pending)
+        self._pending = [text[: len(text) - cut]]
+        self._pending_len -= cut
         return s
 
     def take_delta(self, finished: bool) -> str:
         """Text not yet handed out; while running, keeps back a possible stop-string prefix."""
-        end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
-        delta = self.text[self.emitted:end]
-        self.emitted = end
-        return delta
+        keep = 0 if finished else self.holdback
+        if self._pending_len <= keep:
+            return ""
+        text = "".join(self._pending)
+        split = len(text) - keep
+        self._pending = [text[split:]] if keep else []
+        self._pending_len = keep
+        return text[:split]
