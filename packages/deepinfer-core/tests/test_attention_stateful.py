@@ -292,3 +292,23 @@ def test_candidate_blocks_keep_the_best_and_the_latest() -> None:
     mask = candidate_blocks(scores, torch.tensor([9]), topk_blocks=2, block=2)
     # blocks by max: [5, 0, 9, -3, -2(latest, forced), -inf]; keep 2 = latest + block 2
     assert mask[0].nonzero().flatten().tolist() == [4, 5, 8]
+
+
+# --- construction errors name the tensor
+
+
+@pytest.mark.parametrize(
+    ("drop", "reshape"), [("compressor.wgate.weight", None), (None, "indexer.wk.weight")]
+)
+def test_bad_attention_weights_name_the_tensor(drop: str | None, reshape: str | None) -> None:
+    from deepinfer.models.deepseek_v41.weights import WeightError, Weights
+
+    cfg = tiny_config("full").text
+    spec = cfg.layers[2]  # Full C2: compressor with gate, indexer keys and query
+    w = {f"layers.2.attn.{k}": v for k, v in random_attention_weights(cfg, 2, torch.Generator()).items()}
+    if drop:
+        del w[f"layers.2.attn.{drop}"]
+    if reshape:
+        w[f"layers.2.attn.{reshape}"] = w[f"layers.2.attn.{reshape}"][:-1]
+    with pytest.raises(WeightError, match=f"layers.2.attn.{drop or reshape}"):
+        Attention(cfg, spec, Weights(w, "layers.2.attn."), get_ops("reference"), torch.float32)

@@ -87,3 +87,20 @@ def test_pool_round_trip_matches_codec() -> None:
     kv.write(table, torch.arange(70), kv.codec.encode(x, ops))
     assert torch.equal(kv.load(table, 70), _round_trip("nvfp4", x))
     assert cache.blocks[0].count_nonzero() == 0  # padding block untouched
+
+
+def test_tiny_layout_owners_and_reset_slot() -> None:
+    from deepinfer.testing.configs import tiny_config
+
+    cfg = tiny_config("full").text  # KV sources 2 (ratio 2) and 5 (ratio 1); 12 layers + 3 DSpark rings
+    spec = KVCache(cfg, 2, 3, "exact", torch.float32, max_backtrack=3).spec
+    assert sorted(spec.block_regions) == [("index", 2), ("index", 5), ("kv", 2), ("kv", 5)]
+    assert spec.block_regions[("kv", 2)].entries == 64 and spec.block_regions[("kv", 5)].entries == 128
+    windows = [k for k in spec.slot_regions if k[0] == "window"]
+    assert len(windows) == 15 and spec.slot_regions[("window", 0)].entries == cfg.sliding_window + 3
+    assert spec.slot_regions[("compressor", 2)].entries == 2 - 1 + 3  # ratio - 1 + max_backtrack
+    assert ("compressor", 5) not in spec.slot_regions  # ratio 1 keeps no partial group
+    cache = KVCache(cfg, 2, 3, "release", torch.float32, max_backtrack=3)
+    cache.slots[1:] = 7
+    cache.reset_slot(2)
+    assert cache.slots[2].count_nonzero() == 0 and bool((cache.slots[1] == 7).all())
