@@ -96,8 +96,7 @@ def quantize_fp8(w: torch.Tensor, block: tuple[int, int] = FP8_BLOCK) -> tuple[t
     |w / scale| <= 448 by construction of the scale, the clamp only guards against rounding of amax/448."""
     if w.ndim != 2:
         raise ValueError(f"quantize_fp8 expects a 2-D tensor, got shape {tuple(w.shape)}")
-    byte = ue8m0_exponent_ceil(_blocked_amax(w, block) / E4M3_MAX)
-    scale = byte.view(torch.float8_e8m0fnu)
+    scale = float_to_ue8m0(_blocked_amax(w, block) / E4M3_MAX)
     q = (w.to(torch.float32) / expand_scales(scale, block, w.shape)).clamp_(-E4M3_MAX, E4M3_MAX)
     return q.to(torch.float8_e4m3fn), scale
 
@@ -163,7 +162,7 @@ def quantize_fp4(w: torch.Tensor, group: int = FP4_GROUP) -> tuple[torch.Tensor,
     if w.ndim != 2:
         raise ValueError(f"quantize_fp4 expects a 2-D tensor, got shape {tuple(w.shape)}")
     block = (1, group)
-    scale = ue8m0_exponent_ceil(_blocked_amax(w, block) / E2M1_MAX).view(torch.float8_e8m0fnu)
+    scale = float_to_ue8m0(_blocked_amax(w, block) / E2M1_MAX)
     codes = e2m1_encode(w.to(torch.float32) / expand_scales(scale, block, w.shape))
     return pack_fp4(codes), scale
 
