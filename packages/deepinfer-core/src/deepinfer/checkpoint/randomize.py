@@ -15,7 +15,7 @@ import torch
 from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8, quantize_fp8_rows
 from deepinfer.checkpoint.inventory import TORCH_DTYPES, TensorSpec
 
-CHUNK_ELEMENTS = 1 << 24  # rows per generation chunk are sized to about this many elements
+CHUNK_ELEMENTS = 1 << 24  # a generation chunk holds about this many elements (whole rows)
 LOGIT_STD = 3.0  # LM head scaled so logits of a unit-RMS hidden state have this std
 
 
@@ -33,11 +33,11 @@ def _distribution(name: str, shape: tuple[int, ...]) -> tuple[str, float, float]
         return "normal", 0.0, 1.0
     if name.endswith(("gate.bias", "gate.bias_vl")):
         return "normal", 0.0, 0.2
-    if name.endswith(("_base", "hc_head_base")):
+    if name.endswith("_base"):  # mHC biases
         return "normal", 0.0, 1.0
-    if name.endswith("_scale") and "hc_" in name:
+    if name.endswith("_scale"):  # mHC mix scales (quantisation scales never come through here)
         return "uniform", 0.1, 1.0
-    if name in ("embed.weight",) or name.endswith(("engram.embed.weight", "markov_head.embed.weight")):
+    if name == "embed.weight" or name.endswith(("engram.embed.weight", "markov_head.embed.weight")):
         return "normal", 0.0, 1.0
     if name == "head.weight":
         return "normal", 0.0, LOGIT_STD / math.sqrt(fan_in)
@@ -55,12 +55,8 @@ def _sample(shape: tuple[int, ...], law: tuple[str, float, float], gen: torch.Ge
 
 def random_tensors(spec: TensorSpec, scale_spec: TensorSpec | None, seed: int) -> dict[str, torch.Tensor]:
     """Storage tensors for one weight (and its `.scale` companion for quantised kinds)."""
-    if spec.kind == "dense":
-        logical = spec.shape
-    elif spec.kind == "fp4":
-        logical = (spec.shape[0], spec.shape[1] * 2)
-    else:
-        logical = spec.shape
+    # the unpacked matrix: packed FP4 stores two columns per byte
+    logical = (spec.shape[0], spec.shape[1] * 2) if spec.kind == "fp4" else spec.shape
     law = _distribution(spec.name, logical)
     rows = logical[0] if len(logical) > 1 else 1
     per_row = math.prod(logical) // rows
