@@ -8,7 +8,7 @@ import pytest
 
 from deepinfer.tokenizer import NOISE_TOKEN, build_synthetic_tokenizer, compressed_vocab
 from deepinfer.tokenizer.bundled import release_tokenizer
-from deepinfer.tokenizer.synthetic import CHAT_SPECIAL_TOKENS
+from deepinfer.tokenizer.synthetic import CHAT_SPECIAL_TOKENS, DEFAULT_BPE_VOCAB, _build_json
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +18,8 @@ def tok():
 
 def test_deterministic_and_special_ids(tok):
     assert tok.to_str() == build_synthetic_tokenizer().to_str()
+    retrain = _build_json.__wrapped__  # bypass the cache: train twice
+    assert retrain(DEFAULT_BPE_VOCAB) == retrain(DEFAULT_BPE_VOCAB) == tok.to_str()
     assert [tok.id_to_token(i) for i in range(3)] == [
         "<｜begin▁of▁sentence｜>",
         "<｜end▁of▁sentence｜>",
