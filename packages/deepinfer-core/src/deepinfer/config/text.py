@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from functools import cached_property
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from deepinfer.config.engram_hash import engram_table_rows
-from deepinfer.config.errors import ConfigError, config_error_from
+from deepinfer.config.errors import config_error_from
 
 if TYPE_CHECKING:
     from deepinfer.config.topology import LayerSpec
 
-PosInt = Field(gt=0)
-NonNegInt = Field(ge=0)
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
 VALID_COMPRESS_RATIOS = (0, 1, 2)
 CANDIDATE_BLOCK_SIZES = (8, 16)
 
@@ -34,7 +34,7 @@ class RopeScaling(BaseModel):
     factor: float = Field(gt=0)
     beta_fast: float = Field(gt=0)
     beta_slow: float = Field(gt=0)
-    original_max_position_embeddings: int = PosInt
+    original_max_position_embeddings: PosInt
 
     @model_validator(mode="after")
     def _betas(self) -> RopeScaling:
@@ -47,52 +47,52 @@ class TextConfig(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     # --- widths
-    vocab_size: int = PosInt
-    hidden_size: int = PosInt
-    num_hidden_layers: int = PosInt
-    num_attention_heads: int = PosInt
+    vocab_size: PosInt
+    hidden_size: PosInt
+    num_hidden_layers: PosInt
+    num_attention_heads: PosInt
     num_key_value_heads: Literal[1]
-    head_dim: int = PosInt
-    qk_rope_head_dim: int = PosInt
-    q_lora_rank: int = PosInt
-    o_lora_rank: int = PosInt
-    o_groups: int = PosInt
+    head_dim: PosInt
+    qk_rope_head_dim: PosInt
+    q_lora_rank: PosInt
+    o_lora_rank: PosInt
+    o_groups: PosInt
     hidden_act: Literal["silu"]
     swiglu_limit: float = Field(gt=0)
     rms_norm_eps: float = Field(gt=0)
     attention_bias: Literal[False]
     attention_dropout: Literal[0.0]
     initializer_range: float = 0.02
-    max_position_embeddings: int = PosInt
+    max_position_embeddings: PosInt
     # --- rotary
     rope_theta: float = Field(gt=0)
     rope_scaling: RopeScaling
     compress_rope_theta: float = Field(gt=0)
     # --- MoE
-    moe_intermediate_size: int = PosInt
-    n_routed_experts: int = PosInt
+    moe_intermediate_size: PosInt
+    n_routed_experts: PosInt
     n_shared_experts: Literal[1]
-    num_experts_per_tok: int = PosInt
+    num_experts_per_tok: PosInt
     scoring_func: Literal["sqrtsoftplus"]
     topk_method: Literal["noaux_tc"]
     norm_topk_prob: Literal[True]
     routed_scaling_factor: float = Field(gt=0)
     # --- attention schedule and sharing
-    sliding_window: int = PosInt
+    sliding_window: PosInt
     compress_ratios: list[int]
     kv_source_layer_ids: list[int]
     index_source_layer_ids: list[int]
     index_k_source_layer_ids: list[int] | None = None  # None: same as kv_source_layer_ids
-    index_n_heads: int = PosInt
-    index_head_dim: int = PosInt
-    index_topk: int = PosInt
+    index_n_heads: PosInt
+    index_head_dim: PosInt
+    index_topk: PosInt
     candidate_source_layer_id: int | None = None  # None or -1: no candidate blocks
-    candidate_topk_blocks: int = PosInt
-    candidate_block_size: int = PosInt
+    candidate_topk_blocks: PosInt
+    candidate_block_size: PosInt
     use_fp4_sparse_kv: bool = True
     # --- mHC
-    hc_mult: int = PosInt
-    hc_sinkhorn_iters: int = PosInt
+    hc_mult: PosInt
+    hc_sinkhorn_iters: PosInt
     hc_eps: float = Field(gt=0)
     hc_shifted: bool = True
     # --- Engram (absent / empty engram_layer_ids: no Engram)
@@ -105,7 +105,7 @@ class TextConfig(BaseModel):
     engram_pad_token_id: int | None = Field(default=None, ge=0)
     engram_compressed_vocab_size: int | None = Field(default=None, gt=0)
     # --- DSpark draft blocks
-    num_nextn_predict_layers: int = NonNegInt
+    num_nextn_predict_layers: NonNegInt
     dspark_block_size: int | None = Field(default=None, gt=0)
     dspark_noise_token_id: int | None = Field(default=None, ge=0)
     dspark_target_layer_ids: list[int] | None = None
@@ -327,4 +327,4 @@ def _check_dspark(c: TextConfig) -> None:
         raise ValueError("dspark_num_experts_per_tok: exceeds dspark_n_routed_experts")
 
 
-__all__ = ["CANDIDATE_BLOCK_SIZES", "VALID_COMPRESS_RATIOS", "ConfigError", "RopeScaling", "TextConfig"]
+__all__ = ["CANDIDATE_BLOCK_SIZES", "VALID_COMPRESS_RATIOS", "RopeScaling", "TextConfig"]
