@@ -5,7 +5,7 @@
 //! stays ordinary text.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokenizers::{OffsetType, PreTokenizedString};
 
@@ -19,7 +19,17 @@ pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     /// Added-token spelling -> id.
     added: Arc<HashMap<String, u32>>,
+    /// Ids of long plain-text segments. Prompts repeat long texts (tool sections, schemas, system
+    /// prompts) and segments are encoded independently of their neighbours, so reuse is exact.
+    segments: Arc<Mutex<HashMap<String, Arc<[u32]>>>>,
 }
+
+/// Segments shorter than this are cheap to encode and not worth a cache entry; longer than the
+/// maximum they are unlikely to repeat and would make the cache large.
+const CACHED_SEGMENT_MIN_BYTES: usize = 256;
+const CACHED_SEGMENT_MAX_BYTES: usize = 64 * 1024;
+/// The cache is dropped wholesale when it reaches this many entries (bounded memory, no LRU upkeep).
+const CACHED_SEGMENTS_MAX: usize = 2048;
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -43,7 +53,7 @@ impl Tokenizer {
             .into_iter()
             .map(|(id, token)| (token.content, id))
             .collect();
-        Self { inner: Arc::new(inner), added: Arc::new(added) }
+        Self { inner: Arc::new(inner), added: Arc::new(added), segments: Arc::default() }
     }
 
     /// Encodes with the full vocabulary: special-token spellings in `text` become their ids.
@@ -70,6 +80,26 @@ impl Tokenizer {
         Ok(())
     }
 
+    /// Like [`Self::encode_plain`], reusing the ids of long segments seen before.
+    fn encode_segment(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), Error> {
+        if !(CACHED_SEGMENT_MIN_BYTES..=CACHED_SEGMENT_MAX_BYTES).contains(&text.len()) {
+            return self.encode_plain(text, ids);
+        }
+        if let Some(cached) = self.segments.lock().ok().and_then(|c| c.get(text).cloned()) {
+            ids.extend_from_slice(&cached);
+            return Ok(());
+        }
+        let start = ids.len();
+        self.encode_plain(text, ids)?;
+        if let Ok(mut cache) = self.segments.lock() {
+            if cache.len() >= CACHED_SEGMENTS_MAX {
+                cache.clear();
+            }
+            cache.insert(text.to_owned(), ids[start..].into());
+        }
+        Ok(())
+    }
+
     /// The id of an added token, by spelling.
     pub fn added_token_id(&self, spelling: &str) -> Option<u32> {
         self.added.get(spelling).copied()
@@ -92,7 +122,7 @@ impl Tokenizer {
         let prompt = rendered.prompt.as_str();
         let mut ids = Vec::with_capacity(prompt.len() / 3);
         let plain = |text: &str, ids: &mut Vec<u32>| {
-            self.encode_plain(text, ids).map_err(|e| EncodeError::Tokenizer(e.to_string()))
+            self.encode_segment(text, ids).map_err(|e| EncodeError::Tokenizer(e.to_string()))
         };
         let mut at = 0;
         for range in &rendered.special_ranges {
