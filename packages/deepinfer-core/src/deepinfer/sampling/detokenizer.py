@@ -76,9 +76,11 @@ class IncrementalDetokenizer:
 
     def _append(self, delta: str) -> str | None:
         self._prefix, self._read = self._read, len(self.ids)
-        window = self._tail + delta  # a match found here ends in `delta`: earlier ones stopped us
         self._pending.append(delta)
         self._pending_len += len(delta)
+        if not self.stop:
+            return None
+        window = self._tail + delta  # a match found here ends in `delta`: earlier ones stopped us
         self._tail = window[max(0, len(window) - self.holdback):] if self.holdback else ""
         hits = [(at, s) for s in self.stop if (at := window.find(s)) >= 0]
         if not hits:
