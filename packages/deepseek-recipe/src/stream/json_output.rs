@@ -1,21 +1,29 @@
 //! JSON output mode: keep the first JSON value of the answer and blank out the text around it.
 //!
-//! A value inside a ```` ```json ```` fence is kept and everything else becomes filler (each filler
-//! fragment streams as one space). A bare value starts at the first `{` or `[`; from there on the
-//! answer is kept as is.
+//! A value inside a code fence is kept and everything else becomes filler (each filler fragment streams
+//! as one space); the fences themselves (the opening ```` ``` ```` with its language line, the closing
+//! `\n``` `) produce nothing. A bare value starts at the first `{` or `[`; from there on the answer is
+//! kept as is.
 
 use super::fragments::{Channel, Class, Fragments};
 
-const FENCE: &str = "```json\n";
+const OPEN_FENCE: &str = "```";
+const CLOSE_FENCE: &str = "\n```";
 
 #[derive(Debug, Default)]
 enum State {
-    /// Before any JSON; remembers the tail of the text to spot a fence.
+    /// Before any JSON.
     #[default]
     Prefix,
+    /// The rest of the fence's line (its language), dropped.
+    Language,
+    /// Inside the fence: filler until the value starts, then the value.
     Fenced(Depth),
+    /// After the fenced value: filler; a closing fence is dropped.
+    AfterValue,
+    /// After the closing fence: filler.
+    After,
     Bare,
-    AfterFence,
 }
 
 /// Bracket depth of a JSON value, aware of strings.
@@ -54,29 +62,78 @@ impl Depth {
 #[derive(Debug, Default)]
 pub struct JsonOutput {
     state: State,
-    tail: String,
+    /// A possible fence in progress (characters with their pieces).
+    fence: Vec<(char, u64)>,
+    /// While the opening fence's language line is read: the piece where the fence began.
+    language_piece: Option<u64>,
 }
 
 impl JsonOutput {
+    /// The piece of the earliest character not settled yet.
+    pub fn undecided_piece(&self) -> Option<u64> {
+        self.fence.first().map(|&(_, p)| p).or(self.language_piece)
+    }
+
+    /// Text outside the value: filler, except where a fence may start.
+    fn outside(&mut self, c: char, piece: u64, out: &mut Fragments) {
+        let fence = match self.state {
+            State::Prefix => OPEN_FENCE,
+            State::AfterValue => CLOSE_FENCE,
+            _ => "",
+        };
+        if fence.is_empty() || (self.fence.is_empty() && !fence.starts_with(c)) {
+            out.push_char(piece, Channel::Content, Class::Filler, c);
+            return;
+        }
+        self.fence.push((c, piece));
+        let s: String = self.fence.iter().map(|&(c, _)| c).collect();
+        if s == fence {
+            let start = self.fence[0].1;
+            self.fence.clear();
+            if matches!(self.state, State::Prefix) {
+                self.language_piece = Some(start);
+                self.state = State::Language;
+            } else {
+                self.state = State::After;
+            }
+        } else if !fence.starts_with(&s) {
+            let held = std::mem::take(&mut self.fence);
+            let (c0, p0) = held[0];
+            out.push_char(p0, Channel::Content, Class::Filler, c0);
+            for (c, p) in held.into_iter().skip(1) {
+                self.push(c, p, out);
+            }
+        }
+    }
+
+    /// The newline that ends a fence's language line is read at once, not held as a trailing newline.
+    pub fn takes_newline(&self) -> bool {
+        matches!(self.state, State::Language)
+    }
+
+    /// End of input: a partial fence was text after all.
+    pub fn finish(&mut self, out: &mut Fragments) {
+        for (c, p) in std::mem::take(&mut self.fence) {
+            out.push_char(p, Channel::Content, Class::Filler, c);
+        }
+        self.language_piece = None;
+    }
+
     pub fn push(&mut self, c: char, piece: u64, out: &mut Fragments) {
         let content = Channel::Content;
         match &mut self.state {
-            State::Prefix => {
-                if c == '{' || c == '[' {
-                    out.push_char(piece, content, Class::JsonStart, c);
-                    self.state = State::Bare;
-                    return;
-                }
-                out.push_char(piece, content, Class::Filler, c);
-                self.tail.push(c);
-                if self.tail.ends_with(FENCE) {
+            State::Prefix if self.fence.is_empty() && matches!(c, '{' | '[') => {
+                out.push_char(piece, content, Class::JsonStart, c);
+                self.state = State::Bare;
+            }
+            State::Prefix | State::AfterValue => self.outside(c, piece, out),
+            State::Language => {
+                if c == '\n' {
+                    self.language_piece = None;
                     self.state = State::Fenced(Depth::default());
-                } else if self.tail.len() > 32 {
-                    let cut = self.tail.len() - FENCE.len();
-                    let cut = (cut..self.tail.len()).find(|&i| self.tail.is_char_boundary(i)).unwrap_or(0);
-                    self.tail.drain(..cut);
                 }
             }
+            State::After => out.push_char(piece, content, Class::Filler, c),
             State::Fenced(depth) => {
                 if depth.depth == 0 && !matches!(c, '{' | '[') {
                     out.push_char(piece, content, Class::Filler, c);
@@ -84,11 +141,10 @@ impl JsonOutput {
                 }
                 out.push_char(piece, content, Class::Text, c);
                 if depth.step(c) {
-                    self.state = State::AfterFence;
+                    self.state = State::AfterValue;
                 }
             }
             State::Bare => out.push_char(piece, content, Class::Text, c),
-            State::AfterFence => out.push_char(piece, content, Class::Filler, c),
         }
     }
 }

@@ -107,9 +107,10 @@ impl Parser {
     /// The piece of the earliest input character not decided yet.
     pub fn undecided_piece(&self) -> Option<u64> {
         let text_held = self.newlines.first().copied().or(self.tag.first().map(|&(_, p)| p));
+        let json_held = self.json.as_ref().and_then(JsonOutput::undecided_piece);
         match &self.mode {
             Mode::Tools(p) => p.undecided_piece(),
-            _ => text_held,
+            _ => json_held.or(text_held),
         }
     }
 
@@ -232,7 +233,7 @@ impl Parser {
     fn holds_newlines(&self) -> bool {
         match self.mode {
             Mode::Reasoning => true,
-            Mode::Content => self.parse_tool_calls,
+            Mode::Content => self.parse_tool_calls && !self.json.as_ref().is_some_and(JsonOutput::takes_newline),
             Mode::Tools(_) => false,
         }
     }
@@ -320,5 +321,8 @@ impl Parser {
             self.text_char(c, p, out);
         }
         self.release_newlines(out);
+        if let Some(json) = &mut self.json {
+            json.finish(out);
+        }
     }
 }
