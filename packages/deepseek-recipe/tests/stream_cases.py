@@ -6,6 +6,7 @@ and return a JSON-able, normalised result, so the recorder and the replay test s
 """
 
 import base64
+import itertools
 import json
 import os
 import random
@@ -49,7 +50,8 @@ def _invoke(name, params, v41=False):
     sp = " " if v41 else ""
     out = f'<{D}{sp}invoke name="{name}">\n'
     for key, value, is_str in params:
-        out += f'<{D}{sp}parameter name="{key}" string="{"true" if is_str else "false"}">{value}</{D}{sp}parameter>\n'
+        kind = "true" if is_str else "false"
+        out += f'<{D}{sp}parameter name="{key}" string="{kind}">{value}</{D}{sp}parameter>\n'
     return out + f"</{D}{sp}invoke>\n"
 
 
@@ -59,7 +61,10 @@ def _block(invokes, v41=False, close=True):
     return body + (f"</{D}{tag}>" if close else "")
 
 
-WEATHER = [("get_weather", [("city", "Paris", True), ("days", "3", False)]), ("get_weather", [("city", "Lyon", True)])]
+WEATHER = [
+    ("get_weather", [("city", "Paris", True), ("days", "3", False)]),
+    ("get_weather", [("city", "Lyon", True)]),
+]
 
 # (name, text, thinking stage, extra parsing options)
 OUTPUTS = [
@@ -78,9 +83,22 @@ OUTPUTS = [
     ("tool_v41_think", "Need the tool.\n</think>\n\n" + _block(WEATHER, v41=True), "ReasoningStart", {}),
     ("tool_in_reasoning", "thinking about \n\n" + _block(WEATHER[:1]), "ReasoningStart", {}),
     ("tool_bare_invoke", "Hi.\n\n" + _invoke("f", [("q", 'say "hi"\n\\ ok', True)]), None, {}),
-    ("tool_json_values", _block([("f", [("obj", '{"a": [1, true, null]}', False), ("n", "1.5", False), ("s", "x<y>z", True)])]), None, {}),
+    (
+        "tool_json_values",
+        _block(
+            [("f", [("obj", '{"a": [1, true, null]}', False), ("n", "1.5", False), ("s", "x<y>z", True)])]
+        ),
+        None,
+        {},
+    ),
     ("tool_bad_json", _block([("f", [("days", "{bad json", False)])]), None, {}),
-    ("tool_bad_string_attr", f'<{D}tool_calls>\n<{D}invoke name="f">\n<{D}parameter name="city" string="maybe">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>', None, {}),
+    (
+        "tool_bad_string_attr",
+        f'<{D}tool_calls>\n<{D}invoke name="f">\n<{D}parameter name="city" string="maybe">Paris'
+        f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>",
+        None,
+        {},
+    ),
     ("tool_dup_keys", _block([("f", [("city", "A", True), ("city", "B", True)])]), None, {}),
     ("tool_empty_invoke", _block([("noargs", [])]), None, {}),
     ("tool_empty_block", f"<{D}tool_calls>\n</{D}tool_calls>", None, {}),
@@ -88,16 +106,41 @@ OUTPUTS = [
     ("tool_truncated_name", f'Text\n<{D}tool_calls>\n<{D}invoke name="get_wea', None, {}),
     ("tool_truncated_param", f'<{D}tool_calls>\n<{D}invoke name="f">\n<{D}parameter name="ci', None, {}),
     ("tool_then_text_eos", _block(WEATHER[:1]) + EOS + "trailing text", None, {}),
-    ("tool_garbage", f'<{D}tool_calls>\ngarbage<{D}invoke name="a">\n</{D}invoke>\n</{D}tool_calls>', None, {}),
-    ("tool_bad_invoke_attr", f'<{D}tool_calls>\n<{D}invoke nam="a">\n</{D}invoke>\n</{D}tool_calls>', None, {}),
+    (
+        "tool_garbage",
+        f'<{D}tool_calls>\ngarbage<{D}invoke name="a">\n</{D}invoke>\n</{D}tool_calls>',
+        None,
+        {},
+    ),
+    (
+        "tool_bad_invoke_attr",
+        f'<{D}tool_calls>\n<{D}invoke nam="a">\n</{D}invoke>\n</{D}tool_calls>',
+        None,
+        {},
+    ),
     ("tool_no_parse", "Text\n\n" + _block(WEATHER), None, {"parse_tool_calls": False}),
-    ("tool_starts_inside", _invoke("f", [("x", "1", False)]) + f"</{D}tool_calls>after", None, {"starts_in_tool_calls": True}),
-    ("tool_starts_inside_think", _invoke("f", [("x", "v", True)]), "ReasoningStart", {"starts_in_tool_calls": True}),
+    (
+        "tool_starts_inside",
+        _invoke("f", [("x", "1", False)]) + f"</{D}tool_calls>after",
+        None,
+        {"starts_in_tool_calls": True},
+    ),
+    (
+        "tool_starts_inside_think",
+        _invoke("f", [("x", "v", True)]),
+        "ReasoningStart",
+        {"starts_in_tool_calls": True},
+    ),
     ("eos_in_content", "x" + EOS + "y", None, {}),
     ("stop_seq", "Hello world STOP more text", None, {"stop_sequences": ["STOP"]}),
     ("stop_seq_multi", "one two three four", "ReasoningStart", {"stop_sequences": ["three", "wo"]}),
     ("stop_seq_partial_end", "Hello world ST", None, {"stop_sequences": ["STOP"]}),
-    ("stop_seq_reasoning", "stop in reasoning STOP</think>answer STOP x", "ReasoningStart", {"stop_sequences": ["STOP"]}),
+    (
+        "stop_seq_reasoning",
+        "stop in reasoning STOP</think>answer STOP x",
+        "ReasoningStart",
+        {"stop_sequences": ["STOP"]},
+    ),
     ("json_fenced", 'Here you go:\n```json\n{"a": 1}\n```\nDone.', None, {"parse_json_output": True}),
     ("json_bare", 'prefix text {"x": [1, "}"]} suffix', None, {"parse_json_output": True}),
     ("json_none", "no json here", None, {"parse_json_output": True}),
@@ -115,7 +158,7 @@ def _splits(rng, text, tok_ids):
     yield f"every{n}", "text", [text[i : i + n] for i in range(0, len(text), n)]
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, 6))) if len(text) > 1 else []
     bounds = [0, *cuts, len(text)]
-    yield "random", "text", [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    yield "random", "text", [text[a:b] for a, b in itertools.pairwise(bounds)]
     yield "tok1", "tokens", [[i] for i in tok_ids]
     yield "tokall", "tokens", [tok_ids]
     k = rng.randint(2, 4)
@@ -132,14 +175,46 @@ def _generator_specs():
         ("chat", {"kind": "direct", "thinking": True}),
         ("messages", {"kind": "direct", "thinking": True}),
         ("messages", {"kind": "direct", "thinking": False, "signature": "sig-123"}),
-        ("messages", {"kind": "request", "body": {"thinking": {"type": "enabled"}, "stop_sequences": ["STOP"]}}),
+        (
+            "messages",
+            {"kind": "request", "body": {"thinking": {"type": "enabled"}, "stop_sequences": ["STOP"]}},
+        ),
         ("responses", {"kind": "request", "body": {}}),
         ("responses", {"kind": "request", "body": {"reasoning": {"effort": "none"}}}),
-        ("responses", {"kind": "request", "echo": True, "body": {
-            "instructions": "Be brief.", "max_output_tokens": 500, "temperature": 0.5, "top_p": 0.9,
-            "user": "u1", "reasoning": {"effort": "high"}, "tool_choice": "auto",
-            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-                      {"type": "namespace", "name": "files", "tools": [{"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}]}]}}),
+        (
+            "responses",
+            {
+                "kind": "request",
+                "echo": True,
+                "body": {
+                    "instructions": "Be brief.",
+                    "max_output_tokens": 500,
+                    "temperature": 0.5,
+                    "top_p": 0.9,
+                    "user": "u1",
+                    "reasoning": {"effort": "high"},
+                    "tool_choice": "auto",
+                    "tools": [
+                        {
+                            "type": "function",
+                            "name": "get_weather",
+                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                        },
+                        {
+                            "type": "namespace",
+                            "name": "files",
+                            "tools": [
+                                {
+                                    "type": "function",
+                                    "name": "read",
+                                    "parameters": {"type": "object", "properties": {}},
+                                }
+                            ],
+                        },
+                    ],
+                },
+            },
+        ),
         ("responses", {"kind": "direct", "thinking": True}),
     ]
 
@@ -160,42 +235,69 @@ def stream_cases(dr):
                 "protocol": protocol,
                 "generator": gen,
                 "options": options,
-                "ready": {"prompt_tokens": 40 + oi, "prompt_cache_hit_tokens": oi % 5, "system_fingerprint": "fp_x" if si == 1 else None}
+                "ready": {
+                    "prompt_tokens": 40 + oi,
+                    "prompt_cache_hit_tokens": oi % 5,
+                    "system_fingerprint": "fp_x" if si == 1 else None,
+                }
                 if si != 4
                 else None,
-                "inputs": [{"text": p, "token_count": len(p) % 3} for p in pieces] if mode == "text" else [{"tokens": p} for p in pieces],
+                "inputs": [{"text": p, "token_count": len(p) % 3} for p in pieces]
+                if mode == "text"
+                else [{"tokens": p} for p in pieces],
                 "finish": finish,
             }
             cases.append(case)
     # Three protocols on the same output (full event sequences for each generator flavour).
     for name, text, stage, extra in OUTPUTS[:16]:
         for protocol, gen in gens:
-            cases.append({
-                "id": f"{name}/gens/{protocol}/{json.dumps(gen, sort_keys=True)[:60]}",
-                "protocol": protocol, "generator": gen,
-                "options": {"thinking_initial_stage": stage, **extra},
-                "ready": {"prompt_tokens": 12, "prompt_cache_hit_tokens": 2, "system_fingerprint": None},
-                "inputs": [{"text": text[i : i + 9], "token_count": 2} for i in range(0, len(text), 9)],
-                "finish": "Stop",
-            })
+            cases.append(
+                {
+                    "id": f"{name}/gens/{protocol}/{json.dumps(gen, sort_keys=True)[:60]}",
+                    "protocol": protocol,
+                    "generator": gen,
+                    "options": {"thinking_initial_stage": stage, **extra},
+                    "ready": {"prompt_tokens": 12, "prompt_cache_hit_tokens": 2, "system_fingerprint": None},
+                    "inputs": [{"text": text[i : i + 9], "token_count": 2} for i in range(0, len(text), 9)],
+                    "finish": "Stop",
+                }
+            )
     # Log-probabilities (Chat with logprobs / top_logprobs).
     for text in ["Hello world", "r\n</think>\n\nanswer 🎉"]:
         ids = tok.encode(text)
         lp = [[-0.5 * (j + 1), [[ids[j], -0.5 * (j + 1)], [1, -3.25]]] for j in range(len(ids))]
         for body in ({"logprobs": True, "top_logprobs": 2}, {"logprobs": True}):
-            cases.append({
-                "id": f"logprobs/{text[:6]}/{len(body)}", "protocol": "chat",
-                "generator": {"kind": "request", "body": body},
-                "options": {"thinking_initial_stage": "ReasoningStart" if "</think>" in text else None},
-                "ready": None, "inputs": [{"tokens": ids[:2], "logprobs": lp[:2]}, {"tokens": ids[2:], "logprobs": lp[2:]}],
-                "finish": "Stop",
-            })
+            cases.append(
+                {
+                    "id": f"logprobs/{text[:6]}/{len(body)}",
+                    "protocol": "chat",
+                    "generator": {"kind": "request", "body": body},
+                    "options": {"thinking_initial_stage": "ReasoningStart" if "</think>" in text else None},
+                    "ready": None,
+                    "inputs": [
+                        {"tokens": ids[:2], "logprobs": lp[:2]},
+                        {"tokens": ids[2:], "logprobs": lp[2:]},
+                    ],
+                    "finish": "Stop",
+                }
+            )
     # Lifecycle and misuse.
     lifecycle = [
         ("no_tokenizer_tokens", {"tokenizer": False, "inputs": [{"tokens": [1, 2]}, {"text": "x"}]}),
-        ("no_tokenizer_text", {"tokenizer": False, "inputs": [{"text": "abc", "token_count": 2}], "extra_finish": 2, "close_then_finish": True}),
+        (
+            "no_tokenizer_text",
+            {
+                "tokenizer": False,
+                "inputs": [{"text": "abc", "token_count": 2}],
+                "extra_finish": 2,
+                "close_then_finish": True,
+            },
+        ),
         ("logprob_count_mismatch", {"inputs": [{"tokens": [100, 101], "logprobs": [[-1.0, []]]}]}),
-        ("push_after_stop", {"options": {"stop_sequences": ["X"]}, "inputs": [{"text": "aXb"}, {"text": "more"}]}),
+        (
+            "push_after_stop",
+            {"options": {"stop_sequences": ["X"]}, "inputs": [{"text": "aXb"}, {"text": "more"}]},
+        ),
         ("empty_stream", {"inputs": []}),
         ("empty_stream_length", {"inputs": [], "finish": "Length"}),
         ("ready_twice", {"inputs": [{"ready": True}, {"text": "a"}]}),
@@ -203,8 +305,15 @@ def stream_cases(dr):
     ]
     for name, over in lifecycle:
         for protocol, gen in (gens[0], gens[5], gens[8]):
-            case = {"id": f"life/{name}/{protocol}", "protocol": protocol, "generator": gen,
-                    "options": {"thinking_initial_stage": None}, "ready": None, "inputs": [], "finish": "Stop"}
+            case = {
+                "id": f"life/{name}/{protocol}",
+                "protocol": protocol,
+                "generator": gen,
+                "options": {"thinking_initial_stage": None},
+                "ready": None,
+                "inputs": [],
+                "finish": "Stop",
+            }
             case.update({k: v for k, v in over.items() if k != "options"})
             case["options"] = {**case["options"], **over.get("options", {})}
             cases.append(case)
@@ -264,32 +373,45 @@ def _err(exc):
 
 def run_stream_case(dr, case):
     protocol = case["protocol"]
-    resp_cls = {"chat": dr.ChatCompletionResponse, "messages": dr.MessagesResponse, "responses": dr.ResponsesResponse}[protocol]
+    resp_cls = {
+        "chat": dr.ChatCompletionResponse,
+        "messages": dr.MessagesResponse,
+        "responses": dr.ResponsesResponse,
+    }[protocol]
     steps = []
     events = []
     try:
         gen = _make_generator(dr, protocol, case["generator"], case["id"])
         tok = load_tokenizer(dr) if case.get("tokenizer", True) else None
         proc = dr.StreamProcessor(gen, _parsing_options(dr, case["options"]), tok)
-    except Exception as exc:  # noqa: BLE001 - recorded as data
+    except Exception as exc:
         return {"setup_error": _err(exc)}
 
     def step(label, fn):
         try:
             out = fn()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             steps.append([label, _err(exc), proc.finished])
             return
         if out is None:
             steps.append([label, None, proc.finished])
             return
         events.extend(out)
-        steps.append([label, [[resp_cls.sse_event_name(e), normalise(e.to_json())] for e in out], proc.finished])
+        steps.append(
+            [label, [[resp_cls.sse_event_name(e), normalise(e.to_json())] for e in out], proc.finished]
+        )
 
     if case.get("ready"):
         r = case["ready"]
-        usage = dr.PromptUsage(prompt_tokens=r["prompt_tokens"], prompt_cache_hit_tokens=r["prompt_cache_hit_tokens"])
-        step("ready", lambda: proc.push(dr.InferenceChunk.ready(prompt_usage=usage, system_fingerprint=r["system_fingerprint"])))
+        usage = dr.PromptUsage(
+            prompt_tokens=r["prompt_tokens"], prompt_cache_hit_tokens=r["prompt_cache_hit_tokens"]
+        )
+        step(
+            "ready",
+            lambda: proc.push(
+                dr.InferenceChunk.ready(prompt_usage=usage, system_fingerprint=r["system_fingerprint"])
+            ),
+        )
     for item in case["inputs"]:
         if "text" in item:
             chunk = dr.InferenceChunk.text(item["text"], item.get("token_count", 0))
@@ -303,7 +425,10 @@ def run_stream_case(dr, case):
             chunk = dr.InferenceChunk.finish(getattr(dr.InferenceFinishReason, item["finish"]))
         step("push", lambda chunk=chunk: proc.push(chunk))
     if case.get("finish"):
-        step("finish_chunk", lambda: proc.push(dr.InferenceChunk.finish(getattr(dr.InferenceFinishReason, case["finish"]))))
+        step(
+            "finish_chunk",
+            lambda: proc.push(dr.InferenceChunk.finish(getattr(dr.InferenceFinishReason, case["finish"]))),
+        )
     step("finish", proc.finish)
     for _ in range(case.get("extra_finish", 0)):
         step("finish", proc.finish)
@@ -316,7 +441,7 @@ def run_stream_case(dr, case):
         for e in events:
             resp.accumulate(e)
         final["json"] = normalise(resp.to_json())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         final["error"] = _err(exc)
     return {"steps": steps, "final": final, "done": resp_cls.sse_done_data()}
 
@@ -330,16 +455,55 @@ def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
     rows = b"".join(b"\x00" + bytes(rng.randrange(256) for _ in range(width * 3)) for _ in range(height))
 
     def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
-SIZES = [(1, 1), (2, 3), (28, 28), (40, 30), (64, 64), (100, 37), (224, 224), (300, 800), (333, 333), (400, 1500),
-         (512, 384), (640, 480), (700, 10), (800, 600), (1000, 1000), (1024, 1024), (1024, 768), (1280, 720),
-         (1500, 400), (1920, 1080), (2048, 1536), (2560, 1440), (3000, 3000), (4000, 50), (4096, 4096), (50, 4000),
-         (8000, 6000), (10000, 10), (12345, 678), (16384, 16384), (20000, 20000)]
+SIZES = [
+    (1, 1),
+    (2, 3),
+    (28, 28),
+    (40, 30),
+    (64, 64),
+    (100, 37),
+    (224, 224),
+    (300, 800),
+    (333, 333),
+    (400, 1500),
+    (512, 384),
+    (640, 480),
+    (700, 10),
+    (800, 600),
+    (1000, 1000),
+    (1024, 1024),
+    (1024, 768),
+    (1280, 720),
+    (1500, 400),
+    (1920, 1080),
+    (2048, 1536),
+    (2560, 1440),
+    (3000, 3000),
+    (4000, 50),
+    (4096, 4096),
+    (50, 4000),
+    (8000, 6000),
+    (10000, 10),
+    (12345, 678),
+    (16384, 16384),
+    (20000, 20000),
+]
 
 
 def image_cases(dr):
@@ -349,20 +513,56 @@ def image_cases(dr):
     for w in range(1, 2400, 97):
         for h in (1, 17, 450, 1333):
             cases.append({"id": f"tokens/{w}x{h}", "kind": "token_adjustment", "sizes": [[w, h]]})
-    cases.append({"id": "tokens/multi", "kind": "token_adjustment", "sizes": [[640, 480], [1, 1], [2048, 1536]]})
+    cases.append(
+        {"id": "tokens/multi", "kind": "token_adjustment", "sizes": [[640, 480], [1, 1], [2048, 1536]]}
+    )
     cases.append({"id": "tokens/none", "kind": "token_adjustment", "sizes": []})
     for w, h in [(40, 30), (1, 1), (3, 2), (64, 48), (150, 40), (17, 300)]:
-        data = png_bytes(w, h, seed=w * 31 + h)
-        for detail, maxd, lowd in [("high", 1540, 1064), ("low", 1540, 1064), ("original", 1540, 1064), ("auto", 1540, 1064), ("high", 32, 16)]:
-            cases.append({"id": f"pre/{w}x{h}/{detail}/{maxd}", "kind": "preprocess", "png": [w, h], "detail": detail,
-                          "max": maxd, "low": lowd})
+        png_bytes(w, h, seed=w * 31 + h)
+        for detail, maxd, lowd in [
+            ("high", 1540, 1064),
+            ("low", 1540, 1064),
+            ("original", 1540, 1064),
+            ("auto", 1540, 1064),
+            ("high", 32, 16),
+        ]:
+            cases.append(
+                {
+                    "id": f"pre/{w}x{h}/{detail}/{maxd}",
+                    "kind": "preprocess",
+                    "png": [w, h],
+                    "detail": detail,
+                    "max": maxd,
+                    "low": lowd,
+                }
+            )
             if w == 40:
-                cases.append({"id": f"resolve/{w}x{h}/{detail}/{maxd}", "kind": "resolve", "png": [w, h], "detail": detail})
+                cases.append(
+                    {
+                        "id": f"resolve/{w}x{h}/{detail}/{maxd}",
+                        "kind": "resolve",
+                        "png": [w, h],
+                        "detail": detail,
+                    }
+                )
     for bad in [b"", b"not an image", b"\x89PNG\r\n\x1a\n garbage"]:
-        cases.append({"id": f"pre/bad/{bad[:6]!r}", "kind": "preprocess", "raw_b64": base64.b64encode(bad).decode(),
-                      "detail": "high", "max": 1540, "low": 1064})
-    for url in ["data:image/png;base64,!!!!", "data:text/plain;base64,aGVsbG8=", "data:image/png,notbase64",
-                "notadataurl", "data:image/png;base64," + base64.b64encode(b"junk").decode()]:
+        cases.append(
+            {
+                "id": f"pre/bad/{bad[:6]!r}",
+                "kind": "preprocess",
+                "raw_b64": base64.b64encode(bad).decode(),
+                "detail": "high",
+                "max": 1540,
+                "low": 1064,
+            }
+        )
+    for url in [
+        "data:image/png;base64,!!!!",
+        "data:text/plain;base64,aGVsbG8=",
+        "data:image/png,notbase64",
+        "notadataurl",
+        "data:image/png;base64," + base64.b64encode(b"junk").decode(),
+    ]:
         cases.append({"id": f"resolve/bad/{url[:30]}", "kind": "resolve", "data_url": url, "detail": "high"})
     cases.append({"id": "detail/invalid", "kind": "detail", "detail": "bogus"})
     return cases
@@ -386,15 +586,25 @@ def run_image_case(dr, case):
         else:
             data = None
         if kind == "preprocess":
-            info = dr.OpenCvImagePreprocessor().preprocess(data, dr.PreprocessOptions(case["detail"], case["max"], case["low"]))
-            return {"width": info.width, "height": info.height, "webp": info.data[:4].decode("latin1") + info.data[8:12].decode("latin1")}
+            info = dr.OpenCvImagePreprocessor().preprocess(
+                data, dr.PreprocessOptions(case["detail"], case["max"], case["low"])
+            )
+            return {
+                "width": info.width,
+                "height": info.height,
+                "webp": info.data[:4].decode("latin1") + info.data[8:12].decode("latin1"),
+            }
         url = case.get("data_url") or "data:image/png;base64," + base64.b64encode(data).decode()
         quota = dr.ImageQuota()
         resolver = dr.ImageResolver(dr.ReqwestImageFetcher(), dr.OpenCvImagePreprocessor())
         mm = resolver.resolve([dr.DataUrlImageSource(url, case["detail"])], quota)
-        return {"sizes": [[i.width, i.height] for i in mm.images], "count": quota.image_count(),
-                "bytes_positive": quota.byte_size() > 0, "adjust": mm.image_token_adjustment()}
-    except Exception as exc:  # noqa: BLE001
+        return {
+            "sizes": [[i.width, i.height] for i in mm.images],
+            "count": quota.image_count(),
+            "bytes_positive": quota.byte_size() > 0,
+            "adjust": mm.image_token_adjustment(),
+        }
+    except Exception as exc:
         out = {"error": _err(exc)}
         if hasattr(exc, "kind"):
             out["kind"] = exc.kind

@@ -9,8 +9,9 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import deepseek_recipe as dr  # noqa: E402
-import stream_cases  # noqa: E402
+import stream_cases
+
+import deepseek_recipe as dr
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "images_cases.jsonl"
 CASES = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines()]

@@ -13,8 +13,9 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import deepseek_recipe as dr  # noqa: E402
-import stream_cases  # noqa: E402
+import stream_cases
+
+import deepseek_recipe as dr
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "stream_cases.jsonl"
 

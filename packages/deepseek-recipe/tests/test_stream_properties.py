@@ -9,8 +9,11 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import deepseek_recipe as dr  # noqa: E402
-import stream_cases  # noqa: E402
+import itertools
+
+import stream_cases
+
+import deepseek_recipe as dr
 
 TOK = stream_cases.load_tokenizer(dr)
 # JSON output mode blanks text per fragment, so its filler legitimately depends on the cuts.
@@ -30,7 +33,7 @@ def final_message(ids, cuts, stage, extra, thinking):
     proc = dr.StreamProcessor(gen, options, TOK)
     events = proc.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=5)))
     bounds = [0, *sorted(set(cuts)), len(ids)]
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         events += proc.push(dr.InferenceChunk.tokens(ids[a:b]))
     events += proc.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Stop))
     resp = dr.MessagesResponse("msg_prop", "m", 0, 5, 0)
