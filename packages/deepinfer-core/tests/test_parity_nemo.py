@@ -310,6 +310,46 @@ def test_exact_chunked_prefill_logits(exact_model, case: Case):
     assert diff <= EXACT_LOGITS_ATOL
 
 
+def test_exact_batched_prefill(exact_model, case: Case):
+    """All prompts in one forward (one slot each, prefill split in two uneven chunks): per-row logits."""
+    from deepinfer.models.interface import ForwardBatch, SequenceSegment
+
+    prompts = [case.exact[f"{p}.tokens"].tolist() for p in case.prompts()]
+    block = exact_model.cache_layout().block_size
+    tables, next_block = [], 1
+    for tokens in prompts:
+        n = -(-len(tokens) // block)
+        tables.append(list(range(next_block, next_block + n)))
+        next_block += n
+    exact_model.allocate_cache(next_block, len(prompts) + 1)
+    for slot in range(1, len(prompts) + 1):
+        exact_model.reset_slot(slot)
+    cuts = [len(t) // 3 + 1 for t in prompts]
+    chunks = (
+        [
+            SequenceSegment(i + 1, tables[i], 0, t[:c], logits="all")
+            for i, (t, c) in enumerate(zip(prompts, cuts))
+        ],
+        [
+            SequenceSegment(i + 1, tables[i], c, t[c:], logits="all")
+            for i, (t, c) in enumerate(zip(prompts, cuts))
+        ],
+    )
+    parts = []
+    for segs in chunks:
+        out = exact_model.forward(ForwardBatch(segs))
+        parts.append(
+            [out.logits[out.row_offsets[i] : out.row_offsets[i + 1]].float() for i in range(len(segs))]
+        )
+    worst = 0.0
+    for i, p in enumerate(case.prompts()):
+        ours = torch.cat((parts[0][i], parts[1][i]))
+        diff = (ours - case.exact[f"{p}.logits"]).abs().max().item()
+        worst = max(worst, diff)
+        assert diff <= EXACT_LOGITS_ATOL, f"{p} in a batch: max abs {diff:.3g}"
+    _report(case, "exact batched prefill (all prompts, 2 chunks) max abs", worst=worst)
+
+
 def test_exact_greedy_teacher_forced(ours_exact: Ours, case: Case):
     """Our argmax along nemo's greedy continuation = nemo's greedy tokens where margins allow."""
     agreeing = total = 0
