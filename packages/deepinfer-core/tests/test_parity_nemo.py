@@ -7,7 +7,7 @@ it in float32 with the cache quantisation boundaries off ("exact") and on ("rele
 recipe is stored, so each test case first regenerates the checkpoint and checks its tensor digest.
 
 Compared here:
-* exact mode: full-sequence fp32 logits (one-shot and chunked prefill) within 1e-3 max abs; greedy
+* exact mode: full-sequence fp32 logits (one-shot, chunked, batched prefill) within 1e-3 max abs; greedy
   continuations identical wherever nemo's top-1/top-2 margin exceeds 1e-2 (teacher forced in the fast
   set, plus a few decode steps whose logits are checked against nemo's rows; the full 32-token decode
   is marked slow); Engram rows identical; per-layer top-k selections identical
