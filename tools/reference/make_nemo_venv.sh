@@ -11,7 +11,7 @@ PY="${PYTHON:-python3.11}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 
 if command -v uv >/dev/null 2>&1; then
-  uv venv --python "$PY" "$VENV"
+  uv venv --allow-existing --python "$PY" "$VENV"
   pip_install() { uv pip install --python "$VENV/bin/python" "$@"; }
 else
   "$PY" -m venv "$VENV"
