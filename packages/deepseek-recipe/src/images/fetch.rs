@@ -43,7 +43,10 @@ impl ImageFetcher {
         if allowed {
             Ok(())
         } else {
-            Err(ImageError::new(ImageErrorKind::DestinationRejected, format!("no allowed address for {host}")))
+            Err(ImageError::new(
+                ImageErrorKind::DestinationRejected,
+                format!("no allowed address for {host}"),
+            ))
         }
     }
 

@@ -26,8 +26,8 @@ pub struct MultiModalData {
 impl MultiModalData {
     /// Prompt tokens beyond the one placeholder token each image occupies.
     pub fn image_token_adjustment(&self) -> Result<u64, tokens::CalcResizeError> {
-        self.images.iter().try_fold(0, |sum, image| {
-            Ok(sum + tokens::calc_resize(image.width, image.height)?.tokens - 1)
-        })
+        self.images
+            .iter()
+            .try_fold(0, |sum, image| Ok(sum + tokens::calc_resize(image.width, image.height)?.tokens - 1))
     }
 }

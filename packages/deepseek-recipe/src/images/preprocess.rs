@@ -44,9 +44,7 @@ fn decode(data: &[u8]) -> Result<DynamicImage, ImageError> {
     if !matches!(format, ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::WebP | ImageFormat::Gif) {
         return Err(error(ImageErrorKind::UnsupportedMediaType, format!("{format:?}")));
     }
-    ImageReader::with_format(Cursor::new(data), format)
-        .decode()
-        .map_err(|e| error(ImageErrorKind::Decode, e))
+    ImageReader::with_format(Cursor::new(data), format).decode().map_err(|e| error(ImageErrorKind::Decode, e))
 }
 
 /// `(width, height)` scaled so the longer side is at most `limit`.

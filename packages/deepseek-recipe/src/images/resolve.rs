@@ -27,9 +27,7 @@ pub fn decode_data_url(url: &str) -> Result<Vec<u8>, ImageError> {
     if !media_type.starts_with("image/") || !base64 {
         return Err(ImageError::new(ImageErrorKind::UnsupportedMediaType, meta));
     }
-    base64::engine::general_purpose::STANDARD
-        .decode(payload.trim())
-        .map_err(|e| invalid(&e.to_string()))
+    base64::engine::general_purpose::STANDARD.decode(payload.trim()).map_err(|e| invalid(&e.to_string()))
 }
 
 /// Resolves `sources` in order; the quota changes only when every source succeeded.

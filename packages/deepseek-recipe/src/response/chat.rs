@@ -78,7 +78,9 @@ pub fn finish_reason(completion: &Completion) -> &'static str {
     match completion.reason {
         Some(FinishReason::Length) => "length",
         Some(FinishReason::ContentFilter) => "content_filter",
-        Some(FinishReason::Stop) if completion.tool_calls > 0 && completion.stop_sequence.is_none() => "tool_calls",
+        Some(FinishReason::Stop) if completion.tool_calls > 0 && completion.stop_sequence.is_none() => {
+            "tool_calls"
+        }
         _ => "stop",
     }
 }
@@ -134,7 +136,11 @@ impl Generator for ChatGenerator {
 
     fn complete(&mut self, completion: &Completion, out: &mut Vec<ChatChunk>) {
         let delta = self.content_delta("");
-        out.push(self.chunk(delta, Some(finish_reason(completion)), Some(usage_json(completion, self.config.thinking_mode))));
+        out.push(self.chunk(
+            delta,
+            Some(finish_reason(completion)),
+            Some(usage_json(completion, self.config.thinking_mode)),
+        ));
     }
 }
 
@@ -266,7 +272,8 @@ impl ChatResponse {
     }
 
     pub fn to_json(&self) -> String {
-        let mut body = json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model});
+        let mut body =
+            json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model});
         match &self.message {
             None => body["choices"] = json!([]),
             Some(message) => {

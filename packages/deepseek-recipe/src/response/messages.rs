@@ -94,7 +94,9 @@ impl MessagesGenerator {
     }
 
     fn block_delta(&self, delta: Value, out: &mut Vec<MessagesEvent>) {
-        out.push(MessagesEvent(json!({"type": "content_block_delta", "index": self.index(), "delta": delta})));
+        out.push(MessagesEvent(
+            json!({"type": "content_block_delta", "index": self.index(), "delta": delta}),
+        ));
     }
 }
 
@@ -122,7 +124,11 @@ impl Generator for MessagesGenerator {
             "stop_reason": null, "stop_sequence": null, "usage": usage(prompt, 0),
         }})));
         if self.thinking_mode {
-            self.open_block(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), out);
+            self.open_block(
+                Block::Thinking,
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                out,
+            );
         }
     }
 
@@ -130,7 +136,11 @@ impl Generator for MessagesGenerator {
         match delta {
             Delta::Reasoning(text, _) => {
                 if self.open != Some(Block::Thinking) {
-                    self.open_block(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), out);
+                    self.open_block(
+                        Block::Thinking,
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        out,
+                    );
                 }
                 self.block_delta(json!({"type": "thinking_delta", "thinking": text}), out);
             }
@@ -201,7 +211,8 @@ impl MessagesResponse {
             "content_block_delta" => {
                 let i = e["index"].as_u64().unwrap_or(0) as usize;
                 let d = &e["delta"];
-                let (Some(block), Some(partial)) = (self.content.get_mut(i), self.partial_json.get_mut(i)) else {
+                let (Some(block), Some(partial)) = (self.content.get_mut(i), self.partial_json.get_mut(i))
+                else {
                     return;
                 };
                 let append = |block: &mut Value, key: &str, add: &Value| {

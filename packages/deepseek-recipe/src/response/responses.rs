@@ -130,9 +130,11 @@ impl ResponsesGenerator {
     fn item_json(&self, item: &Item, status: &str, phase: &str) -> Value {
         let n = self.output_index();
         match item {
-            Item::Reasoning { text } => json!({"type": "reasoning", "id": self.item_id("rs"), "status": status,
+            Item::Reasoning { text } => {
+                json!({"type": "reasoning", "id": self.item_id("rs"), "status": status,
                 "content": if status == "in_progress" { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) },
-                "summary": [], "encrypted_content": format!("{}-{n}", self.id)}),
+                "summary": [], "encrypted_content": format!("{}-{n}", self.id)})
+            }
             Item::Message { text } => json!({"type": "message", "id": self.item_id("msg"), "status": status,
                 "role": "assistant", "phase": phase,
                 "content": if status == "in_progress" { json!([]) } else { json!([output_text(text)]) }}),
@@ -160,8 +162,11 @@ impl ResponsesGenerator {
         };
         if let Some(part) = part {
             let item_id = added["id"].clone();
-            self.event("response.content_part.added",
-                json!({"content_index": 0, "item_id": item_id, "output_index": n, "part": part}), out);
+            self.event(
+                "response.content_part.added",
+                json!({"content_index": 0, "item_id": item_id, "output_index": n, "part": part}),
+                out,
+            );
         }
         self.open = Some(item);
     }
@@ -175,20 +180,38 @@ impl ResponsesGenerator {
         let item_id = done["id"].clone();
         match &item {
             Item::Reasoning { text } => {
-                self.event("response.reasoning_text.done",
-                    json!({"content_index": 0, "item_id": item_id, "output_index": n, "text": text}), out);
-                self.event("response.content_part.done", json!({"content_index": 0, "item_id": item_id,
-                    "output_index": n, "part": {"type": "reasoning_text", "text": text}}), out);
+                self.event(
+                    "response.reasoning_text.done",
+                    json!({"content_index": 0, "item_id": item_id, "output_index": n, "text": text}),
+                    out,
+                );
+                self.event(
+                    "response.content_part.done",
+                    json!({"content_index": 0, "item_id": item_id,
+                    "output_index": n, "part": {"type": "reasoning_text", "text": text}}),
+                    out,
+                );
             }
             Item::Message { text } => {
-                self.event("response.output_text.done", json!({"content_index": 0, "item_id": item_id,
-                    "logprobs": [], "output_index": n, "text": text}), out);
-                self.event("response.content_part.done", json!({"content_index": 0, "item_id": item_id,
-                    "output_index": n, "part": output_text(text)}), out);
+                self.event(
+                    "response.output_text.done",
+                    json!({"content_index": 0, "item_id": item_id,
+                    "logprobs": [], "output_index": n, "text": text}),
+                    out,
+                );
+                self.event(
+                    "response.content_part.done",
+                    json!({"content_index": 0, "item_id": item_id,
+                    "output_index": n, "part": output_text(text)}),
+                    out,
+                );
             }
             Item::FunctionCall { arguments, .. } => {
-                self.event("response.function_call_arguments.done",
-                    json!({"arguments": arguments, "item_id": item_id, "output_index": n}), out);
+                self.event(
+                    "response.function_call_arguments.done",
+                    json!({"arguments": arguments, "item_id": item_id, "output_index": n}),
+                    out,
+                );
             }
         }
         self.event("response.output_item.done", json!({"item": done, "output_index": n}), out);
@@ -224,8 +247,11 @@ impl Generator for ResponsesGenerator {
                     acc.push_str(&text);
                 }
                 let item_id = self.item_id("rs");
-                self.event("response.reasoning_text.delta",
-                    json!({"content_index": 0, "delta": text, "item_id": item_id, "output_index": n}), out);
+                self.event(
+                    "response.reasoning_text.delta",
+                    json!({"content_index": 0, "delta": text, "item_id": item_id, "output_index": n}),
+                    out,
+                );
             }
             Delta::Content(text, _) => {
                 if !matches!(self.open, Some(Item::Message { .. })) {
@@ -236,8 +262,12 @@ impl Generator for ResponsesGenerator {
                     acc.push_str(&text);
                 }
                 let item_id = self.item_id("msg");
-                self.event("response.output_text.delta", json!({"content_index": 0, "delta": text,
-                    "item_id": item_id, "logprobs": [], "output_index": n}), out);
+                self.event(
+                    "response.output_text.delta",
+                    json!({"content_index": 0, "delta": text,
+                    "item_id": item_id, "logprobs": [], "output_index": n}),
+                    out,
+                );
             }
             Delta::ToolCallStart { id, name, .. } => {
                 self.close_item("completed", true, out);
@@ -245,15 +275,21 @@ impl Generator for ResponsesGenerator {
                     Some((ns, local)) => (Some(ns.clone()), local.clone()),
                     None => (None, name),
                 };
-                self.open_item(Item::FunctionCall { call_id: id, name, namespace, arguments: String::new() }, out);
+                self.open_item(
+                    Item::FunctionCall { call_id: id, name, namespace, arguments: String::new() },
+                    out,
+                );
             }
             Delta::ToolCallArguments { fragment, .. } => {
                 if let Some(Item::FunctionCall { arguments, .. }) = &mut self.open {
                     arguments.push_str(&fragment);
                 }
                 let item_id = self.item_id("fc");
-                self.event("response.function_call_arguments.delta",
-                    json!({"delta": fragment, "item_id": item_id, "output_index": n}), out);
+                self.event(
+                    "response.function_call_arguments.delta",
+                    json!({"delta": fragment, "item_id": item_id, "output_index": n}),
+                    out,
+                );
             }
         }
     }

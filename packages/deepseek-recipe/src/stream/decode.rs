@@ -77,10 +77,24 @@ impl TokenDecoder {
         self.info(id).special
     }
 
+    /// The text completed by these plain (non-special) tokens, decoded in one go.
+    pub fn decode_run(&mut self, ids: &[u32]) -> String {
+        let mut bytes = std::mem::take(&mut self.carry);
+        for &id in ids {
+            bytes.extend_from_slice(&self.info(id).bytes);
+        }
+        self.finish_bytes(bytes)
+    }
+
     /// The text completed by this token; a trailing incomplete character waits for the next token.
     pub fn decode(&mut self, id: u32) -> String {
         let mut bytes = std::mem::take(&mut self.carry);
         bytes.extend_from_slice(&self.info(id).bytes);
+        self.finish_bytes(bytes)
+    }
+
+    /// Keeps an incomplete trailing character for later and returns the rest as text.
+    fn finish_bytes(&mut self, mut bytes: Vec<u8>) -> String {
         let keep = incomplete_tail(&bytes);
         self.carry = bytes.split_off(bytes.len() - keep);
         match String::from_utf8(bytes) {

@@ -40,15 +40,22 @@ enum State {
     InvokeName(String),
     /// Up to the `>` that ends a tag; `holds` when the tag produced output, which then waits for the
     /// rest of the tag if it arrived in the same piece.
-    SkipToGt { next: Box<State>, holds: bool },
+    SkipToGt {
+        next: Box<State>,
+        holds: bool,
+    },
     /// Inside an invoke, between parameters.
-    Params { first: bool },
+    Params {
+        first: bool,
+    },
     /// After `name=` of a parameter: expecting the key's opening quote.
     KeyOpen,
     Key,
     /// After the key: collecting the rest of the parameter tag up to `>`.
     Attributes(String),
-    Value { string: bool },
+    Value {
+        string: bool,
+    },
     Done,
     Failed,
 }
@@ -160,7 +167,8 @@ impl DsmlParser {
                         skip_to_gt(State::Block, true)
                     }
                     Some((_, start)) => {
-                        let (text, class) = if first { ("{", Class::ArgsOpen) } else { (", ", Class::Separator) };
+                        let (text, class) =
+                            if first { ("{", Class::ArgsOpen) } else { (", ", Class::Separator) };
                         out.push_str(start, args, class, text);
                         State::KeyOpen
                     }

@@ -36,8 +36,15 @@ pub enum Class {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
     /// `piece` is the pushed piece the text came from.
-    Text { channel: Channel, piece: u64, text: String },
-    ToolStart { index: usize, name: String },
+    Text {
+        channel: Channel,
+        piece: u64,
+        text: String,
+    },
+    ToolStart {
+        index: usize,
+        name: String,
+    },
 }
 
 #[derive(Debug)]
@@ -68,7 +75,13 @@ impl Fragments {
             }
         }
         let text = if class == Class::Filler { " ".to_owned() } else { c.to_string() };
-        self.queue.push_back(Fragment { sealed: false, piece, channel, class, output: Output::Text { channel, piece, text } });
+        self.queue.push_back(Fragment {
+            sealed: false,
+            piece,
+            channel,
+            class,
+            output: Output::Text { channel, piece, text },
+        });
     }
 
     pub fn push_str(&mut self, piece: u64, channel: Channel, class: Class, s: &str) {

@@ -163,9 +163,7 @@ impl Parser {
         if matches!(self.mode, Mode::Tools(_)) {
             return 0;
         }
-        text.char_indices()
-            .find(|&(_, c)| c == '\n' || self.may_start_tag(c))
-            .map_or(text.len(), |(i, _)| i)
+        text.char_indices().find(|&(_, c)| c == '\n' || self.may_start_tag(c)).map_or(text.len(), |(i, _)| i)
     }
 
     fn emit_run(&mut self, run: &str, piece: u64, out: &mut Fragments) {
@@ -233,7 +231,9 @@ impl Parser {
     fn holds_newlines(&self) -> bool {
         match self.mode {
             Mode::Reasoning => true,
-            Mode::Content => self.parse_tool_calls && !self.json.as_ref().is_some_and(JsonOutput::takes_newline),
+            Mode::Content => {
+                self.parse_tool_calls && !self.json.as_ref().is_some_and(JsonOutput::takes_newline)
+            }
             Mode::Tools(_) => false,
         }
     }

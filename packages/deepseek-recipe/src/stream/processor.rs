@@ -174,7 +174,10 @@ impl<G: Generator> StreamProcessor<G> {
                 if let Some(lp) = &logprobs {
                     if lp.len() != token_ids.len() {
                         self.lifecycle = Lifecycle::Closed;
-                        return Err(StreamError::LogprobCount { logprobs: lp.len(), tokens: token_ids.len() });
+                        return Err(StreamError::LogprobCount {
+                            logprobs: lp.len(),
+                            tokens: token_ids.len(),
+                        });
                     }
                 }
                 if self.decoder.is_none() {
@@ -229,6 +232,13 @@ impl<G: Generator> StreamProcessor<G> {
     fn feed_tokens(&mut self, ids: &[u32], logprobs: Vec<TokenLogprob>, out: &mut Vec<G::Event>) {
         let decoder = self.decoder.as_mut().expect("checked by the caller");
         let mut units = std::mem::take(&mut self.carried_units);
+        let plain = logprobs.is_empty()
+            && ids.iter().all(|&id| Some(id) != self.think_end_id && !decoder.is_special(id));
+        if plain {
+            // The common case: ordinary tokens without log-probabilities decode as one text.
+            units.push(Unit::Text { text: decoder.decode_run(ids), special: false, logprob: None });
+        }
+        let ids = if plain { &[][..] } else { ids };
         let mut logprobs = logprobs.into_iter();
         for &id in ids {
             let logprob = logprobs.next().map(|lp| {

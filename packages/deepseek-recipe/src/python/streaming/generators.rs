@@ -5,9 +5,9 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use crate::python::conversion::PyResponsesEcho;
 use crate::response::chat::{ChatChunk, ChatConfig, ChatGenerator, ChatResponse};
 use crate::response::messages::{MessagesEvent, MessagesGenerator, MessagesResponse};
-use crate::python::conversion::PyResponsesEcho;
 use crate::response::responses::{ResponsesConfig, ResponsesEvent, ResponsesGenerator, ResponsesResponse};
 use crate::stream::PromptUsage;
 
@@ -71,7 +71,6 @@ impl PyResponsesChunkGenerator {
         let spec = self.0.take()?;
         Ok(ResponsesGenerator::new(spec.config, spec.id, spec.model))
     }
-
 }
 
 #[pymethods]

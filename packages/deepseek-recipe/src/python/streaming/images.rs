@@ -149,7 +149,11 @@ impl PyImageFetcher {
                 destination_filter
                     .call1(py, (host, address))
                     .ok()
-                    .and_then(|v| v.extract::<bool>(py).ok().filter(|_| v.bind(py).is_instance_of::<pyo3::types::PyBool>()))
+                    .and_then(|v| {
+                        v.extract::<bool>(py)
+                            .ok()
+                            .filter(|_| v.bind(py).is_instance_of::<pyo3::types::PyBool>())
+                    })
                     .unwrap_or(false)
             })
         };
@@ -174,7 +178,12 @@ impl PyImagePreprocessor {
         Self
     }
 
-    fn preprocess(&self, py: Python<'_>, data: Vec<u8>, options: PyRef<'_, PyPreprocessOptions>) -> PyResult<PyImageInfo> {
+    fn preprocess(
+        &self,
+        py: Python<'_>,
+        data: Vec<u8>,
+        options: PyRef<'_, PyPreprocessOptions>,
+    ) -> PyResult<PyImageInfo> {
         let options = options.0;
         py.allow_threads(|| preprocess(&data, &options)).map(PyImageInfo).map_err(|e| image_error(py, e))
     }

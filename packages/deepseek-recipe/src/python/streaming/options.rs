@@ -130,7 +130,9 @@ impl PyInferenceChunk {
     #[staticmethod]
     #[pyo3(signature = (*, prompt_usage=None, system_fingerprint=None))]
     fn ready(prompt_usage: Option<PyPromptUsage>, system_fingerprint: Option<String>) -> Self {
-        Self { inner: InferenceChunk::Ready { prompt_usage: prompt_usage.map(|p| p.inner), system_fingerprint } }
+        Self {
+            inner: InferenceChunk::Ready { prompt_usage: prompt_usage.map(|p| p.inner), system_fingerprint },
+        }
     }
 
     #[staticmethod]

@@ -33,11 +33,7 @@ fn objects<T: pyo3::PyClass + Into<PyClassInitializer<T>>>(
     py: Python<'_>,
     events: Result<Vec<T>, StreamError>,
 ) -> PyResult<Vec<PyObject>> {
-    events
-        .map_err(stream_error)?
-        .into_iter()
-        .map(|e| Ok(Py::new(py, e)?.into_any()))
-        .collect()
+    events.map_err(stream_error)?.into_iter().map(|e| Ok(Py::new(py, e)?.into_any())).collect()
 }
 
 impl PyStreamProcessor {
