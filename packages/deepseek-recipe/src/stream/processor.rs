@@ -393,3 +393,69 @@ impl IdSource {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::ThinkingInitialStage;
+    use crate::response::chat::{ChatConfig, ChatGenerator, ChatResponse};
+
+    fn run(pieces: &[&str], options: &ParsingOptions) -> serde_json::Value {
+        let config = ChatConfig { thinking_mode: true, reasoning: true, omit_usage: false };
+        let mut processor = StreamProcessor::new(ChatGenerator::new(config, "c", "m"), options, None);
+        let mut events = Vec::new();
+        for piece in pieces {
+            let chunk = InferenceChunk::Text { content: (*piece).to_owned(), token_count: 1 };
+            events.extend(processor.push(chunk).unwrap());
+        }
+        events.extend(processor.push(InferenceChunk::Finish(FinishReason::Stop)).unwrap());
+        assert!(processor.finished());
+        assert_eq!(processor.push(InferenceChunk::Finish(FinishReason::Stop)), Err(StreamError::Finished));
+        let mut response = ChatResponse::new("c", "m", 0);
+        events.iter().for_each(|e| response.accumulate(e));
+        serde_json::from_str(&response.to_json()).unwrap()
+    }
+
+    fn thinking() -> ParsingOptions {
+        ParsingOptions { thinking_initial_stage: Some(ThinkingInitialStage::ReasoningStart), ..Default::default() }
+    }
+
+    #[test]
+    fn reasoning_content_and_tool_calls_survive_any_cut() {
+        let d = "｜DSML｜";
+        let text = format!(
+            "\nWeigh it.\n</think>\n\nChecking.\n\n<{d} calls>\n<{d} invoke name=\"f\">\n\
+             <{d} parameter name=\"city\" string=\"true\">Pa\"ris</{d} parameter>\n\
+             <{d} parameter name=\"days\" string=\"false\">3</{d} parameter>\n</{d} invoke>\n</{d} calls>"
+        );
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let by_char: Vec<&str> = chars.iter().map(String::as_str).collect();
+        for pieces in [vec![text.as_str()], by_char] {
+            let body = run(&pieces, &thinking());
+            let message = &body["choices"][0]["message"];
+            assert_eq!(message["reasoning_content"], "Weigh it.");
+            assert_eq!(message["content"], "Checking.");
+            assert_eq!(message["tool_calls"][0]["function"]["arguments"], r#"{"city": "Pa\"ris", "days": 3}"#);
+            assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+        }
+    }
+
+    #[test]
+    fn stop_sequence_cuts_content() {
+        let options = ParsingOptions { stop_sequences: vec!["STOP".into()], ..Default::default() };
+        let config = ChatConfig::default();
+        let mut processor = StreamProcessor::new(ChatGenerator::new(config, "c", "m"), &options, None);
+        let events = processor.push(InferenceChunk::Text { content: "one ST".into(), token_count: 1 }).unwrap();
+        assert!(events.len() == 1 && !processor.finished());
+        processor.push(InferenceChunk::Text { content: "OP two".into(), token_count: 1 }).unwrap();
+        assert!(processor.finished());
+    }
+
+    #[test]
+    fn token_chunks_need_a_tokenizer() {
+        let mut processor = StreamProcessor::new(ChatGenerator::new(ChatConfig::default(), "c", "m"), &thinking(), None);
+        let chunk = InferenceChunk::Tokens { token_ids: vec![1], logprobs: None };
+        assert_eq!(processor.push(chunk), Err(StreamError::NoTokenizer));
+        assert_eq!(processor.finish(), Err(StreamError::Closed));
+    }
+}
