@@ -5,9 +5,11 @@ Sections:
   * stream parsing (benchmarks/recipe_bench_stream.py): tokens/s.
 
 The official side runs in a subprocess with the official venv's python (same script, `--worker`).
-Build this repo's package in release mode first for meaningful numbers:
-    cd packages/deepseek-recipe && VIRTUAL_ENV=/work/main/.venv maturin develop --release --uv
-    /work/main/.venv/bin/python benchmarks/recipe_bench.py [--official-python PATH] [--seconds S]
+Build this repo's package in release mode first for meaningful numbers, either installed
+(`cd packages/deepseek-recipe && VIRTUAL_ENV=/work/main/.venv maturin develop --release --uv`) or as an
+unpacked wheel passed with --ours-path (`maturin build --release -o DIR`, unzip it):
+    /work/main/.venv/bin/python benchmarks/recipe_bench.py [--ours-path DIR] [--official-python PATH]
+        [--seconds S] [--skip-stream]
 """
 
 from __future__ import annotations
@@ -159,11 +161,14 @@ def run(official_python: str, seconds: float, rounds: int = 2) -> list[tuple[str
     for _ in range(rounds):
         for name, value in worker(seconds)["requests_per_s"].items():
             ours[name] = max(ours.get(name, 0.0), value)
+        # The official side must not see a PYTHONPATH that points at this repo's build.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         out = subprocess.run(
             [official_python, __file__, "--worker", "--seconds", str(seconds)],
             check=True,
             capture_output=True,
             text=True,
+            env=env,
         )
         for name, value in json.loads(out.stdout)["requests_per_s"].items():
             official[name] = max(official.get(name, 0.0), value)
@@ -182,7 +187,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="measuring time per workload")
     parser.add_argument("--official-python", default=OFFICIAL_PYTHON)
     parser.add_argument("--skip-stream", action="store_true", help="only the input-side section")
+    parser.add_argument(
+        "--ours-path", help="directory holding a (release) build of this repo's deepseek_recipe"
+    )
     args = parser.parse_args()
+    if args.ours_path:
+        sys.path.insert(0, args.ours_path)
     if args.worker:
         print(json.dumps(worker(args.seconds)))
         return
