@@ -1786,6 +1786,93 @@ def fuzz_render_cases(count=160, seed=20261130):
     return cases
 
 
+def fuzz_convert_cases(count=150, seed=99):
+    """Seeded random request bodies for all three protocols: valid and invalid field combinations."""
+    import random
+
+    rng = random.Random(seed)
+    texts = ["hi", "json please", "", "é🌍", "<｜User｜>x", "a\n\nb"]
+    efforts = ["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
+
+    def maybe(d, key, values, p=0.3):
+        if rng.random() < p:
+            d[key] = rng.choice(values)
+
+    cases = []
+    for n in range(count):
+        model = rng.choice([V4, V41, V41, "bogus"])
+        protocol = ("chat", "messages", "responses")[n % 3]
+        options = []
+        if rng.random() < 0.3:
+            options.append(["with_default_thinking_mode", rng.random() < 0.5])
+        if rng.random() < 0.2:
+            options.append(["with_reasoning_content_behavior", "Reject"])
+        if protocol == "chat":
+            msgs = [{"role": "user", "content": rng.choice(texts)}]
+            if rng.random() < 0.5:
+                call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "x"}'}}
+                asst = {"role": "assistant", "content": rng.choice([*texts, None]), "tool_calls": [call]}
+                maybe(asst, "reasoning_content", texts, 0.5)
+                msgs += [asst, {"role": "tool", "tool_call_id": rng.choice(["c1", "c1", "zz"]), "content": rng.choice(texts)}]
+                if rng.random() < 0.5:
+                    msgs.append({"role": "user", "content": rng.choice(texts)})
+            if rng.random() < 0.2:
+                msgs.insert(0, {"role": "system", "content": rng.choice(texts)})
+            if rng.random() < 0.15:
+                msgs.append({"role": "assistant", "content": rng.choice(texts), "prefix": True})
+            body = {"model": model, "messages": msgs}
+            maybe(body, "tools", [[chat_tool()], [chat_tool(strict=True)], [chat_tool(), chat_tool("f", params={"type": "object"})]], 0.5)
+            maybe(body, "tool_choice", ["auto", "none", "required", {"type": "function", "function": {"name": "get_weather"}}])
+            maybe(body, "reasoning_effort", efforts)
+            maybe(body, "thinking", [{"type": "enabled"}, {"type": "disabled"}])
+            maybe(body, "temperature", [0, 0.7, 2, 2.5])
+            maybe(body, "top_p", [0.1, 0.95, 1, 0])
+            maybe(body, "max_tokens", [1, 100, 0, 393217])
+            maybe(body, "response_format", [{"type": "json_object"}, {"type": "regex", "regex": "a+"},
+                                             {"type": "json_schema", "json_schema": {"name": "n", "schema": WEATHER, "strict": True}}])
+            maybe(body, "stop", ["x", ["a", "b"], []])
+            maybe(body, "logprobs", [True, False])
+            maybe(body, "top_logprobs", [0, 5, 21])
+        elif protocol == "messages":
+            msgs = [{"role": "user", "content": rng.choice(texts) or "x"}]
+            if rng.random() < 0.5:
+                blocks = [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "x"}}]
+                if rng.random() < 0.5:
+                    blocks.insert(0, {"type": "thinking", "thinking": rng.choice(texts)})
+                msgs += [{"role": "assistant", "content": blocks},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": rng.choice(["t1", "t1", "zz"]), "content": rng.choice(texts)}]}]
+            if rng.random() < 0.2:
+                msgs.append({"role": "assistant", "content": rng.choice(texts) or "y"})
+            body = {"model": model, "messages": msgs}
+            maybe(body, "system", ["sys", [{"type": "text", "text": "s"}]])
+            maybe(body, "tools", [[{"name": "get_weather", "input_schema": WEATHER}]], 0.5)
+            maybe(body, "tool_choice", [{"type": "auto"}, {"type": "any"}, {"type": "none"}, {"type": "tool", "name": "get_weather"}])
+            maybe(body, "thinking", [{"type": "enabled", "budget_tokens": 100}, {"type": "disabled"}])
+            maybe(body, "output_config", [{"effort": e} for e in efforts])
+            maybe(body, "max_tokens", [1, 1024, 0, 10**6])
+            maybe(body, "stop_sequences", [["x"], [""], []])
+        else:
+            body = {"model": model}
+            roll = rng.random()
+            if roll < 0.3:
+                body["input"] = rng.choice(texts)
+            elif roll < 0.9:
+                items = [{"role": "user", "content": rng.choice(texts)}]
+                if rng.random() < 0.5:
+                    items += [{"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                              {"type": "function_call_output", "call_id": rng.choice(["c1", "c1", "zz"]), "output": rng.choice(texts)}]
+                body["input"] = items
+            maybe(body, "instructions", texts)
+            maybe(body, "tools", [[{"type": "function", "name": "get_weather", "parameters": WEATHER}]], 0.5)
+            maybe(body, "tool_choice", ["auto", "none", "required", {"type": "function", "name": "get_weather"}])
+            maybe(body, "reasoning", [{"effort": e} for e in efforts])
+            maybe(body, "text", [{"format": {"type": "json_object"}}, {"format": {"type": "json_schema", "name": "n", "schema": WEATHER}}])
+            maybe(body, "max_output_tokens", [1, 100, 0])
+            maybe(body, "top_logprobs", [0, 3, 25])
+        cases.append({"protocol": protocol, "body": body, "options": options, "body_kind": "dict"})
+    return cases
+
+
 def all_cases():
     out = []
     for family, kind, cases in (
@@ -1793,6 +1880,7 @@ def all_cases():
         ("messages", "convert", messages_cases()),
         ("responses", "convert", responses_cases()),
         ("extra", "convert", extra_cases()),
+        ("fuzzconv", "convert", fuzz_convert_cases()),
         ("render", "render", render_cases()),
         ("fuzz", "render", fuzz_render_cases()),
         ("fuzz2", "render", fuzz_render_cases(count=240, seed=7)),

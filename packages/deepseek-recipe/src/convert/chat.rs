@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
-use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
+use super::tools::{apply_tool_choice, normalised_response_schema, validate_tools, RequestedToolChoice};
 use super::{
     assemble, effort, mentions_json, resolve_model, thinking_mode, Converted, EffortName, Sampling, ThinkingSwitch,
 };
@@ -241,6 +241,56 @@ impl ChatCompletionRequest {
         if self.messages.is_empty() {
             return Err(bad("Empty input messages"));
         }
+        // Checks run in the reference's order: tools, messages, tool choice, response format, sampling.
+        let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.0);
+        let declared: Vec<ToolDefinition> = self
+            .tools
+            .unwrap_or_default()
+            .into_iter()
+            .map(|ChatTool::Function { function: f }| ToolDefinition {
+                name: f.name,
+                description: f.description,
+                parameters: f.parameters.unwrap_or(Value::Null),
+                strict: f.strict,
+                defer_loading: false,
+            })
+            .collect();
+        // `tool_choice: none` drops the tools unchecked.
+        let declared = match choice {
+            RequestedToolChoice::None => declared,
+            _ => validate_tools(declared, "tools[{}].function.name")?,
+        };
+        let has_tools = !declared.is_empty();
+
+        let image_token = options.special_tokens.token(SpecialToken::Image);
+        let messages = convert_messages(
+            self.messages,
+            model_version,
+            image_token,
+            thinking_mode,
+            has_tools,
+            options.reasoning_content_behavior,
+        )?;
+        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
+
+        let (response_format, strict_response_schema) = match self.response_format {
+            None | Some(ChatResponseFormat::Text) => (ResponseFormat::Text, false),
+            Some(ChatResponseFormat::JsonObject) => {
+                if !mentions_json(&messages) {
+                    return Err(bad(
+                        "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.",
+                    ));
+                }
+                (ResponseFormat::JsonObject, false)
+            }
+            Some(ChatResponseFormat::JsonSchema { json_schema }) => {
+                let strict = json_schema.strict == Some(true);
+                normalised_response_schema(&json_schema.schema, strict)?;
+                (ResponseFormat::JsonSchema(json_schema.schema), strict)
+            }
+            Some(ChatResponseFormat::Regex { regex }) => (ResponseFormat::Regex(regex), false),
+        };
+
         let mut sampling = Sampling {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -267,48 +317,6 @@ impl ChatCompletionRequest {
             ));
         }
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
-
-        let declared: Vec<ToolDefinition> = self
-            .tools
-            .unwrap_or_default()
-            .into_iter()
-            .map(|ChatTool::Function { function: f }| ToolDefinition {
-                name: f.name,
-                description: f.description,
-                parameters: f.parameters.unwrap_or(Value::Null),
-                strict: f.strict,
-                defer_loading: false,
-            })
-            .collect();
-        let declared = validate_tools(declared, "tools[{}].function.name")?;
-        let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.0);
-        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
-
-        let image_token = options.special_tokens.token(SpecialToken::Image);
-        let messages = convert_messages(
-            self.messages,
-            model_version,
-            image_token,
-            thinking_mode,
-            !tools.is_empty(),
-            options.reasoning_content_behavior,
-        )?;
-
-        let (response_format, strict_response_schema) = match self.response_format {
-            None | Some(ChatResponseFormat::Text) => (ResponseFormat::Text, false),
-            Some(ChatResponseFormat::JsonObject) => {
-                if !mentions_json(&messages) {
-                    return Err(bad(
-                        "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.",
-                    ));
-                }
-                (ResponseFormat::JsonObject, false)
-            }
-            Some(ChatResponseFormat::JsonSchema { json_schema }) => {
-                (ResponseFormat::JsonSchema(json_schema.schema), json_schema.strict == Some(true))
-            }
-            Some(ChatResponseFormat::Regex { regex }) => (ResponseFormat::Regex(regex), false),
-        };
 
         let conversation = Conversation {
             messages,
@@ -384,6 +392,8 @@ fn convert_messages(
 ) -> Result<Vec<Message>, ConversionError> {
     let count = raw.len();
     let last_user = raw.iter().rposition(|m| matches!(m, ChatMessage::User { .. }));
+    let calls_in_history =
+        raw.iter().any(|m| matches!(m, ChatMessage::Assistant { tool_calls: Some(c), .. } if !c.is_empty()));
     let mut messages = Vec::with_capacity(count);
     // Tool-call ids of the latest assistant turn still waiting for their results.
     let mut pending: Option<HashSet<String>> = None;
@@ -398,10 +408,13 @@ fn convert_messages(
             pending = None;
         }
         let converted = match message {
-            ChatMessage::System { content } => Message::System {
-                content: content_of(content, index, model_version, image_token)?,
-                tools: None,
-            },
+            ChatMessage::System { content } => {
+                let content = content_of(content, index, model_version, image_token)?;
+                if content.text.is_empty() {
+                    continue;
+                }
+                Message::System { content, tools: None }
+            }
             ChatMessage::User { content } => {
                 Message::User { content: content_of(content, index, model_version, image_token)? }
             }
@@ -426,13 +439,24 @@ fn convert_messages(
                 }
             }
             ChatMessage::Assistant { content, reasoning_content, tool_calls, prefix } => {
+                let current_turn = last_user.is_none_or(|u| index > u);
+                let reasoning_content = match (thinking_mode, reasoning_content) {
+                    (false, _) => None,
+                    (true, Some(rc)) => Some(rc),
+                    (true, None) if current_turn && reasoning_behavior == ReasoningContentBehavior::Reject => {
+                        return Err(bad(
+                            "The `reasoning_content` in the thinking mode must be passed back to the API.",
+                        ))
+                    }
+                    (true, None) => Some(String::new()),
+                };
                 if prefix {
                     if index + 1 != count {
                         return Err(bad(
                             "Invalid completion message: prefix set true with message which is not final message or message role is not assistant",
                         ));
                     }
-                    if has_tools {
+                    if has_tools || calls_in_history {
                         return Err(bad("Function call should not be used with prefix"));
                     }
                 }
@@ -445,20 +469,6 @@ fn convert_messages(
                         content.text
                     }
                     None => String::new(),
-                };
-                let reasoning_content = match (thinking_mode, reasoning_content) {
-                    (false, _) => None,
-                    (true, Some(rc)) => Some(rc),
-                    (true, None)
-                        if has_tools
-                            && reasoning_behavior == ReasoningContentBehavior::Reject
-                            && last_user.is_none_or(|u| index > u) =>
-                    {
-                        return Err(bad(
-                            "The `reasoning_content` in the thinking mode must be passed back to the API.",
-                        ))
-                    }
-                    (true, None) => Some(String::new()),
                 };
                 let tool_calls: Option<Vec<ToolCall>> = tool_calls.map(|calls| {
                     calls

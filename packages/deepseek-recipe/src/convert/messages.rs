@@ -12,7 +12,7 @@ use crate::conversation::{Conversation, ConversationRequest, ModelVersion, Respo
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
 use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
-use crate::options::{ConversionOptions, WebSearchBehavior};
+use crate::options::{ConversionOptions, ReasoningContentBehavior, WebSearchBehavior};
 use crate::py_json::{self, FloatStyle};
 use crate::tokens::SpecialToken;
 
@@ -197,15 +197,7 @@ impl MessagesRequest {
         if self.messages.is_empty() {
             return Err(bad("messages: at least one message is required"));
         }
-        let mut sampling = Sampling {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            max_tokens: self.max_tokens,
-            stop: self.stop_sequences.unwrap_or_default(),
-            ..Sampling::default()
-        };
-        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Clamp)?;
-
+        // Checks run in the reference's order: tools, messages, tool choice, sampling.
         let declared = client_tools(self.tools.unwrap_or_default(), options.messages_web_search)?;
         let declared = validate_tools(declared, "tools[{}].name")?;
         let declared_all = declared.clone();
@@ -214,20 +206,33 @@ impl MessagesRequest {
             Some(AnthropicToolChoice::None {}) => RequestedToolChoice::None,
             Some(AnthropicToolChoice::Tool { name }) => RequestedToolChoice::Named(name),
         };
-        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
-
+        let last_user_text = self.messages.iter().rposition(|m| {
+            matches!(m.role, Role::User) && m.content.0.iter().any(|b| !matches!(b, Block::ToolResult { .. }))
+        });
         let converter = MessageConverter {
             model_version,
             image_token: options.special_tokens.token(SpecialToken::Image),
             thinking_mode,
             web_search: options.messages_web_search,
             declared: &declared_all,
+            reject_missing_reasoning: options.reasoning_content_behavior == ReasoningContentBehavior::Reject,
+            last_user_text,
         };
         let mut messages = Vec::new();
         if let Some(system) = self.system {
             messages.push(Message::system(system.0.join("\n\n")));
         }
         converter.convert(self.messages, &mut messages)?;
+        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
+
+        let mut sampling = Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_tokens,
+            stop: self.stop_sequences.unwrap_or_default(),
+            ..Sampling::default()
+        };
+        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Clamp)?;
 
         let conversation = Conversation {
             messages,
@@ -282,6 +287,9 @@ struct MessageConverter<'a> {
     thinking_mode: bool,
     web_search: WebSearchBehavior,
     declared: &'a [ToolDefinition],
+    reject_missing_reasoning: bool,
+    /// The last user message with more than tool results; later assistant turns must carry thinking.
+    last_user_text: Option<usize>,
 }
 
 impl MessageConverter<'_> {
@@ -452,6 +460,10 @@ impl MessageConverter<'_> {
             }
         }
         let ids = calls.iter().map(|c| c.id.clone()).collect();
+        let current_turn = self.last_user_text.is_none_or(|u| i > u);
+        if self.thinking_mode && self.reject_missing_reasoning && current_turn && reasoning.is_none() {
+            return Err(bad("The `content[].thinking` in the thinking mode must be passed back to the API."));
+        }
         let reasoning_content = if self.thinking_mode { Some(reasoning.unwrap_or_default()) } else { None };
         out.push(Message::Assistant {
             content: texts.join("\n\n"),

@@ -9,13 +9,15 @@ use serde_json::Value;
 use super::chat::DetailName;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
-use super::tools::{apply_tool_choice, validate_definitions, validate_names, RequestedToolChoice};
+use super::tools::{
+    apply_tool_choice, normalised_response_schema, validate_definitions, validate_names, RequestedToolChoice,
+};
 use super::{assemble, effort, mentions_json, resolve_model, thinking_mode, Converted, EffortName, Sampling};
 use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
 use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
-use crate::options::{ConversionOptions, WebSearchBehavior};
+use crate::options::{ConversionOptions, ReasoningContentBehavior, WebSearchBehavior};
 use crate::response::responses::Echo;
 use crate::tokens::SpecialToken;
 
@@ -359,22 +361,12 @@ impl ResponsesRequest {
             }
             _ => {}
         }
-        let mut sampling = Sampling {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            max_tokens: self.max_output_tokens,
-            logprobs: self.top_logprobs.is_some(),
-            top_logprobs: self.top_logprobs,
-            ..Sampling::default()
-        };
-        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
-
+        // Checks run in the reference's order: tools, input, tool choice, text format, sampling.
         let declared = self.declared_tools(model_version, options.responses_web_search)?;
         let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.typed.0);
-        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
 
         let mut messages = Vec::new();
-        if let Some(instructions) = self.instructions {
+        if let Some(instructions) = self.instructions.filter(|i| !i.is_empty()) {
             messages.push(Message::system(instructions));
         }
         let converter = ItemConverter {
@@ -382,11 +374,15 @@ impl ResponsesRequest {
             image_token: options.special_tokens.token(SpecialToken::Image),
             thinking_mode,
         };
-        match self.input {
-            Some(Input::Text(text)) => messages.push(Message::user(text)),
+        let missing_reasoning = match self.input {
+            Some(Input::Text(text)) => {
+                messages.push(Message::user(text));
+                false
+            }
             Some(Input::Items(items)) => converter.convert(items, &mut messages)?,
-            None => {}
-        }
+            None => false,
+        };
+        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
 
         let (response_format, strict_response_schema) = match self.text.and_then(|t| t.typed.format) {
             None | Some(TextFormat::Text) => (ResponseFormat::Text, false),
@@ -399,9 +395,23 @@ impl ResponsesRequest {
                 (ResponseFormat::JsonObject, false)
             }
             Some(TextFormat::JsonSchema { schema, strict, .. }) => {
-                (ResponseFormat::JsonSchema(schema), strict == Some(true))
+                let strict = strict == Some(true);
+                normalised_response_schema(&schema, strict)?;
+                (ResponseFormat::JsonSchema(schema), strict)
             }
         };
+        let mut sampling = Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_output_tokens,
+            logprobs: self.top_logprobs.is_some(),
+            top_logprobs: self.top_logprobs,
+            ..Sampling::default()
+        };
+        sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
+        if missing_reasoning && options.reasoning_content_behavior == ReasoningContentBehavior::Reject {
+            return Err(bad("The `reasoning_text` in the thinking mode must be passed back to the API."));
+        }
         let conversation = Conversation {
             messages,
             thinking_mode,
@@ -472,7 +482,13 @@ struct ItemConverter<'a> {
 }
 
 impl ItemConverter<'_> {
-    fn convert(&self, items: Vec<Item>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
+    /// Converts the items; returns whether a tool-call turn after the last user message came
+    /// without reasoning (an error when missing reasoning is rejected).
+    fn convert(&self, items: Vec<Item>, out: &mut Vec<Message>) -> Result<bool, ConversionError> {
+        let mut missing_reasoning = false;
+        let last_user = items
+            .iter()
+            .rposition(|item| matches!(item, Item::Message(InputMessage { role: InputRole::User, .. })));
         let mut calls = CallTracker::default();
         let mut pending_reasoning: Option<String> = None;
         // Whether the last message is an assistant turn that later assistant items extend.
@@ -496,6 +512,8 @@ impl ItemConverter<'_> {
                     calls.called(&call.call_id);
                     let tool_call = ToolCall { id: call.call_id, name, arguments: call.arguments };
                     if !assistant_open {
+                        let current_turn = last_user.is_none_or(|u| index > u);
+                        missing_reasoning |= self.thinking_mode && current_turn && pending_reasoning.is_none();
                         out.push(self.assistant(String::new(), pending_reasoning.take()));
                         assistant_open = true;
                     }
@@ -529,7 +547,8 @@ impl ItemConverter<'_> {
             }
         }
         calls.flush_outputs(out);
-        calls.check_all_answered()
+        calls.check_all_answered()?;
+        Ok(missing_reasoning)
     }
 
     fn assistant(&self, content: String, reasoning: Option<String>) -> Message {

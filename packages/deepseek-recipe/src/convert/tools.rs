@@ -140,14 +140,16 @@ fn normalise_strict(schema: &mut Value) -> Result<()> {
 }
 
 /// Applies the tool choice: returns the remaining tools and the conversation's choice.
-/// Without tools any choice is moot and becomes `auto`.
+/// Without tools a forcing choice is moot and becomes `auto`.
 pub fn apply_tool_choice(
     tools: Vec<ToolDefinition>,
     choice: RequestedToolChoice,
     thinking_mode: bool,
 ) -> Result<(Vec<ToolDefinition>, ToolChoice)> {
     if tools.is_empty() {
-        return Ok((tools, ToolChoice::Auto));
+        // Nothing to force; an explicit `none` is kept.
+        let choice = if choice == RequestedToolChoice::None { ToolChoice::None } else { ToolChoice::Auto };
+        return Ok((tools, choice));
     }
     let forced = matches!(choice, RequestedToolChoice::Required | RequestedToolChoice::Named(_));
     if forced && thinking_mode {
