@@ -145,6 +145,14 @@ OUTPUTS = [
     ("json_bare", 'prefix text {"x": [1, "}"]} suffix', None, {"parse_json_output": True}),
     ("json_none", "no json here", None, {"parse_json_output": True}),
     ("json_after_think", 'r</think>{"a":1} tail', "ReasoningStart", {"parse_json_output": True}),
+    ("content_cont_tool", "answer\n\n" + _block(WEATHER[:1]), "ContentContinuation", {}),
+    (
+        "custom_tokens",
+        "why[/T]\n\nok\n\n<[D]tool_calls>\n<[D]invoke name=\"f\">\n"
+        '<[D]parameter name="x" string="true">1</[D]parameter>\n</[D]invoke>\n</[D]tool_calls>',
+        "ReasoningStart",
+        {"special_tokens": {"thinking_end": "[/T]", "dsml": "[D]"}},
+    ),
 ]
 
 FINISHES = ["Stop", "Length", "ContentFilter", None]
@@ -362,6 +370,8 @@ def _make_generator(dr, protocol, spec, case_id):
 def _parsing_options(dr, opts):
     kw = dict(opts)
     stage = kw.pop("thinking_initial_stage", None)
+    if "special_tokens" in kw:
+        kw["special_tokens"] = dr.SpecialTokens(**kw["special_tokens"])
     return dr.ParsingOptions(
         thinking_initial_stage=getattr(dr.ThinkingInitialStage, stage) if stage else None, **kw
     )

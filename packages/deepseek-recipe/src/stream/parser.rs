@@ -51,6 +51,8 @@ pub struct Parser {
     halted: Option<Halt>,
     /// With token input, `</think>` counts only as its own special token, never as spelled text.
     token_level_think_end: bool,
+    /// Token input whose tokenizer has no token for the DSML spelling: no tool-call block can open.
+    dsml_blocked: bool,
 }
 
 impl Parser {
@@ -80,6 +82,7 @@ impl Parser {
             reasoning_text: String::new(),
             halted: None,
             token_level_think_end: false,
+            dsml_blocked: false,
         }
     }
 
@@ -114,9 +117,21 @@ impl Parser {
         }
     }
 
-    /// Whether the following input comes from token ids (see `token_level_think_end`).
-    pub fn set_token_input(&mut self, token_input: bool) {
+    /// Whether the following input comes from token ids (see `token_level_think_end`); with token input
+    /// a tool-call block opens only when the DSML spelling is a token of its own (`dsml_is_token`).
+    pub fn set_token_input(&mut self, token_input: bool, dsml_is_token: bool) {
         self.token_level_think_end = token_input;
+        self.dsml_blocked = token_input && !dsml_is_token;
+    }
+
+    /// The tag that opens a tool-call block; when blocked, a `<` still waits for the next token but
+    /// nothing can complete it.
+    fn dsml_opener(&self) -> &str {
+        if self.dsml_blocked {
+            "<\u{ffff}"
+        } else {
+            &self.dsml.opener
+        }
     }
 
     /// The `</think>` special token, with token input.
@@ -203,7 +218,7 @@ impl Parser {
 
     fn tags(&self) -> impl Iterator<Item = (&str, Tag)> {
         let think_end = (!self.token_level_think_end).then_some((self.think_end.as_str(), Tag::ThinkEnd));
-        let dsml = self.parse_tool_calls.then_some((self.dsml.opener.as_str(), Tag::Dsml));
+        let dsml = self.parse_tool_calls.then_some((self.dsml_opener(), Tag::Dsml));
         let stops = matches!(self.mode, Mode::Content).then_some(&self.stops).into_iter().flatten();
         think_end.into_iter().chain(dsml).chain(stops.enumerate().map(|(i, s)| (s.as_str(), Tag::Stop(i))))
     }
@@ -211,7 +226,7 @@ impl Parser {
     fn may_start_tag(&self, c: char) -> bool {
         let starts = |t: &str| t.starts_with(c);
         (!self.token_level_think_end && starts(&self.think_end))
-            || (self.parse_tool_calls && starts(&self.dsml.opener))
+            || (self.parse_tool_calls && starts(self.dsml_opener()))
             || (matches!(self.mode, Mode::Content) && self.stops.iter().any(|s| starts(s)))
     }
 

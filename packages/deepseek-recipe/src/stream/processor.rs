@@ -95,6 +95,8 @@ pub struct StreamProcessor<G: Generator> {
     released: Vec<Output>,
     /// Id of the `</think>` special token (token input recognises it only by id).
     think_end_id: Option<u32>,
+    /// Whether the tokenizer has a token for the DSML spelling.
+    dsml_is_token: bool,
     /// Decoded tokens of pushes that ended inside a UTF-8 character.
     carried_units: Vec<Unit>,
     /// Log-probabilities waiting for the delta of their piece and channel.
@@ -114,6 +116,8 @@ impl<G: Generator> StreamProcessor<G> {
         let id_marker = if generator.thinking_mode() && !starts_in_reasoning { "ET_" } else { "" };
         let think_end = options.special_tokens.token(SpecialToken::ThinkingEnd);
         let think_end_id = tokenizer.as_ref().and_then(|t| t.added_token_id(think_end));
+        let dsml = options.special_tokens.token(SpecialToken::Dsml);
+        let dsml_is_token = tokenizer.as_ref().is_some_and(|t| t.added_token_id(dsml).is_some());
         Self {
             generator,
             parser: Parser::new(options),
@@ -130,6 +134,7 @@ impl<G: Generator> StreamProcessor<G> {
             ids: IdSource::new(),
             released: Vec::new(),
             think_end_id,
+            dsml_is_token,
             carried_units: Vec::new(),
             logprobs: Vec::new(),
         }
@@ -223,7 +228,7 @@ impl<G: Generator> StreamProcessor<G> {
 
     fn feed(&mut self, text: &str, out: &mut Vec<G::Event>) {
         self.piece += 1;
-        self.parser.set_token_input(false);
+        self.parser.set_token_input(false, false);
         self.parser.feed_str(text, self.piece, &mut self.fragments);
         self.settle(out);
     }
@@ -269,7 +274,7 @@ impl<G: Generator> StreamProcessor<G> {
 
     fn feed_units(&mut self, units: Vec<Unit>) {
         self.piece += 1;
-        self.parser.set_token_input(true);
+        self.parser.set_token_input(true, self.dsml_is_token);
         for unit in units {
             match unit {
                 Unit::ThinkEnd => {
@@ -417,7 +422,10 @@ mod tests {
     }
 
     fn thinking() -> ParsingOptions {
-        ParsingOptions { thinking_initial_stage: Some(ThinkingInitialStage::ReasoningStart), ..Default::default() }
+        ParsingOptions {
+            thinking_initial_stage: Some(ThinkingInitialStage::ReasoningStart),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -435,7 +443,10 @@ mod tests {
             let message = &body["choices"][0]["message"];
             assert_eq!(message["reasoning_content"], "Weigh it.");
             assert_eq!(message["content"], "Checking.");
-            assert_eq!(message["tool_calls"][0]["function"]["arguments"], r#"{"city": "Pa\"ris", "days": 3}"#);
+            assert_eq!(
+                message["tool_calls"][0]["function"]["arguments"],
+                r#"{"city": "Pa\"ris", "days": 3}"#
+            );
             assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
         }
     }
@@ -445,7 +456,8 @@ mod tests {
         let options = ParsingOptions { stop_sequences: vec!["STOP".into()], ..Default::default() };
         let config = ChatConfig::default();
         let mut processor = StreamProcessor::new(ChatGenerator::new(config, "c", "m"), &options, None);
-        let events = processor.push(InferenceChunk::Text { content: "one ST".into(), token_count: 1 }).unwrap();
+        let events =
+            processor.push(InferenceChunk::Text { content: "one ST".into(), token_count: 1 }).unwrap();
         assert!(events.len() == 1 && !processor.finished());
         processor.push(InferenceChunk::Text { content: "OP two".into(), token_count: 1 }).unwrap();
         assert!(processor.finished());
@@ -453,7 +465,8 @@ mod tests {
 
     #[test]
     fn token_chunks_need_a_tokenizer() {
-        let mut processor = StreamProcessor::new(ChatGenerator::new(ChatConfig::default(), "c", "m"), &thinking(), None);
+        let mut processor =
+            StreamProcessor::new(ChatGenerator::new(ChatConfig::default(), "c", "m"), &thinking(), None);
         let chunk = InferenceChunk::Tokens { token_ids: vec![1], logprobs: None };
         assert_eq!(processor.push(chunk), Err(StreamError::NoTokenizer));
         assert_eq!(processor.finish(), Err(StreamError::Closed));
