@@ -35,9 +35,8 @@ class StepResult:
     prompt_logprobs: list[tuple[Request, int, list[TokenLogprob | None]]]  # (request, first pos, rows)
     start: float  # perf_counter when the step began on the worker
     end: float
-    forward_s: float
-    num_tokens: int = 0
-    num_seqs: int = 0
+    num_tokens: int
+    num_seqs: int
 
 
 def _row_offsets(batch: ForwardBatch) -> list[int]:
@@ -69,7 +68,6 @@ class ModelRunner:
         for f in sched.forks:  # after the forward: the parent's cache now holds the whole prompt
             self.model.copy_slot(f.src_slot, f.dst_slot)  # type: ignore[attr-defined]
             self.model.copy_blocks(f.src_blocks, f.dst_blocks)  # type: ignore[attr-defined]
-        forward_end = time.perf_counter()
         offsets = out.row_offsets or _row_offsets(batch)
 
         rows, sample_rows, sample_seqs = [], [], []
@@ -89,8 +87,7 @@ class ModelRunner:
             self._last_sampled = {seq.seq_id: t for seq, t in zip(sample_seqs, result.token_ids)}
             sampled = list(zip(sample_seqs, result.token_ids, result.logprobs))
         end = time.perf_counter()
-        return StepResult(sampled, prompt_lp, start, end, forward_end - start,
-                          num_tokens=sched.num_tokens, num_seqs=len(sched.segments))
+        return StepResult(sampled, prompt_lp, start, end, sched.num_tokens, len(sched.segments))
 
     def _sample_row(self, seq: Sequence, position: int) -> SampleRow:
         p = seq.request.params

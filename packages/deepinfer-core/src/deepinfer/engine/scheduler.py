@@ -51,7 +51,6 @@ class ForkCopy:
 
 @dataclass
 class SchedulerOutput:
-    step_id: int
     segments: list[ScheduledSegment] = field(default_factory=list)
     resets: list[int] = field(default_factory=list)  # slots to clear before the forward
     forks: list[ForkCopy] = field(default_factory=list)
@@ -84,7 +83,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._step = step = self._step + 1
-        out = SchedulerOutput(step_id=step)
+        out = SchedulerOutput()
         budget = self.config.token_budget
         running, block_size = SeqStatus.RUNNING, self.cache.block_size
         for seq in list(self.running):
