@@ -148,7 +148,7 @@ OUTPUTS = [
     ("content_cont_tool", "answer\n\n" + _block(WEATHER[:1]), "ContentContinuation", {}),
     (
         "custom_tokens",
-        "why[/T]\n\nok\n\n<[D]tool_calls>\n<[D]invoke name=\"f\">\n"
+        'why[/T]\n\nok\n\n<[D]tool_calls>\n<[D]invoke name="f">\n'
         '<[D]parameter name="x" string="true">1</[D]parameter>\n</[D]invoke>\n</[D]tool_calls>',
         "ReasoningStart",
         {"special_tokens": {"thinking_end": "[/T]", "dsml": "[D]"}},
@@ -367,7 +367,7 @@ def _make_generator(dr, protocol, spec, case_id):
     return gen
 
 
-def _parsing_options(dr, opts):
+def parsing_options(dr, opts):
     kw = dict(opts)
     stage = kw.pop("thinking_initial_stage", None)
     if "special_tokens" in kw:
@@ -393,7 +393,7 @@ def run_stream_case(dr, case):
     try:
         gen = _make_generator(dr, protocol, case["generator"], case["id"])
         tok = load_tokenizer(dr) if case.get("tokenizer", True) else None
-        proc = dr.StreamProcessor(gen, _parsing_options(dr, case["options"]), tok)
+        proc = dr.StreamProcessor(gen, parsing_options(dr, case["options"]), tok)
     except Exception as exc:
         return {"setup_error": _err(exc)}
 

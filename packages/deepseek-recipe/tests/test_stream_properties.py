@@ -27,9 +27,7 @@ ENCODED = [(TOK.encode(text), stage, extra) for text, stage, extra in OUTPUTS]
 
 def final_message(ids, cuts, stage, extra, thinking):
     gen = dr.MessagesChunkGenerator("msg_prop", "m", thinking)
-    options = dr.ParsingOptions(
-        thinking_initial_stage=getattr(dr.ThinkingInitialStage, stage) if stage else None, **extra
-    )
+    options = stream_cases.parsing_options(dr, {"thinking_initial_stage": stage, **extra})
     proc = dr.StreamProcessor(gen, options, TOK)
     events = proc.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=5)))
     bounds = [0, *sorted(set(cuts)), len(ids)]
