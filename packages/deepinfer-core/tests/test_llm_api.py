@@ -99,3 +99,18 @@ def test_cli_bench_writes_json(tiny_checkpoint, tmp_path, capsys):
     assert [o["running"] for o in result["overhead"]] == [1, 4]
     assert all(o["measured_steps"] == 2 for o in result["overhead"])
     assert "out tok/s" in capsys.readouterr().out
+
+
+def test_cli_generate_stream_and_chat(tiny_checkpoint, monkeypatch, capsys):
+    base = ["--log-level", "WARNING"]
+    engine = ["--model", tiny_checkpoint, "--max-model-len", "256", "--cache-mb", "16", "--temperature", "0"]
+    assert main([*base, "generate", *engine, "--prompt", "Hello", "--max-tokens", "5", "--stream"]) == 0
+    streamed = capsys.readouterr().out
+    assert main([*base, "generate", *engine, "--prompt", "Hello", "--max-tokens", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["outputs"][0]["text"] + "\n" == streamed
+    pytest.importorskip("deepseek_recipe")
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi there\n/reset\nAgain\n/quit\nnever read\n"))
+    assert main([*base, "chat", *engine, "--max-tokens", "4", "--thinking"]) == 0
+    assert capsys.readouterr().out.count("assistant> ") == 2

@@ -17,7 +17,7 @@ from deepinfer.models.interface import CacheLayout
 
 logger = logging.getLogger(__name__)
 
-CPU_DEFAULT_CACHE_BYTES = 1 << 30
+CPU_DEFAULT_CACHE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ class EngineConfig(BaseModel):
         None, ge=1, description="tokens per step (prefill chunks + decodes); None: max(2048, max_num_seqs)")
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="GPU: share of device memory")
     cache_bytes: int | None = Field(
-        None, ge=1, description="explicit cache budget in bytes (default on CPU: 1 GiB)")
+        None, ge=1, description="explicit cache budget in bytes (default on CPU: 256 MiB)")
     async_scheduling: bool = Field(True, description="overlap CPU scheduling with the device step")
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free at admission")
     seed: int = Field(0, ge=0, description="seeds requests that give no seed, for reproducible runs")

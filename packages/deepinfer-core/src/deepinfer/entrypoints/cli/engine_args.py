@@ -21,7 +21,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256, help="sequences running at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="GPU memory share")
-    g.add_argument("--cache-mb", type=int, default=None, help="cache budget in MiB (CPU default: 1024)")
+    g.add_argument("--cache-mb", type=int, default=None, help="cache budget in MiB (CPU default: 256)")
     g.add_argument("--sync", action="store_true", help="disable asynchronous scheduling")
     g.add_argument("--seed", type=int, default=0, help="engine seed for requests without --sampling-seed")
 
