@@ -1881,6 +1881,7 @@ def all_cases():
         ("responses", "convert", responses_cases()),
         ("extra", "convert", extra_cases()),
         ("fuzzconv", "convert", fuzz_convert_cases()),
+        ("fuzzconv2", "convert", fuzz_convert_cases(count=240, seed=5)),
         ("render", "render", render_cases()),
         ("fuzz", "render", fuzz_render_cases()),
         ("fuzz2", "render", fuzz_render_cases(count=240, seed=7)),

@@ -241,7 +241,7 @@ impl ChatCompletionRequest {
         if self.messages.is_empty() {
             return Err(bad("Empty input messages"));
         }
-        // Checks run in the reference's order: tools, messages, tool choice, response format, sampling.
+        // Checks run in the reference's order: messages, tools, tool choice, response format, sampling.
         let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.0);
         let declared: Vec<ToolDefinition> = self
             .tools
@@ -255,15 +255,9 @@ impl ChatCompletionRequest {
                 defer_loading: false,
             })
             .collect();
-        // `tool_choice: none` drops the tools unchecked.
-        let declared = match choice {
-            RequestedToolChoice::None => declared,
-            _ => validate_tools(declared, "tools[{}].function.name")?,
-        };
         let has_tools = !declared.is_empty();
-
         let image_token = options.special_tokens.token(SpecialToken::Image);
-        let messages = convert_messages(
+        let ConvertedMessages { messages, prefix_with_calls } = convert_messages(
             self.messages,
             model_version,
             image_token,
@@ -271,6 +265,14 @@ impl ChatCompletionRequest {
             has_tools,
             options.reasoning_content_behavior,
         )?;
+        // `tool_choice: none` drops the tools unchecked.
+        let declared = match choice {
+            RequestedToolChoice::None => declared,
+            _ => validate_tools(declared, "tools[{}].function.name")?,
+        };
+        if prefix_with_calls {
+            return Err(bad("Function call should not be used with prefix"));
+        }
         let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
 
         let (response_format, strict_response_schema) = match self.response_format {
@@ -311,11 +313,6 @@ impl ChatCompletionRequest {
             }
         }
         sampling.stop = self.stop.map(StopSequences::into_vec).unwrap_or_default();
-        if sampling.top_logprobs.is_some() && !sampling.logprobs {
-            return Err(bad(
-                "Invalid top_logprobs and logprobs value, logprobs must be set to true if top_logprobs is used.",
-            ));
-        }
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
 
         let conversation = Conversation {
@@ -382,6 +379,13 @@ fn content_of(
     Ok(out.build())
 }
 
+/// Converted messages, plus whether a prefix message meets function calling (reported after the
+/// tools are validated).
+struct ConvertedMessages {
+    messages: Vec<Message>,
+    prefix_with_calls: bool,
+}
+
 fn convert_messages(
     raw: Vec<ChatMessage>,
     model_version: ModelVersion,
@@ -389,12 +393,14 @@ fn convert_messages(
     thinking_mode: bool,
     has_tools: bool,
     reasoning_behavior: ReasoningContentBehavior,
-) -> Result<Vec<Message>, ConversionError> {
+) -> Result<ConvertedMessages, ConversionError> {
     let count = raw.len();
     let last_user = raw.iter().rposition(|m| matches!(m, ChatMessage::User { .. }));
     let calls_in_history =
         raw.iter().any(|m| matches!(m, ChatMessage::Assistant { tool_calls: Some(c), .. } if !c.is_empty()));
     let mut messages = Vec::with_capacity(count);
+    // Checked after the structure of the whole list, as the reference does.
+    let (mut missing_reasoning, mut prefix_with_calls) = (false, false);
     // Tool-call ids of the latest assistant turn still waiting for their results.
     let mut pending: Option<HashSet<String>> = None;
     for (index, message) in raw.into_iter().enumerate() {
@@ -443,12 +449,10 @@ fn convert_messages(
                 let reasoning_content = match (thinking_mode, reasoning_content) {
                     (false, _) => None,
                     (true, Some(rc)) => Some(rc),
-                    (true, None) if current_turn && reasoning_behavior == ReasoningContentBehavior::Reject => {
-                        return Err(bad(
-                            "The `reasoning_content` in the thinking mode must be passed back to the API.",
-                        ))
+                    (true, None) => {
+                        missing_reasoning |= current_turn;
+                        Some(String::new())
                     }
-                    (true, None) => Some(String::new()),
                 };
                 if prefix {
                     if index + 1 != count {
@@ -456,9 +460,7 @@ fn convert_messages(
                             "Invalid completion message: prefix set true with message which is not final message or message role is not assistant",
                         ));
                     }
-                    if has_tools || calls_in_history {
-                        return Err(bad("Function call should not be used with prefix"));
-                    }
+                    prefix_with_calls = has_tools || calls_in_history;
                 }
                 let content = match content {
                     Some(c) => {
@@ -492,7 +494,10 @@ fn convert_messages(
     if pending.is_some_and(|ids| !ids.is_empty()) {
         return Err(insufficient_tool_messages());
     }
-    Ok(messages)
+    if missing_reasoning && reasoning_behavior == ReasoningContentBehavior::Reject {
+        return Err(bad("The `reasoning_content` in the thinking mode must be passed back to the API."));
+    }
+    Ok(ConvertedMessages { messages, prefix_with_calls })
 }
 
 fn insufficient_tool_messages() -> ConversionError {

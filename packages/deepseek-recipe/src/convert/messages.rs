@@ -216,6 +216,7 @@ impl MessagesRequest {
             web_search: options.messages_web_search,
             declared: &declared_all,
             reject_missing_reasoning: options.reasoning_content_behavior == ReasoningContentBehavior::Reject,
+            missing_reasoning: std::cell::Cell::new(false),
             last_user_text,
         };
         let mut messages = Vec::new();
@@ -288,6 +289,8 @@ struct MessageConverter<'a> {
     web_search: WebSearchBehavior,
     declared: &'a [ToolDefinition],
     reject_missing_reasoning: bool,
+    /// Set when a current-turn assistant message lacks thinking; checked after the whole list.
+    missing_reasoning: std::cell::Cell<bool>,
     /// The last user message with more than tool results; later assistant turns must carry thinking.
     last_user_text: Option<usize>,
 }
@@ -312,6 +315,9 @@ impl MessageConverter<'_> {
                 Role::Assistant => self.assistant(i, message.content.0, out)?,
             };
             previous_tool_uses = tool_uses;
+        }
+        if self.reject_missing_reasoning && self.missing_reasoning.get() {
+            return Err(bad("The `content[].thinking` in the thinking mode must be passed back to the API."));
         }
         Ok(())
     }
@@ -461,8 +467,8 @@ impl MessageConverter<'_> {
         }
         let ids = calls.iter().map(|c| c.id.clone()).collect();
         let current_turn = self.last_user_text.is_none_or(|u| i > u);
-        if self.thinking_mode && self.reject_missing_reasoning && current_turn && reasoning.is_none() {
-            return Err(bad("The `content[].thinking` in the thinking mode must be passed back to the API."));
+        if self.thinking_mode && current_turn && reasoning.is_none() {
+            self.missing_reasoning.set(true);
         }
         let reasoning_content = if self.thinking_mode { Some(reasoning.unwrap_or_default()) } else { None };
         out.push(Message::Assistant {

@@ -34,6 +34,7 @@ const MAX_TOP_LOGPROBS: u32 = 20;
 impl Sampling {
     /// Validates the parameters, clamping `max_tokens` where the protocol does.
     pub fn validate(&mut self, upper_bound: u32, policy: MaxTokensPolicy) -> Result<(), ConversionError> {
+        // The order of the checks decides which error a request with several problems gets.
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(bad("Invalid temperature value, the valid range of temperature is [0, 2]".into()));
@@ -42,15 +43,6 @@ impl Sampling {
         if let Some(p) = self.top_p {
             if !(p > 0.0 && p <= 1.0) {
                 return Err(bad("Invalid top_p value, the valid range of top_p is (0, 1.0]".into()));
-            }
-        }
-        if let Some(m) = self.max_tokens {
-            if m > upper_bound && policy == MaxTokensPolicy::Clamp {
-                self.max_tokens = Some(upper_bound);
-            } else if m == 0 || m > upper_bound {
-                return Err(bad(format!(
-                    "Invalid max_tokens value, the valid range of max_tokens is [1, {upper_bound}]"
-                )));
             }
         }
         for (name, value) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
@@ -66,12 +58,28 @@ impl Sampling {
         if self.seed.is_some_and(|s| s >= 1 << 63) {
             return Err(bad("Invalid seed value, the valid range of seed is [0, 2^63)".into()));
         }
+        if self.top_logprobs.is_some() && !self.logprobs {
+            return Err(bad(
+                "Invalid top_logprobs and logprobs value, logprobs must be set to true if top_logprobs is used."
+                    .into(),
+            ));
+        }
         if self.top_logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return Err(bad(
                 "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20].".into(),
             ));
         }
-        validate_stop(&self.stop)
+        validate_stop(&self.stop)?;
+        if let Some(m) = self.max_tokens {
+            if m > upper_bound && policy == MaxTokensPolicy::Clamp {
+                self.max_tokens = Some(upper_bound);
+            } else if m == 0 || m > upper_bound {
+                return Err(bad(format!(
+                    "Invalid max_tokens value, the valid range of max_tokens is [1, {upper_bound}]"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
