@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import random
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deepinfer.engine.stats import EngineStats, StepStat
 from deepinfer.entrypoints.cli.engine_args import add_engine_args, llm_from_args
 from deepinfer.sampling import SamplingParams
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from deepinfer.entrypoints.llm import LLM
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -91,7 +92,8 @@ def _prompt(rng: random.Random, vocab: int, n: int) -> list[int]:
     return [rng.randrange(3, vocab) for _ in range(n)]
 
 
-def _throughput(llm, rng: random.Random, ins: list[int], outs: list[int], args: argparse.Namespace) -> dict:
+def _throughput(llm: LLM, rng: random.Random, ins: list[int], outs: list[int],
+                args: argparse.Namespace) -> dict:
     engine = llm.engine
     engine.stats = EngineStats()
     reqs = [(_prompt(rng, engine.vocab_size, i), SamplingParams(
@@ -139,7 +141,7 @@ def _step_summary(steps: list[StepStat]) -> dict:
     }
 
 
-def _overhead(llm, batch: int, args: argparse.Namespace) -> dict:
+def _overhead(llm: LLM, batch: int, args: argparse.Namespace) -> dict:
     """Keep `batch` sequences decoding and time the engine's CPU work per decode step."""
     engine = llm.engine
     rng = random.Random(batch)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from deepinfer.engine.loader import DTYPES
 from deepinfer.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer.entrypoints.llm import LLM
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +30,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="engine seed for requests without --sampling-seed")
 
 
-def llm_from_args(args: argparse.Namespace):
+def llm_from_args(args: argparse.Namespace) -> LLM:
     from deepinfer.entrypoints.llm import LLM
 
     return LLM(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
