@@ -8,7 +8,9 @@ use serde_json::Value;
 
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
-use super::tools::{apply_tool_choice, normalised_response_schema, validate_tools, RequestedToolChoice};
+use super::tools::{
+    apply_tool_choice, check_tool_choice, normalised_response_schema, validate_tools, RequestedToolChoice,
+};
 use super::{
     assemble, effort, mentions_json, resolve_model, thinking_mode, Converted, EffortName, Sampling, ThinkingSwitch,
 };
@@ -241,7 +243,7 @@ impl ChatCompletionRequest {
         if self.messages.is_empty() {
             return Err(bad("Empty input messages"));
         }
-        // Checks run in the reference's order: messages, tools, tool choice, response format, sampling.
+        // Checks run in the reference's order: messages, response format, tools, tool choice, sampling.
         let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.0);
         let declared: Vec<ToolDefinition> = self
             .tools
@@ -265,16 +267,6 @@ impl ChatCompletionRequest {
             has_tools,
             options.reasoning_content_behavior,
         )?;
-        // `tool_choice: none` drops the tools unchecked.
-        let declared = match choice {
-            RequestedToolChoice::None => declared,
-            _ => validate_tools(declared, "tools[{}].function.name")?,
-        };
-        if prefix_with_calls {
-            return Err(bad("Function call should not be used with prefix"));
-        }
-        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
-
         let (response_format, strict_response_schema) = match self.response_format {
             None | Some(ChatResponseFormat::Text) => (ResponseFormat::Text, false),
             Some(ChatResponseFormat::JsonObject) => {
@@ -292,6 +284,16 @@ impl ChatCompletionRequest {
             }
             Some(ChatResponseFormat::Regex { regex }) => (ResponseFormat::Regex(regex), false),
         };
+        // `tool_choice: none` drops the tools unchecked.
+        let declared = match choice {
+            RequestedToolChoice::None => declared,
+            _ => validate_tools(declared, "tools[{}].function.name")?,
+        };
+        check_tool_choice(&declared, &choice, thinking_mode)?;
+        if prefix_with_calls {
+            return Err(bad("Function call should not be used with prefix"));
+        }
+        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
 
         let mut sampling = Sampling {
             temperature: self.temperature,

@@ -382,6 +382,9 @@ impl ResponsesRequest {
             Some(Input::Items(items)) => converter.convert(items, &mut messages)?,
             None => false,
         };
+        if missing_reasoning && options.reasoning_content_behavior == ReasoningContentBehavior::Reject {
+            return Err(bad("The `reasoning_text` in the thinking mode must be passed back to the API."));
+        }
         let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
 
         let (response_format, strict_response_schema) = match self.text.and_then(|t| t.typed.format) {
@@ -409,9 +412,6 @@ impl ResponsesRequest {
             ..Sampling::default()
         };
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
-        if missing_reasoning && options.reasoning_content_behavior == ReasoningContentBehavior::Reject {
-            return Err(bad("The `reasoning_text` in the thinking mode must be passed back to the API."));
-        }
         let conversation = Conversation {
             messages,
             thinking_mode,

@@ -139,6 +139,29 @@ fn normalise_strict(schema: &mut Value) -> Result<()> {
     Ok(())
 }
 
+/// Checks a tool choice against the declared tools without applying it.
+pub fn check_tool_choice(
+    tools: &[ToolDefinition],
+    choice: &RequestedToolChoice,
+    thinking_mode: bool,
+) -> Result<()> {
+    if tools.is_empty() {
+        return Ok(());
+    }
+    let forced = matches!(choice, RequestedToolChoice::Required | RequestedToolChoice::Named(_));
+    if forced && thinking_mode {
+        return Err(ConversionError::bad_request("Thinking mode does not support this tool_choice"));
+    }
+    if let RequestedToolChoice::Named(name) = choice {
+        if !tools.iter().any(|t| &t.name == name) {
+            return Err(ConversionError::bad_request(format!(
+                "Invalid value for 'tool_call': no function named '{name}' was specified in the 'tools' parameter."
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Applies the tool choice: returns the remaining tools and the conversation's choice.
 /// Without tools a forcing choice is moot and becomes `auto`.
 pub fn apply_tool_choice(
@@ -151,24 +174,15 @@ pub fn apply_tool_choice(
         let choice = if choice == RequestedToolChoice::None { ToolChoice::None } else { ToolChoice::Auto };
         return Ok((tools, choice));
     }
-    let forced = matches!(choice, RequestedToolChoice::Required | RequestedToolChoice::Named(_));
-    if forced && thinking_mode {
-        return Err(ConversionError::bad_request("Thinking mode does not support this tool_choice"));
-    }
-    match choice {
-        RequestedToolChoice::Auto => Ok((tools, ToolChoice::Auto)),
-        RequestedToolChoice::None => Ok((Vec::new(), ToolChoice::None)),
-        RequestedToolChoice::Required => Ok((tools, ToolChoice::Required)),
+    check_tool_choice(&tools, &choice, thinking_mode)?;
+    Ok(match choice {
+        RequestedToolChoice::Auto => (tools, ToolChoice::Auto),
+        RequestedToolChoice::None => (Vec::new(), ToolChoice::None),
+        RequestedToolChoice::Required => (tools, ToolChoice::Required),
         RequestedToolChoice::Named(name) => {
-            let chosen: Vec<_> = tools.into_iter().filter(|t| t.name == name).collect();
-            if chosen.is_empty() {
-                return Err(ConversionError::bad_request(format!(
-                    "Invalid value for 'tool_call': no function named '{name}' was specified in the 'tools' parameter."
-                )));
-            }
-            Ok((chosen, ToolChoice::Required))
+            (tools.into_iter().filter(|t| t.name == name).collect(), ToolChoice::Required)
         }
-    }
+    })
 }
 
 /// The constraint describing the allowed tool calls, as Chat Completions function tools.
