@@ -63,7 +63,30 @@ impl ResponsesEvent {
     }
 }
 
-/// The response object before any output: shared by the generator and an empty accumulator.
+/// Tools as the response object reports them: every function with `description`, `parameters` and
+/// `strict` (null when absent), namespaces with `description` and their normalised tools; other keys
+/// are dropped.
+fn reported_tools(tools: &Value) -> Value {
+    let Some(list) = tools.as_array() else { return tools.clone() };
+    let field = |tool: &Value, key: &str| tool.get(key).cloned().unwrap_or(Value::Null);
+    let report = |tool: &Value| match tool["type"].as_str() {
+        Some("function") => json!({"type": "function", "name": field(tool, "name"),
+            "description": field(tool, "description"), "parameters": field(tool, "parameters"),
+            "strict": field(tool, "strict")}),
+        Some("namespace") => json!({"type": "namespace", "name": field(tool, "name"),
+            "description": field(tool, "description"), "tools": reported_tools(&field(tool, "tools"))}),
+        _ => tool.clone(),
+    };
+    Value::Array(list.iter().map(report).collect())
+}
+
+/// The f64 whose shortest spelling is the f32 value's (so 0.9f32 reports as `0.9`).
+fn f32_spelling(value: f64) -> f64 {
+    (value as f32).to_string().parse().unwrap_or(value)
+}
+
+/// The response object before any output: shared by the generator and an empty accumulator. Sampling
+/// settings are f32 in requests and are reported with f32 spelling (`0.9`, not `0.8999999761581421`).
 pub fn response_object(id: &str, model: &str, created_at: u64, echo: &Echo) -> Value {
     json!({
         "id": id, "object": "response", "created_at": created_at, "status": "in_progress",
@@ -73,9 +96,9 @@ pub fn response_object(id: &str, model: &str, created_at: u64, echo: &Echo) -> V
         "moderation": null, "output": [], "parallel_tool_calls": true, "presence_penalty": 0.0,
         "previous_response_id": null, "prompt_cache_key": null, "prompt_cache_retention": null,
         "reasoning": {"effort": echo.reasoning_effort, "summary": null}, "safety_identifier": null,
-        "service_tier": "default", "store": false, "temperature": echo.temperature,
+        "service_tier": "default", "store": false, "temperature": f32_spelling(echo.temperature),
         "text": {"format": echo.text_format, "verbosity": null}, "tool_choice": echo.tool_choice,
-        "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": echo.top_p,
+        "tools": reported_tools(&echo.tools), "top_logprobs": echo.top_logprobs, "top_p": f32_spelling(echo.top_p),
         "truncation": "disabled", "usage": null, "user": echo.user, "metadata": {},
     })
 }
