@@ -54,11 +54,14 @@ def worker(repeats: int) -> dict:
 
 def run(official_python: str = OFFICIAL_PYTHON, repeats: int = 5) -> list[tuple[str, float, float]]:
     ours = worker(repeats)
+    # Without PYTHONPATH, so the official interpreter cannot import this repo's build.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(
         [official_python, __file__, "--worker", "--repeats", str(repeats)],
         check=True,
         capture_output=True,
         text=True,
+        env=env,
     )
     official = json.loads(out.stdout)
     return [
