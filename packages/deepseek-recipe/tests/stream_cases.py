@@ -575,6 +575,10 @@ def image_cases(dr):
     ]:
         cases.append({"id": f"resolve/bad/{url[:30]}", "kind": "resolve", "data_url": url, "detail": "high"})
     cases.append({"id": "detail/invalid", "kind": "detail", "detail": "bogus"})
+    # URL errors that never open a connection (bad scheme, no URL, a filter that rejects an IP literal).
+    for url in ["ftp://example.com/a.png", "not a url"]:
+        cases.append({"id": f"url/{url}", "kind": "resolve_url", "url": url})
+    cases.append({"id": "fetch/rejected", "kind": "fetch_rejected", "url": "http://127.0.0.1:9/a.png"})
     return cases
 
 
@@ -585,6 +589,13 @@ def run_image_case(dr, case):
             infos = [dr.ImageInfo(b"", w, h) for w, h in case["sizes"]]
             mm = dr.MultiModalData(infos)
             return {"value": mm.image_token_adjustment(), "empty": mm.is_empty()}
+        if kind == "resolve_url":
+            resolver = dr.ImageResolver(dr.ReqwestImageFetcher(), dr.OpenCvImagePreprocessor())
+            resolver.resolve([dr.UrlImageSource(case["url"])], dr.ImageQuota())
+            return {"value": None}
+        if kind == "fetch_rejected":
+            dr.ReqwestImageFetcher().with_destination_filter(lambda host, address: False).fetch(case["url"])
+            return {"value": None}
         if kind == "detail":
             dr.DataUrlImageSource("data:image/png;base64,", case["detail"])
             return {"value": None}

@@ -8,6 +8,7 @@ pub enum ImageErrorKind {
     Decode,
     Encode,
     InvalidDataUrl,
+    InvalidUrl,
     ImageDimensionsTooLarge,
     TooLarge,
     Fetch,
@@ -22,6 +23,7 @@ impl ImageErrorKind {
             Self::Decode => "Decode",
             Self::Encode => "Encode",
             Self::InvalidDataUrl => "InvalidDataUrl",
+            Self::InvalidUrl => "InvalidUrl",
             Self::ImageDimensionsTooLarge => "ImageDimensionsTooLarge",
             Self::TooLarge => "TooLarge",
             Self::Fetch => "Fetch",
@@ -35,15 +37,33 @@ impl ImageErrorKind {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("image[{index}]: You have uploaded an unsupported image. Please make sure your image is valid and has one of the following formats: webp, png, jpeg, and gif.")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageError {
     pub kind: ImageErrorKind,
     /// Position of the image among the resolved sources.
     pub index: usize,
-    /// Internal detail (never part of the message clients see).
+    /// The URL for URL and download errors; otherwise internal detail that clients never see.
     pub detail: String,
 }
+
+impl std::fmt::Display for ImageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { kind, index, detail } = self;
+        match kind {
+            ImageErrorKind::InvalidUrl => write!(f, "invalid url: \"{detail}\""),
+            ImageErrorKind::Fetch | ImageErrorKind::DestinationRejected | ImageErrorKind::TooLarge => {
+                write!(f, "image[{index}]: Failed to download image from {detail}")
+            }
+            _ => write!(
+                f,
+                "image[{index}]: You have uploaded an unsupported image. Please make sure your image is valid \
+                 and has one of the following formats: webp, png, jpeg, and gif."
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ImageError {}
 
 impl ImageError {
     pub fn new(kind: ImageErrorKind, detail: impl Into<String>) -> Self {

@@ -27,31 +27,27 @@ impl Default for ImageFetcher {
     }
 }
 
-fn fetch_error(detail: impl std::fmt::Display) -> ImageError {
-    ImageError::new(ImageErrorKind::Fetch, detail.to_string())
-}
-
 impl ImageFetcher {
-    fn check_destination(&self, url: &str) -> Result<(), ImageError> {
-        let Some(filter) = &self.destination_filter else { return Ok(()) };
-        let parsed: ureq::http::Uri = url.parse().map_err(fetch_error)?;
-        let host = parsed.host().ok_or_else(|| fetch_error("URL without host"))?;
+    /// Whether the filter allows some address of the URL's host (`Ok(false)`: rejected; `Err`: the
+    /// host could not be resolved).
+    fn destination_allowed(&self, url: &str) -> Result<bool, ()> {
+        let Some(filter) = &self.destination_filter else { return Ok(true) };
+        let parsed: ureq::http::Uri = url.parse().map_err(|_| ())?;
+        let host = parsed.host().ok_or(())?;
         let port = parsed.port_u16().unwrap_or(if parsed.scheme_str() == Some("http") { 80 } else { 443 });
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let addresses = (host, port).to_socket_addrs().map_err(fetch_error)?;
-        let allowed = addresses.into_iter().any(|a| filter(host, &a.ip().to_string()));
-        if allowed {
-            Ok(())
-        } else {
-            Err(ImageError::new(
-                ImageErrorKind::DestinationRejected,
-                format!("no allowed address for {host}"),
-            ))
-        }
+        let addresses = (host, port).to_socket_addrs().map_err(|_| ())?;
+        Ok(addresses.into_iter().any(|a| filter(host, &a.ip().to_string())))
     }
 
     /// Downloads `url`, following redirects itself so every hop passes the destination filter.
     pub fn fetch(&self, url: &str) -> Result<Vec<u8>, ImageError> {
+        let fail = |kind| ImageError::new(kind, url);
+        self.download(url).map_err(fail)
+    }
+
+    fn download(&self, url: &str) -> Result<Vec<u8>, ImageErrorKind> {
+        use ImageErrorKind::{DestinationRejected, Fetch, TooLarge};
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(TIMEOUT))
             .max_redirects(0)
@@ -61,20 +57,21 @@ impl ImageFetcher {
             .into();
         let mut current = url.to_owned();
         for _ in 0..=MAX_REDIRECTS {
-            self.check_destination(&current)?;
-            let mut response = agent.get(&current).call().map_err(fetch_error)?;
+            match self.destination_allowed(&current) {
+                Ok(true) => {}
+                Ok(false) => return Err(DestinationRejected),
+                Err(()) => return Err(Fetch),
+            }
+            let mut response = agent.get(&current).call().map_err(|_| Fetch)?;
             let status = response.status();
             if status.is_redirection() {
-                let location = response
-                    .headers()
-                    .get("location")
-                    .and_then(|v| v.to_str().ok())
-                    .ok_or_else(|| fetch_error("redirect without location"))?;
+                let location =
+                    response.headers().get("location").and_then(|v| v.to_str().ok()).ok_or(Fetch)?;
                 current = resolve_location(&current, location);
                 continue;
             }
             if !status.is_success() {
-                return Err(fetch_error(format!("HTTP status {status}")));
+                return Err(Fetch);
             }
             let mut body = Vec::new();
             response
@@ -82,13 +79,13 @@ impl ImageFetcher {
                 .as_reader()
                 .take(self.max_bytes + 1)
                 .read_to_end(&mut body)
-                .map_err(fetch_error)?;
+                .map_err(|_| Fetch)?;
             if body.len() as u64 > self.max_bytes {
-                return Err(ImageError::new(ImageErrorKind::TooLarge, "image exceeds the size limit"));
+                return Err(TooLarge);
             }
             return Ok(body);
         }
-        Err(fetch_error("too many redirects"))
+        Err(Fetch)
     }
 }
 

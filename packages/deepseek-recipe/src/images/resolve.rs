@@ -30,6 +30,11 @@ pub fn decode_data_url(url: &str) -> Result<Vec<u8>, ImageError> {
     base64::engine::general_purpose::STANDARD.decode(payload.trim()).map_err(|e| invalid(&e.to_string()))
 }
 
+fn is_http(url: &str) -> bool {
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    lower.starts_with("http://") || lower.starts_with("https://")
+}
+
 /// Resolves `sources` in order; the quota changes only when every source succeeded.
 pub fn resolve(
     sources: &[ImageSource],
@@ -40,7 +45,8 @@ pub fn resolve(
     for (index, source) in sources.iter().enumerate() {
         let bytes = match &source.data {
             ImageData::DataUrl(url) => decode_data_url(url),
-            ImageData::Url(url) => fetcher.fetch(url),
+            ImageData::Url(url) if is_http(url) => fetcher.fetch(url),
+            ImageData::Url(url) => Err(ImageError::new(ImageErrorKind::InvalidUrl, url.as_str())),
             ImageData::Bytes(bytes) => Ok(bytes.clone()),
         };
         let image = bytes

@@ -74,7 +74,7 @@ impl PyStreamProcessor {
             Processor::Responses(StreamProcessor::new(g.get().build()?, opts, tok))
         } else {
             return Err(PyTypeError::new_err(
-                "generator must be a ChatCompletionChunkGenerator, ResponsesChunkGenerator or MessagesChunkGenerator",
+                "expected a protocol chunk generator",
             ));
         };
         Ok(Self(processor))
