@@ -468,6 +468,30 @@ def run_api(dr, case):
         v4, _ = tokenizers(dr)
         conversation = build_conversation(dr, case["args"])
         return attempt(lambda: dr.DeepseekV41Encoding().with_tokenizer(v4).encode(conversation))
+    if what == "reprs":
+        src = dr.UrlImageSource("http://x", "low", path="p")
+        objects = [
+            dr.SystemMessage("s", [src], [dr.ToolDefinition("t")]),
+            dr.UserMessage("u <｜image｜>", [src]),
+            dr.AssistantMessage("a"),
+            dr.AssistantMessage("a", "r", [dr.ToolCall("1", "f", "{}")], True),
+            dr.ToolMessage("t", "id", [src]),
+            dr.LatestReminderMessage('l\n"q"'),
+            src,
+            dr.BytesImageSource(b"ab"),
+            dr.DataUrlImageSource("data:x"),
+            dr.ToolDefinition("x", "d", {"a": 1}, True, True),
+            dr.ToolDefinition("y"),
+            dr.ToolCall("a\n", "b", "c"),
+            dr.Conversation(),
+            dr.Conversation([dr.UserMessage("x")], reasoning_effort="max", response_schema={}),
+            dr.DeepseekV4Encoding().render_conversation(dr.Conversation([dr.UserMessage("é")])),
+            dr.SpecialToken.Dsml,
+            dr.ModelVersion.DeepseekV41Flash,
+            dr.WebSearchBehavior.Drop,
+            dr.ReasoningContentBehavior.Reject,
+        ]
+        return [repr(o) for o in objects]
     if what == "module":
         return {"version": dr.__version__, "image_id": dr.IMAGE_SPECIAL_TOKEN_ID}
     raise ValueError(what)

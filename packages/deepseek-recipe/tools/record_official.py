@@ -1197,6 +1197,7 @@ def api_cases():
             "encode_without_tokenizer",
             "tokenizer_missing_file",
             "module",
+            "reprs",
         )
     ]
     cases += [
@@ -1585,13 +1586,27 @@ def extra_cases():
                 chat_body["thinking"] = msg_body["thinking"] = {"type": switch}
             add("chat", chat_body, off)
             add("messages", msg_body, off)
-        resp_body = {"model": V4, "input": "hi", "tools": [fn_tool], "tool_choice": {"type": "function", "name": "f"}}
+        resp_body = {
+            "model": V4,
+            "input": "hi",
+            "tools": [fn_tool],
+            "tool_choice": {"type": "function", "name": "f"},
+        }
         if effort:
             resp_body["reasoning"] = {"effort": effort}
         add("responses", resp_body, off)
         add("responses", {k: v for k, v in resp_body.items() if k != "tool_choice"}, off)
-        add("chat", {"model": V41, "messages": USER, "tools": [chat_tool("f")], "tool_choice": "required",
-                     **({"reasoning_effort": effort} if effort else {})}, off)
+        add(
+            "chat",
+            {
+                "model": V41,
+                "messages": USER,
+                "tools": [chat_tool("f")],
+                "tool_choice": "required",
+                **({"reasoning_effort": effort} if effort else {}),
+            },
+            off,
+        )
     for body in (
         {"model": V4, "messages": USER, "stop": ["a", 5]},
         {"model": V4, "messages": USER, "n": -1},
@@ -1810,10 +1825,21 @@ def fuzz_convert_cases(count=150, seed=99):
         if protocol == "chat":
             msgs = [{"role": "user", "content": rng.choice(texts)}]
             if rng.random() < 0.5:
-                call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "x"}'}}
+                call = {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "x"}'},
+                }
                 asst = {"role": "assistant", "content": rng.choice([*texts, None]), "tool_calls": [call]}
                 maybe(asst, "reasoning_content", texts, 0.5)
-                msgs += [asst, {"role": "tool", "tool_call_id": rng.choice(["c1", "c1", "zz"]), "content": rng.choice(texts)}]
+                msgs += [
+                    asst,
+                    {
+                        "role": "tool",
+                        "tool_call_id": rng.choice(["c1", "c1", "zz"]),
+                        "content": rng.choice(texts),
+                    },
+                ]
                 if rng.random() < 0.5:
                     msgs.append({"role": "user", "content": rng.choice(texts)})
             if rng.random() < 0.2:
@@ -1821,15 +1847,35 @@ def fuzz_convert_cases(count=150, seed=99):
             if rng.random() < 0.15:
                 msgs.append({"role": "assistant", "content": rng.choice(texts), "prefix": True})
             body = {"model": model, "messages": msgs}
-            maybe(body, "tools", [[chat_tool()], [chat_tool(strict=True)], [chat_tool(), chat_tool("f", params={"type": "object"})]], 0.5)
-            maybe(body, "tool_choice", ["auto", "none", "required", {"type": "function", "function": {"name": "get_weather"}}])
+            maybe(
+                body,
+                "tools",
+                [
+                    [chat_tool()],
+                    [chat_tool(strict=True)],
+                    [chat_tool(), chat_tool("f", params={"type": "object"})],
+                ],
+                0.5,
+            )
+            maybe(
+                body,
+                "tool_choice",
+                ["auto", "none", "required", {"type": "function", "function": {"name": "get_weather"}}],
+            )
             maybe(body, "reasoning_effort", efforts)
             maybe(body, "thinking", [{"type": "enabled"}, {"type": "disabled"}])
             maybe(body, "temperature", [0, 0.7, 2, 2.5])
             maybe(body, "top_p", [0.1, 0.95, 1, 0])
             maybe(body, "max_tokens", [1, 100, 0, 393217])
-            maybe(body, "response_format", [{"type": "json_object"}, {"type": "regex", "regex": "a+"},
-                                             {"type": "json_schema", "json_schema": {"name": "n", "schema": WEATHER, "strict": True}}])
+            maybe(
+                body,
+                "response_format",
+                [
+                    {"type": "json_object"},
+                    {"type": "regex", "regex": "a+"},
+                    {"type": "json_schema", "json_schema": {"name": "n", "schema": WEATHER, "strict": True}},
+                ],
+            )
             maybe(body, "stop", ["x", ["a", "b"], []])
             maybe(body, "logprobs", [True, False])
             maybe(body, "top_logprobs", [0, 5, 21])
@@ -1839,14 +1885,34 @@ def fuzz_convert_cases(count=150, seed=99):
                 blocks = [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "x"}}]
                 if rng.random() < 0.5:
                     blocks.insert(0, {"type": "thinking", "thinking": rng.choice(texts)})
-                msgs += [{"role": "assistant", "content": blocks},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": rng.choice(["t1", "t1", "zz"]), "content": rng.choice(texts)}]}]
+                msgs += [
+                    {"role": "assistant", "content": blocks},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": rng.choice(["t1", "t1", "zz"]),
+                                "content": rng.choice(texts),
+                            }
+                        ],
+                    },
+                ]
             if rng.random() < 0.2:
                 msgs.append({"role": "assistant", "content": rng.choice(texts) or "y"})
             body = {"model": model, "messages": msgs}
             maybe(body, "system", ["sys", [{"type": "text", "text": "s"}]])
             maybe(body, "tools", [[{"name": "get_weather", "input_schema": WEATHER}]], 0.5)
-            maybe(body, "tool_choice", [{"type": "auto"}, {"type": "any"}, {"type": "none"}, {"type": "tool", "name": "get_weather"}])
+            maybe(
+                body,
+                "tool_choice",
+                [
+                    {"type": "auto"},
+                    {"type": "any"},
+                    {"type": "none"},
+                    {"type": "tool", "name": "get_weather"},
+                ],
+            )
             maybe(body, "thinking", [{"type": "enabled", "budget_tokens": 100}, {"type": "disabled"}])
             maybe(body, "output_config", [{"effort": e} for e in efforts])
             maybe(body, "max_tokens", [1, 1024, 0, 10**6])
@@ -1859,14 +1925,29 @@ def fuzz_convert_cases(count=150, seed=99):
             elif roll < 0.9:
                 items = [{"role": "user", "content": rng.choice(texts)}]
                 if rng.random() < 0.5:
-                    items += [{"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
-                              {"type": "function_call_output", "call_id": rng.choice(["c1", "c1", "zz"]), "output": rng.choice(texts)}]
+                    items += [
+                        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                        {
+                            "type": "function_call_output",
+                            "call_id": rng.choice(["c1", "c1", "zz"]),
+                            "output": rng.choice(texts),
+                        },
+                    ]
                 body["input"] = items
             maybe(body, "instructions", texts)
             maybe(body, "tools", [[{"type": "function", "name": "get_weather", "parameters": WEATHER}]], 0.5)
-            maybe(body, "tool_choice", ["auto", "none", "required", {"type": "function", "name": "get_weather"}])
+            maybe(
+                body, "tool_choice", ["auto", "none", "required", {"type": "function", "name": "get_weather"}]
+            )
             maybe(body, "reasoning", [{"effort": e} for e in efforts])
-            maybe(body, "text", [{"format": {"type": "json_object"}}, {"format": {"type": "json_schema", "name": "n", "schema": WEATHER}}])
+            maybe(
+                body,
+                "text",
+                [
+                    {"format": {"type": "json_object"}},
+                    {"format": {"type": "json_schema", "name": "n", "schema": WEATHER}},
+                ],
+            )
             maybe(body, "max_output_tokens", [1, 100, 0])
             maybe(body, "top_logprobs", [0, 3, 25])
         cases.append({"protocol": protocol, "body": body, "options": options, "body_kind": "dict"})

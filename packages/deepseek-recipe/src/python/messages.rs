@@ -80,12 +80,8 @@ impl PyToolDefinition {
     }
     fn __repr__(&self) -> String {
         let t = &self.inner;
-        format!(
-            "ToolDefinition(name={:?}, description={}, strict={})",
-            t.name,
-            t.description.as_ref().map_or("None".to_owned(), |d| format!("{d:?}")),
-            t.strict.map_or("None", |s| if s { "True" } else { "False" })
-        )
+        // The reference prints the optional fields in Rust's debug form (`Some("d")`, `None`).
+        format!("ToolDefinition(name={:?}, description={:?}, strict={:?})", t.name, t.description, t.strict)
     }
 }
 
