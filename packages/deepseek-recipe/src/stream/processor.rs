@@ -89,8 +89,6 @@ pub struct StreamProcessor<G: Generator> {
     completion_tokens: u64,
     piece: u64,
     report_reasoning: bool,
-    /// Tool-call ids carry `ET_` when thinking mode produced calls without a reasoning phase.
-    id_marker: &'static str,
     ids: IdSource,
     released: Vec<Output>,
     /// Id of the `</think>` special token (token input recognises it only by id).
@@ -111,9 +109,6 @@ enum Unit {
 
 impl<G: Generator> StreamProcessor<G> {
     pub fn new(generator: G, options: &ParsingOptions, tokenizer: Option<Tokenizer>) -> Self {
-        let starts_in_reasoning = !options.starts_in_tool_calls
-            && options.thinking_initial_stage.is_some_and(|s| s.starts_in_reasoning());
-        let id_marker = if generator.thinking_mode() && !starts_in_reasoning { "ET_" } else { "" };
         let think_end = options.special_tokens.token(SpecialToken::ThinkingEnd);
         let think_end_id = tokenizer.as_ref().and_then(|t| t.added_token_id(think_end));
         let dsml = options.special_tokens.token(SpecialToken::Dsml);
@@ -130,7 +125,6 @@ impl<G: Generator> StreamProcessor<G> {
             completion_tokens: 0,
             piece: 0,
             report_reasoning: options.thinking_initial_stage.is_some(),
-            id_marker,
             ids: IdSource::new(),
             released: Vec::new(),
             think_end_id,
@@ -189,7 +183,6 @@ impl<G: Generator> StreamProcessor<G> {
                     self.lifecycle = Lifecycle::Closed;
                     return Err(StreamError::NoTokenizer);
                 }
-                self.ensure_started(&mut out);
                 self.completion_tokens += token_ids.len() as u64;
                 self.feed_tokens(&token_ids, logprobs.unwrap_or_default(), &mut out);
             }
@@ -265,9 +258,11 @@ impl<G: Generator> StreamProcessor<G> {
             });
         }
         if decoder.has_pending() {
+            // Nothing decodable yet: the stream has not visibly started.
             self.carried_units = units;
             return;
         }
+        self.ensure_started(out);
         self.feed_units(units);
         self.settle(out);
     }
@@ -308,7 +303,14 @@ impl<G: Generator> StreamProcessor<G> {
         for output in std::mem::take(&mut self.released) {
             let delta = match output {
                 Output::ToolStart { index, name } => {
-                    let id = format!("call_{index:02}_{}{}", self.id_marker, self.ids.next_suffix());
+                    // `ET_` marks calls made in thinking mode without any reasoning before them.
+                    let marker = if self.generator.thinking_mode() && self.parser.reasoning_text().is_empty()
+                    {
+                        "ET_"
+                    } else {
+                        ""
+                    };
+                    let id = format!("call_{index:02}_{marker}{}", self.ids.next_suffix());
                     Delta::ToolCallStart { index, id, name }
                 }
                 Output::Text { channel: Channel::Reasoning, piece, text } => {
