@@ -3,37 +3,17 @@ rollback) give the same drafts as a one-shot prefill; heads and conventions beha
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
-from deepinfer.checkpoint import write_checkpoint
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, load_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
-from deepinfer.testing.configs import tiny_config
-from deepinfer.tokenizer import build_synthetic_tokenizer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from deepinfer.testing import write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> DeepseekV41Runtime:
-    path = tmp_path_factory.mktemp("dspark")
-    write_checkpoint(
-        tiny_config("full"),
-        path,
-        seed=5,
-        tokenizer=build_synthetic_tokenizer(),
-        single_file=True,
-        progress=False,
-    )
+    path = write_tiny_checkpoint("full", tmp_path_factory.mktemp("dspark"), seed=5)
     return load_runtime(path, options=RuntimeOptions(max_backtrack=5))
 
 

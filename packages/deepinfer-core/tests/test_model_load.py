@@ -9,28 +9,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepinfer.checkpoint import write_checkpoint
 from deepinfer.entrypoints.cli.main import main
 from deepinfer.models.deepseek_v41.weights import WeightError
 from deepinfer.models.registry import load_model
-from deepinfer.testing.configs import tiny_config
-from deepinfer.tokenizer import build_synthetic_tokenizer
+from deepinfer.testing import write_tiny_checkpoint
 
 FILE = "model.safetensors"
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("c2")
-    write_checkpoint(
-        tiny_config("c2"),
-        path,
-        seed=3,
-        tokenizer=build_synthetic_tokenizer(),
-        single_file=True,
-        progress=False,
-    )
-    return path
+    return write_tiny_checkpoint("c2", tmp_path_factory.mktemp("c2"), seed=3)
 
 
 def _damaged(good: Path, tmp_path: Path, edit) -> Path:

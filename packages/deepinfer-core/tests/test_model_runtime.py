@@ -4,40 +4,24 @@ a full recompute; bounded replay modes agree; release cache precision is reporte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
-from deepinfer.checkpoint import write_checkpoint
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, load_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
-from deepinfer.testing.configs import TINY_CONFIG_NAMES, tiny_config
-from deepinfer.tokenizer import build_synthetic_tokenizer
+from deepinfer.testing import TINY_CONFIG_NAMES, write_tiny_checkpoint
 
 EXACT_TOL = 1e-4
 YOCO_CONFIGS = ("c1_yoco", "reindex", "full")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # tiny ops: intra-op threads only add synchronisation (30x slower on a loaded 2-core machine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    tok = build_synthetic_tokenizer()
-    out = {}
-    for name in TINY_CONFIG_NAMES:
-        path = tmp_path_factory.mktemp(name)
-        write_checkpoint(tiny_config(name), path, seed=1, tokenizer=tok, single_file=True, progress=False)
-        out[name] = str(path)
-    return out
+    return {name: str(write_tiny_checkpoint(name, tmp_path_factory.mktemp(name), seed=1))
+            for name in TINY_CONFIG_NAMES}
 
 
 @dataclass

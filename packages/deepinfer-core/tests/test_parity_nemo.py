@@ -222,14 +222,6 @@ def _run_prompts(runtime, case: Case, fixture: dict[str, torch.Tensor]) -> Ours:
     return ours
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: one BLAS thread is faster, and reproducible."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
 
 @pytest.fixture(scope="module")
 def ours_exact(exact_model, case: Case) -> Ours:

@@ -1,5 +1,6 @@
 """Named tiny configs and checkpoint fabrication for tests and benchmarks."""
 
+from deepinfer.testing.checkpoints import write_tiny_checkpoint
 from deepinfer.testing.configs import (
     TINY_CONFIG_NAMES,
     flash_slice_config,
@@ -16,4 +17,5 @@ __all__ = [
     "flash_slice_config_dict",
     "tiny_config",
     "tiny_config_dict",
+    "write_tiny_checkpoint",
 ]
