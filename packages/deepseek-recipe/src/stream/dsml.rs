@@ -12,8 +12,10 @@ use super::fragments::{Channel, Class, Fragments};
 pub struct DsmlTags {
     invoke: [String; 2],
     parameter: [String; 2],
-    /// `</｜DSML｜`: closes a value, an invoke or the block depending on where it appears.
+    /// `</｜DSML｜`: closes a value or an invoke.
     close: String,
+    /// The closing tags of the block itself (stray closing tags of other kinds are ignored).
+    block_close: [String; 2],
     /// `<｜DSML｜`: opens a block from reasoning or content (the block parser reads what follows).
     pub opener: String,
 }
@@ -24,6 +26,7 @@ impl DsmlTags {
             invoke: [format!("<{dsml}invoke"), format!("<{dsml} invoke")],
             parameter: [format!("<{dsml}parameter name="), format!("<{dsml} parameter name=")],
             close: format!("</{dsml}"),
+            block_close: [format!("</{dsml}tool_calls>"), format!("</{dsml} calls>")],
             opener: format!("<{dsml}"),
         }
     }
@@ -110,9 +113,10 @@ impl DsmlParser {
             State::Block => {
                 self.buf.push((c, piece));
                 let [v4, v41] = &self.tags.invoke;
-                let cands = [v4.as_str(), v41.as_str(), self.tags.close.as_str()];
+                let [end4, end41] = &self.tags.block_close;
+                let cands = [v4.as_str(), v41.as_str(), end4.as_str(), end41.as_str()];
                 self.state = match scan_ignoring(&mut self.buf, &cands) {
-                    Some((2, _)) => State::Done,
+                    Some((2 | 3, _)) => State::Done,
                     Some(_) => State::InvokeAttr,
                     None => State::Block,
                 };
