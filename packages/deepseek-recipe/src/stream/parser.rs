@@ -51,9 +51,6 @@ pub struct Parser {
     halted: Option<Halt>,
     /// With token input, `</think>` counts only as its own special token, never as spelled text.
     token_level_think_end: bool,
-    /// Parsing began a new assistant turn (`ReasoningStart`): its reasoning holds trailing newlines
-    /// even without tool-call parsing.
-    new_turn: bool,
     /// Token input whose tokenizer has no token for the DSML spelling: no tool-call block can open.
     dsml_blocked: bool,
 }
@@ -86,7 +83,6 @@ impl Parser {
             halted: None,
             token_level_think_end: false,
             dsml_blocked: false,
-            new_turn: options.thinking_initial_stage == Some(S::ReasoningStart),
         }
     }
 
@@ -249,7 +245,7 @@ impl Parser {
 
     fn holds_newlines(&self) -> bool {
         match self.mode {
-            Mode::Reasoning => self.parse_tool_calls || self.new_turn,
+            Mode::Reasoning => true,
             Mode::Content => {
                 self.parse_tool_calls && !self.json.as_ref().is_some_and(JsonOutput::takes_newline)
             }
