@@ -43,20 +43,21 @@ class IncrementalDetokenizer:
         self._prefix = 0
         self._read = 0
         table = getattr(tokenizer, "byte_pieces", None)
-        self._pieces, self._special = table if table is not None else (None, frozenset())
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pieces, special = table if table is not None else (None, frozenset())
+        self._dropped = special if skip_special else frozenset()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
     def add(self, token_id: int) -> str | None:
         """Append a token; returns the stop string it completed, if any (text is then truncated)."""
-        self.ids.append(token_id)
-        if self._pieces is not None:
-            if (self.skip_special and token_id in self._special) or token_id >= len(self._pieces):
+        if self._pieces is not None:  # the per-token hot path: one look-up, one incremental decode
+            if token_id in self._dropped or token_id >= len(self._pieces):
                 return None
-            delta = self._utf8.decode(self._pieces[token_id])
-            return self._append(delta) if delta else None
+            delta = self._utf8(self._pieces[token_id])
+            return self._take(delta) if delta else None
+        self.ids.append(token_id)
         before = self._decode(self.ids[self._prefix:self._read])
         after = self._decode(self.ids[self._prefix:])
         if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
@@ -66,8 +67,8 @@ class IncrementalDetokenizer:
     def flush(self) -> None:
         """At the end, emit whatever an incomplete trailing character left pending."""
         if self._pieces is not None:
-            if delta := self._utf8.decode(b"", final=True):
-                self._append(delta)
+            if delta := self._utf8(b"", final=True):
+                self._take(delta)
             return
         before = self._decode(self.ids[self._prefix:self._read])
         after = self._decode(self.ids[self._prefix:])
@@ -75,11 +76,17 @@ class IncrementalDetokenizer:
             self._append(after[len(before):])
 
     def _append(self, delta: str) -> str | None:
+        """Window path: take in newly decoded text and advance the window."""
         self._prefix, self._read = self._read, len(self.ids)
+        return self._take(delta)
+
+    def _take(self, delta: str) -> str | None:
         self._pending.append(delta)
         self._pending_len += len(delta)
-        if not self.stop:
-            return None
+        return self._match_stop(delta) if self.stop else None
+
+    def _match_stop(self, delta: str) -> str | None:
+        """After `delta` joined the pending text: the stop string it completes, text cut before it."""
         window = self._tail + delta  # a match found here ends in `delta`: earlier ones stopped us
         self._tail = window[max(0, len(window) - self.holdback):] if self.holdback else ""
         hits = [(at, s) for s in self.stop if (at := window.find(s)) >= 0]
