@@ -80,3 +80,25 @@ def test_bad_request_rejected_on_real_model(model, bad):
         engine.add_request(PROMPTS[0], bad)
     assert not engine.has_unfinished_requests()
     engine.close()
+
+
+def test_n_completions_share_the_prompt_prefill(model):
+    """The V4.1 runtime copies the prompt's slot and blocks to each sibling: the same samples as n
+    separate prefills, with the prompt run through the model once instead of n times."""
+    params = SamplingParams(n=3, temperature=0.9, seed=3, max_tokens=8, ignore_eos=True)
+    outputs, tokens = {}, {}
+    for fork in (True, False):
+        engine = LLMEngine(model, None, EngineConfig(max_model_len=256, cache_bytes=16 << 20,
+                                                     log_stats_interval=0))
+        assert engine.scheduler.can_fork
+        engine.scheduler.can_fork = fork  # False: what a model without copy_slot / copy_blocks gets
+        engine.add_request(PROMPTS[3], params, request_id="r")
+        while engine.has_unfinished_requests():
+            outputs |= {(fork, o.request_id): [c.token_ids for c in o.outputs] for o in engine.step()
+                        if o.finished}
+        engine.close()
+        assert engine.cache.all_free()
+        tokens[fork] = sum(s.num_tokens for s in engine.stats.steps)
+    assert outputs[True, "r"] == outputs[False, "r"]
+    assert len({tuple(t) for t in outputs[True, "r"]}) > 1  # the completions really differ
+    assert tokens[False] - tokens[True] == 2 * len(PROMPTS[3])

@@ -107,3 +107,13 @@ class KVCache:
 
     def reset_slot(self, slot: int) -> None:
         self.slots[slot].zero_()
+
+    # Forking a sequence (n > 1 completions of one prompt): the pools are raw bytes of every layer,
+    # so a row copy duplicates all of a slot's rings and compressor state, or a block's entries.
+    def copy_slot(self, src: int, dst: int) -> None:
+        self.slots[dst] = self.slots[src]
+
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        self.blocks[torch.tensor(dst, device=self.blocks.device)] = self.blocks[
+            torch.tensor(src, device=self.blocks.device)
+        ]

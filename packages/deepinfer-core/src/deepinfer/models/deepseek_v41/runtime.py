@@ -79,6 +79,14 @@ class DeepseekV41Runtime:
         if self.history is not None:
             self.history[slot].zero_()
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        self._require_cache().copy_slot(src, dst)
+        if self.history is not None:
+            self.history[dst] = self.history[src]
+
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        self._require_cache().copy_blocks(src, dst)
+
     def _require_cache(self) -> KVCache:
         if self.cache is None:
             raise RuntimeError("allocate_cache() must be called before forward()")
