@@ -99,10 +99,11 @@ impl DsmlParser {
 
     /// The piece of the earliest input character not settled yet: a possible closing tag inside a
     /// value, or the tail of a tag being read.
-    pub fn undecided_piece(&self) -> Option<u64> {
+    pub fn undecided_piece(&self) -> Option<(u64, Option<Class>)> {
         match self.state {
-            State::Value { .. } => self.buf.first().map(|&(_, p)| p),
-            State::SkipToGt { .. } => self.tail_piece,
+            // A possible closing tag can only turn out to be more value text.
+            State::Value { .. } => self.buf.first().map(|&(_, p)| (p, Some(Class::Value))),
+            State::SkipToGt { .. } => self.tail_piece.map(|p| (p, None)),
             _ => None,
         }
     }

@@ -113,11 +113,14 @@ impl Fragments {
         }
     }
 
-    /// Releases every settled fragment. `undecided_piece` is the piece of the earliest input character
-    /// the parser has not decided yet; the last fragment waits while it comes from that piece.
-    pub fn release(&mut self, undecided_piece: Option<u64>, out: &mut Vec<Output>) {
-        let keep_last = match (self.queue.back(), undecided_piece) {
-            (Some(last), Some(p)) => !last.sealed && last.piece == p,
+    /// Releases every settled fragment. `undecided` is the piece of the earliest input character the
+    /// parser has not decided yet and, when known, the class it can only become; the last fragment
+    /// waits while that character could still join it.
+    pub fn release(&mut self, undecided: Option<(u64, Option<Class>)>, out: &mut Vec<Output>) {
+        let keep_last = match (self.queue.back(), undecided) {
+            (Some(last), Some((p, class))) => {
+                !last.sealed && last.piece == p && class.is_none_or(|c| c == last.class)
+            }
             _ => false,
         };
         let n = self.queue.len() - usize::from(keep_last);

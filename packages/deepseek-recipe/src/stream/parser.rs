@@ -107,13 +107,14 @@ impl Parser {
         &self.reasoning_text
     }
 
-    /// The piece of the earliest input character not decided yet.
-    pub fn undecided_piece(&self) -> Option<u64> {
+    /// The piece of the earliest input character not decided yet (and the only class it can become,
+    /// when that is known).
+    pub fn undecided_piece(&self) -> Option<(u64, Option<Class>)> {
         let text_held = self.newlines.first().copied().or(self.tag.first().map(|&(_, p)| p));
         let json_held = self.json.as_ref().and_then(JsonOutput::undecided_piece);
         match &self.mode {
             Mode::Tools(p) => p.undecided_piece(),
-            _ => json_held.or(text_held),
+            _ => json_held.or(text_held).map(|p| (p, None)),
         }
     }
 
