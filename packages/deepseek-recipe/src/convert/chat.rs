@@ -6,15 +6,14 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::common::{openai_tool_choice, string_or_list};
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{
-    apply_tool_choice, check_tool_choice, normalised_response_schema, validate_tools, RequestedToolChoice,
+    apply_tool_choice, check_tool_choice, validate_tools, RequestedToolChoice,
 };
-use super::{
-    assemble, effort, mentions_json, resolve_model, thinking_mode, Converted, EffortName, Sampling, ThinkingSwitch,
-};
-use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
+use super::{assemble, bad, checked_response_format, Converted, EffortName, Sampling, Target, ThinkingSwitch};
+use crate::conversation::{ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
 use crate::messages::{Message, ToolCall, ToolDefinition};
@@ -74,13 +73,7 @@ pub enum ChatContent {
 
 impl<'de> Deserialize<'de> for ChatContent {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
-            Value::String(text) => Ok(Self::Text(text)),
-            parts @ Value::Array(_) => {
-                serde_json::from_value(parts).map(Self::Parts).map_err(de::Error::custom)
-            }
-            _ => Err(de::Error::custom("content should be a string or a list")),
-        }
+        string_or_list(deserializer, Self::Text, Self::Parts, "content should be a string or a list")
     }
 }
 
@@ -162,21 +155,15 @@ struct ChatCompletionToolChoiceFunction {
 
 impl<'de> Deserialize<'de> for ChatToolChoice {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let choice = match Value::deserialize(deserializer)? {
-            Value::String(s) if s == "none" => RequestedToolChoice::None,
-            Value::String(s) if s == "auto" => RequestedToolChoice::Auto,
-            Value::String(s) if s == "required" => RequestedToolChoice::Required,
-            Value::Object(mut map) => {
-                let kind = map.remove("type").unwrap_or(Value::Null);
-                FunctionKind::deserialize(kind).map_err(|e| de::Error::custom(format!("field `type`: {e}")))?;
-                let function = map.remove("function").unwrap_or(Value::Null);
-                let function: ChatCompletionToolChoiceFunction = serde_json::from_value(function)
-                    .map_err(|e| de::Error::custom(format!("field `function`: {e}")))?;
-                RequestedToolChoice::Named(function.name)
-            }
-            _ => return Err(de::Error::custom("expected one of `none`, `auto`, `required` or a tool")),
+        let named = |mut map: serde_json::Map<String, Value>| {
+            let kind = map.remove("type").unwrap_or(Value::Null);
+            FunctionKind::deserialize(kind).map_err(|e| de::Error::custom(format!("field `type`: {e}")))?;
+            let function = map.remove("function").unwrap_or(Value::Null);
+            let function: ChatCompletionToolChoiceFunction = serde_json::from_value(function)
+                .map_err(|e| de::Error::custom(format!("field `function`: {e}")))?;
+            Ok(function.name)
         };
-        Ok(Self(choice))
+        openai_tool_choice(deserializer, named, "expected one of `none`, `auto`, `required` or a tool").map(Self)
     }
 }
 
@@ -198,11 +185,7 @@ impl StopSequences {
 
 impl<'de> Deserialize<'de> for StopSequences {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
-            Value::String(s) => Ok(Self::One(s)),
-            list @ Value::Array(_) => serde_json::from_value(list).map(Self::Many).map_err(de::Error::custom),
-            _ => Err(de::Error::custom("expected a string or a list")),
-        }
+        string_or_list(deserializer, Self::One, Self::Many, "expected a string or a list")
     }
 }
 
@@ -228,18 +211,11 @@ pub struct JsonSchemaFormat {
     pub strict: Option<bool>,
 }
 
-fn bad(message: impl Into<String>) -> ConversionError {
-    ConversionError::bad_request(message)
-}
-
 impl ChatCompletionRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
-        let model_version = resolve_model(options, &self.model)?;
-        let thinking_mode = thinking_mode(
-            self.thinking.map(ThinkingSwitch::enabled),
-            self.reasoning_effort,
-            options.default_thinking_mode,
-        );
+        let switch = self.thinking.map(ThinkingSwitch::enabled);
+        let target = Target::resolve(options, &self.model, switch, self.reasoning_effort)?;
+        let Target { model_version, thinking_mode, .. } = target;
         if self.messages.is_empty() {
             return Err(bad("Empty input messages"));
         }
@@ -267,23 +243,19 @@ impl ChatCompletionRequest {
             has_tools,
             options.reasoning_content_behavior,
         )?;
-        let (response_format, strict_response_schema) = match self.response_format {
+        let requested_format = match self.response_format {
             None | Some(ChatResponseFormat::Text) => (ResponseFormat::Text, false),
-            Some(ChatResponseFormat::JsonObject) => {
-                if !mentions_json(&messages) {
-                    return Err(bad(
-                        "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.",
-                    ));
-                }
-                (ResponseFormat::JsonObject, false)
-            }
-            Some(ChatResponseFormat::JsonSchema { json_schema }) => {
-                let strict = json_schema.strict == Some(true);
-                normalised_response_schema(&json_schema.schema, strict)?;
-                (ResponseFormat::JsonSchema(json_schema.schema), strict)
+            Some(ChatResponseFormat::JsonObject) => (ResponseFormat::JsonObject, false),
+            Some(ChatResponseFormat::JsonSchema { json_schema: format }) => {
+                (ResponseFormat::JsonSchema(format.schema), format.strict == Some(true))
             }
             Some(ChatResponseFormat::Regex { regex }) => (ResponseFormat::Regex(regex), false),
         };
+        let response_format = checked_response_format(
+            requested_format,
+            &messages,
+            "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.",
+        )?;
         // `tool_choice: none` drops the tools unchecked.
         let declared = match choice {
             RequestedToolChoice::None => declared,
@@ -293,7 +265,7 @@ impl ChatCompletionRequest {
         if prefix_with_calls {
             return Err(bad("Function call should not be used with prefix"));
         }
-        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
+        let tools = apply_tool_choice(declared, choice, thinking_mode)?;
 
         let mut sampling = Sampling {
             temperature: self.temperature,
@@ -317,26 +289,15 @@ impl ChatCompletionRequest {
         sampling.stop = self.stop.map(StopSequences::into_vec).unwrap_or_default();
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
 
-        let conversation = Conversation {
+        let converted = Converted {
             messages,
-            thinking_mode,
             tools,
-            tool_choice,
-            reasoning_effort: effort(thinking_mode, self.reasoning_effort),
             response_format,
+            sampling,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
         };
-        assemble(
-            options,
-            Converted {
-                model_version,
-                conversation,
-                sampling,
-                strict_response_schema,
-                stream: self.stream.unwrap_or(false),
-                include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
-                requested_effort: self.reasoning_effort,
-            },
-        )
+        assemble(options, target, converted)
     }
 }
 

@@ -1,14 +1,15 @@
 //! Anthropic Messages requests.
 
-use serde::de::{self, Deserializer};
+use serde::de::Deserializer;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::common::string_or_list;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
-use super::{assemble, effort, resolve_model, thinking_mode, Converted, EffortName, Sampling};
-use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
+use super::{assemble, bad, Converted, EffortName, Sampling, Target};
+use crate::conversation::{ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
 use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
@@ -71,13 +72,8 @@ enum SystemBlock {
 
 impl<'de> Deserialize<'de> for SystemBlocks {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
-            Value::String(text) => Ok(Self(vec![text])),
-            list @ Value::Array(_) => serde_json::from_value::<Vec<SystemBlock>>(list)
-                .map(|blocks| Self(blocks.into_iter().map(|SystemBlock::Text { text }| text).collect()))
-                .map_err(de::Error::custom),
-            _ => Err(de::Error::custom("expected a string or a list")),
-        }
+        let many = |blocks: Vec<SystemBlock>| Self(blocks.into_iter().map(|SystemBlock::Text { text }| text).collect());
+        string_or_list(deserializer, |text| Self(vec![text]), many, "expected a string or a list")
     }
 }
 
@@ -106,11 +102,7 @@ pub struct Blocks(pub Vec<Block>);
 
 impl<'de> Deserialize<'de> for Blocks {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
-            Value::String(text) => Ok(Self(vec![Block::Text { text }])),
-            list @ Value::Array(_) => serde_json::from_value(list).map(Self).map_err(de::Error::custom),
-            _ => Err(de::Error::custom("expected a string or a list")),
-        }
+        string_or_list(deserializer, |text| Self(vec![Block::Text { text }]), Self, "expected a string or a list")
     }
 }
 
@@ -180,20 +172,16 @@ pub enum AnthropicToolChoice {
     None {},
 }
 
-fn bad(message: impl Into<String>) -> ConversionError {
-    ConversionError::bad_request(message)
-}
-
 fn server_tools_unsupported() -> ConversionError {
     bad("Unsupported content block: server tools are not supported")
 }
 
 impl MessagesRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
-        let model_version = resolve_model(options, &self.model)?;
         let requested_effort = self.output_config.and_then(|c| c.effort);
         let switch = self.thinking.map(|t| !matches!(t, MessagesThinking::Disabled {}));
-        let thinking_mode = thinking_mode(switch, requested_effort, options.default_thinking_mode);
+        let target = Target::resolve(options, &self.model, switch, requested_effort)?;
+        let Target { model_version, thinking_mode, .. } = target;
         if self.messages.is_empty() {
             return Err(bad("messages: at least one message is required"));
         }
@@ -224,7 +212,7 @@ impl MessagesRequest {
             messages.push(Message::system(system.0.join("\n\n")));
         }
         converter.convert(self.messages, &mut messages)?;
-        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
+        let tools = apply_tool_choice(declared, choice, thinking_mode)?;
 
         let mut sampling = Sampling {
             temperature: self.temperature,
@@ -235,26 +223,15 @@ impl MessagesRequest {
         };
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Clamp)?;
 
-        let conversation = Conversation {
+        let converted = Converted {
             messages,
-            thinking_mode,
             tools,
-            tool_choice,
-            reasoning_effort: effort(thinking_mode, requested_effort),
-            response_format: ResponseFormat::Text,
+            response_format: (ResponseFormat::Text, false),
+            sampling,
+            stream: self.stream.unwrap_or(false),
+            include_usage: false,
         };
-        assemble(
-            options,
-            Converted {
-                model_version,
-                conversation,
-                sampling,
-                strict_response_schema: false,
-                stream: self.stream.unwrap_or(false),
-                include_usage: false,
-                requested_effort,
-            },
-        )
+        assemble(options, target, converted)
     }
 }
 

@@ -22,6 +22,7 @@
 //! ```
 
 pub mod chat;
+mod common;
 pub mod content;
 pub mod messages;
 pub mod responses;
@@ -37,7 +38,7 @@ use crate::conversation::{
     ReasoningEffort, ResponseFormat, ToolChoice,
 };
 use crate::error::{ConversionError, RequestParseError};
-use crate::messages::Message;
+use crate::messages::{Message, ToolDefinition};
 use crate::options::{ConversionOptions, ParsingOptions, ThinkingInitialStage};
 
 pub use sampling::Sampling;
@@ -56,6 +57,10 @@ pub fn parse_body<T: DeserializeOwned>(body: Body<'_>) -> Result<T, RequestParse
             .map_err(|e| RequestParseError::Json(e.to_string()))?,
     };
     T::deserialize(value).map_err(|e| RequestParseError::Body(e.to_string()))
+}
+
+fn bad(message: impl Into<String>) -> ConversionError {
+    ConversionError::bad_request(message)
 }
 
 pub fn resolve_model(options: &ConversionOptions, model: &str) -> Result<ModelVersion, ConversionError> {
@@ -121,6 +126,29 @@ pub fn effort(thinking_mode: bool, requested: Option<EffortName>) -> Option<Reas
     })
 }
 
+/// What each protocol settles first: the target model and the thinking mode.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub model_version: ModelVersion,
+    pub thinking_mode: bool,
+    /// The effort name the request asked for, reported back by Responses.
+    pub requested_effort: Option<EffortName>,
+}
+
+impl Target {
+    /// Resolves the model name; the thinking mode follows [`thinking_mode`].
+    pub fn resolve(
+        options: &ConversionOptions,
+        model: &str,
+        switch: Option<bool>,
+        requested_effort: Option<EffortName>,
+    ) -> Result<Self, ConversionError> {
+        let model_version = resolve_model(options, model)?;
+        let thinking_mode = thinking_mode(switch, requested_effort, options.default_thinking_mode);
+        Ok(Self { model_version, thinking_mode, requested_effort })
+    }
+}
+
 /// The `thinking` switch of Chat and Messages.
 #[derive(Clone, Copy, Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
@@ -139,6 +167,23 @@ impl ThinkingSwitch {
 /// Whether the word "json" appears (any case) in some message.
 pub fn mentions_json(messages: &[Message]) -> bool {
     messages.iter().any(|m| m.content().to_ascii_lowercase().contains("json"))
+}
+
+/// Checks a requested response format (with whether its JSON schema is strict): `json_object` needs
+/// the word "json" in some message (else `json_object_error`), a JSON schema must normalise.
+pub fn checked_response_format(
+    requested: (ResponseFormat, bool),
+    messages: &[Message],
+    json_object_error: &str,
+) -> Result<(ResponseFormat, bool), ConversionError> {
+    match &requested {
+        (ResponseFormat::JsonObject, _) if !mentions_json(messages) => return Err(bad(json_object_error)),
+        (ResponseFormat::JsonSchema(schema), strict) => {
+            tools::normalised_response_schema(schema, *strict)?;
+        }
+        _ => {}
+    }
+    Ok(requested)
 }
 
 /// The constraint of a response format (tool-call constraints take precedence elsewhere).
@@ -191,28 +236,39 @@ fn sampling_for_model(version: ModelVersion, conversation: &Conversation, sampli
 
 /// Everything a protocol module hands over after converting its request.
 pub struct Converted {
-    pub model_version: ModelVersion,
-    pub conversation: Conversation,
+    pub messages: Vec<Message>,
+    /// The tools and tool choice, as `tool_choice` left them.
+    pub tools: (Vec<ToolDefinition>, ToolChoice),
+    /// The response format, and whether a `json_schema` format asked for a strict schema.
+    pub response_format: (ResponseFormat, bool),
     pub sampling: Sampling,
-    /// Whether a `json_schema` response format asked for a strict schema.
-    pub strict_response_schema: bool,
     pub stream: bool,
     pub include_usage: bool,
-    /// The effort name the request asked for, reported back by Responses.
-    pub requested_effort: Option<EffortName>,
 }
 
-/// Builds the final request: inference options, output constraint and parsing options.
-pub fn assemble(options: &ConversionOptions, converted: Converted) -> Result<ConversationRequest, ConversionError> {
+/// Builds the final request: the conversation, inference options, output constraint and parsing options.
+pub fn assemble(
+    options: &ConversionOptions,
+    target: Target,
+    converted: Converted,
+) -> Result<ConversationRequest, ConversionError> {
+    let Target { model_version, thinking_mode, requested_effort } = target;
     let Converted {
-        model_version,
-        conversation,
+        messages,
+        tools: (tools, tool_choice),
+        response_format: (response_format, strict_response_schema),
         sampling,
-        strict_response_schema,
         stream,
         include_usage,
-        requested_effort,
     } = converted;
+    let conversation = Conversation {
+        messages,
+        thinking_mode,
+        tools,
+        tool_choice,
+        reasoning_effort: effort(thinking_mode, requested_effort),
+        response_format,
+    };
     let (temperature, top_p) = sampling_for_model(model_version, &conversation, &sampling);
     let output_constraint = match tools::tool_call_constraint(&conversation.tools, conversation.tool_choice) {
         Some(constraint) => Some(constraint),

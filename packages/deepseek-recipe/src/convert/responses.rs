@@ -7,13 +7,14 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::chat::DetailName;
+use super::common::{openai_tool_choice, string_or_list};
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{
-    apply_tool_choice, normalised_response_schema, validate_definitions, validate_names, RequestedToolChoice,
+    apply_tool_choice, validate_definitions, validate_names, RequestedToolChoice,
 };
-use super::{assemble, effort, mentions_json, resolve_model, thinking_mode, Converted, EffortName, Sampling};
-use crate::conversation::{Conversation, ConversationRequest, ModelVersion, ResponseFormat};
+use super::{assemble, bad, checked_response_format, resolve_model, Converted, EffortName, Sampling, Target};
+use crate::conversation::{ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
 use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
@@ -116,11 +117,8 @@ pub struct Parts(pub Vec<Part>);
 
 impl<'de> Deserialize<'de> for Parts {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Value::deserialize(deserializer)? {
-            Value::String(text) => Ok(Self(vec![Part::InputText { text }])),
-            list @ Value::Array(_) => serde_json::from_value(list).map(Self).map_err(de::Error::custom),
-            _ => Err(de::Error::custom("content should be a string or a list of content blocks")),
-        }
+        let one = |text| Self(vec![Part::InputText { text }]);
+        string_or_list(deserializer, one, Self, "content should be a string or a list of content blocks")
     }
 }
 
@@ -203,21 +201,12 @@ struct NamedFunction {
 
 impl<'de> Deserialize<'de> for ResponsesToolChoice {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let choice = match Value::deserialize(deserializer)? {
-            Value::String(s) if s == "none" => RequestedToolChoice::None,
-            Value::String(s) if s == "auto" => RequestedToolChoice::Auto,
-            Value::String(s) if s == "required" => RequestedToolChoice::Required,
-            object @ Value::Object(_) => {
-                let named: NamedFunction = serde_json::from_value(object).map_err(de::Error::custom)?;
-                RequestedToolChoice::Named(named.name)
-            }
-            _ => {
-                return Err(de::Error::custom(
-                    "expected one of `none`, `auto`, `required` or a tool choice object",
-                ))
-            }
+        let named = |map| {
+            let named: NamedFunction = serde_json::from_value(Value::Object(map)).map_err(de::Error::custom)?;
+            Ok(named.name)
         };
-        Ok(Self(choice))
+        openai_tool_choice(deserializer, named, "expected one of `none`, `auto`, `required` or a tool choice object")
+            .map(Self)
     }
 }
 
@@ -242,10 +231,6 @@ pub enum TextFormat {
         strict: Option<bool>,
     },
     JsonObject,
-}
-
-fn bad(message: impl Into<String>) -> ConversionError {
-    ConversionError::bad_request(message)
 }
 
 /// The name a namespaced function is known by in the conversation (model-specific separator).
@@ -349,9 +334,9 @@ impl ResponsesRequest {
     }
 
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
-        let model_version = resolve_model(options, &self.model)?;
         let requested_effort = self.reasoning.as_ref().and_then(|r| r.effort);
-        let thinking_mode = thinking_mode(None, requested_effort, options.default_thinking_mode);
+        let target = Target::resolve(options, &self.model, None, requested_effort)?;
+        let Target { model_version, thinking_mode, .. } = target;
         match &self.input {
             None if self.instructions.is_none() => {
                 return Err(bad("Either input or instructions must be provided"))
@@ -385,24 +370,20 @@ impl ResponsesRequest {
         if missing_reasoning && options.reasoning_content_behavior == ReasoningContentBehavior::Reject {
             return Err(bad("The `reasoning_text` in the thinking mode must be passed back to the API."));
         }
-        let (tools, tool_choice) = apply_tool_choice(declared, choice, thinking_mode)?;
+        let tools = apply_tool_choice(declared, choice, thinking_mode)?;
 
-        let (response_format, strict_response_schema) = match self.text.and_then(|t| t.typed.format) {
+        let requested_format = match self.text.and_then(|t| t.typed.format) {
             None | Some(TextFormat::Text) => (ResponseFormat::Text, false),
-            Some(TextFormat::JsonObject) => {
-                if !mentions_json(&messages) {
-                    return Err(bad(
-                        "Response input messages must contain the word 'json' in some form to use 'text.format' of type 'json_object'.",
-                    ));
-                }
-                (ResponseFormat::JsonObject, false)
-            }
+            Some(TextFormat::JsonObject) => (ResponseFormat::JsonObject, false),
             Some(TextFormat::JsonSchema { schema, strict, .. }) => {
-                let strict = strict == Some(true);
-                normalised_response_schema(&schema, strict)?;
-                (ResponseFormat::JsonSchema(schema), strict)
+                (ResponseFormat::JsonSchema(schema), strict == Some(true))
             }
         };
+        let response_format = checked_response_format(
+            requested_format,
+            &messages,
+            "Response input messages must contain the word 'json' in some form to use 'text.format' of type 'json_object'.",
+        )?;
         let mut sampling = Sampling {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -412,26 +393,15 @@ impl ResponsesRequest {
             ..Sampling::default()
         };
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
-        let conversation = Conversation {
+        let converted = Converted {
             messages,
-            thinking_mode,
             tools,
-            tool_choice,
-            reasoning_effort: effort(thinking_mode, requested_effort),
             response_format,
+            sampling,
+            stream: self.stream.unwrap_or(false),
+            include_usage: false,
         };
-        assemble(
-            options,
-            Converted {
-                model_version,
-                conversation,
-                sampling,
-                strict_response_schema,
-                stream: self.stream.unwrap_or(false),
-                include_usage: false,
-                requested_effort,
-            },
-        )
+        assemble(options, target, converted)
     }
 }
 

@@ -263,33 +263,42 @@ impl PyConversationRequest {
     }
 }
 
-/// Converts a consumed request, mapping errors to `ConversionError`.
-fn finish(
-    py: Python<'_>,
-    result: Result<ConversationRequest, RustConversionError>,
-) -> PyResult<PyConversationRequest> {
-    result.map(|inner| PyConversationRequest { inner }).map_err(|e| conversion_error(py, e))
+/// Defines a protocol request pyclass: built from a request body, it reports its `model` and is
+/// consumed by `convert`. Protocol-specific methods follow in the braces.
+macro_rules! protocol_request {
+    ($py_name:tt, $name:ident, $request:ty, { $($methods:tt)* }) => {
+        #[pyclass(name = $py_name, module = "deepseek_recipe._native")]
+        pub struct $name {
+            request: Option<$request>,
+        }
+
+        impl $name {
+            fn unconsumed(&self) -> PyResult<&$request> {
+                self.request.as_ref().ok_or_else(consumed)
+            }
+        }
+
+        #[pymethods]
+        impl $name {
+            #[new]
+            fn new(body: &Bound<'_, PyAny>) -> PyResult<Self> {
+                Ok(Self { request: Some(parse_body(body)?) })
+            }
+            #[getter]
+            fn model(&self) -> PyResult<String> {
+                Ok(self.unconsumed()?.model.clone())
+            }
+            fn convert(&mut self, py: Python<'_>, options: &PyConversionOptions) -> PyResult<PyConversationRequest> {
+                let request = self.request.take().ok_or_else(consumed)?;
+                let inner = request.convert(&options.inner).map_err(|e| conversion_error(py, e))?;
+                Ok(PyConversationRequest { inner })
+            }
+            $($methods)*
+        }
+    };
 }
 
-#[pyclass(name = "ChatCompletionRequest", module = "deepseek_recipe._native")]
-pub struct PyChatCompletionRequest {
-    request: Option<chat::ChatCompletionRequest>,
-}
-
-#[pymethods]
-impl PyChatCompletionRequest {
-    #[new]
-    fn new(body: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { request: Some(parse_body(body)?) })
-    }
-    #[getter]
-    fn model(&self) -> PyResult<String> {
-        self.request.as_ref().map(|r| r.model.clone()).ok_or_else(consumed)
-    }
-    fn convert(&mut self, py: Python<'_>, options: &PyConversionOptions) -> PyResult<PyConversationRequest> {
-        let request = self.request.take().ok_or_else(consumed)?;
-        finish(py, request.convert(&options.inner))
-    }
+protocol_request!("ChatCompletionRequest", PyChatCompletionRequest, chat::ChatCompletionRequest, {
     #[staticmethod]
     fn chunk_generator(request: &PyConversationRequest, id: &str, model: &str) -> PyChatCompletionChunkGenerator {
         let r = &request.inner;
@@ -300,33 +309,15 @@ impl PyChatCompletionRequest {
         };
         PyChatCompletionChunkGenerator::from_config(config, id, model)
     }
-}
+});
 
-#[pyclass(name = "MessagesRequest", module = "deepseek_recipe._native")]
-pub struct PyMessagesRequest {
-    request: Option<messages::MessagesRequest>,
-}
-
-#[pymethods]
-impl PyMessagesRequest {
-    #[new]
-    fn new(body: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { request: Some(parse_body(body)?) })
-    }
-    #[getter]
-    fn model(&self) -> PyResult<String> {
-        self.request.as_ref().map(|r| r.model.clone()).ok_or_else(consumed)
-    }
-    fn convert(&mut self, py: Python<'_>, options: &PyConversionOptions) -> PyResult<PyConversationRequest> {
-        let request = self.request.take().ok_or_else(consumed)?;
-        finish(py, request.convert(&options.inner))
-    }
+protocol_request!("MessagesRequest", PyMessagesRequest, messages::MessagesRequest, {
     #[staticmethod]
     fn chunk_generator(request: &PyConversationRequest, id: &str, model: &str) -> PyMessagesChunkGenerator {
         let thinking_mode = request.inner.conversation.thinking_mode;
         PyMessagesChunkGenerator(Once::new(MessagesGenerator::new(id, model, thinking_mode)))
     }
-}
+});
 
 #[pyclass(name = "ResponsesEcho", module = "deepseek_recipe._native", frozen)]
 #[derive(Clone)]
@@ -366,36 +357,16 @@ impl PyResponsesEcho {
     }
 }
 
-#[pyclass(name = "ResponsesRequest", module = "deepseek_recipe._native")]
-pub struct PyResponsesRequest {
-    request: Option<responses::ResponsesRequest>,
-}
-
-#[pymethods]
-impl PyResponsesRequest {
-    #[new]
-    fn new(body: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self { request: Some(parse_body(body)?) })
-    }
-    #[getter]
-    fn model(&self) -> PyResult<String> {
-        self.request.as_ref().map(|r| r.model.clone()).ok_or_else(consumed)
-    }
+protocol_request!("ResponsesRequest", PyResponsesRequest, responses::ResponsesRequest, {
     fn echo(&self) -> PyResult<PyResponsesEcho> {
-        let request = self.request.as_ref().ok_or_else(consumed)?;
-        Ok(PyResponsesEcho { inner: request.echo() })
+        Ok(PyResponsesEcho { inner: self.unconsumed()?.echo() })
     }
     fn namespace_tool_map(
         &self,
         py: Python<'_>,
         options: &PyConversionOptions,
     ) -> PyResult<BTreeMap<String, (String, String)>> {
-        let request = self.request.as_ref().ok_or_else(consumed)?;
-        request.namespace_tool_map(&options.inner).map_err(|e| conversion_error(py, e))
-    }
-    fn convert(&mut self, py: Python<'_>, options: &PyConversionOptions) -> PyResult<PyConversationRequest> {
-        let request = self.request.take().ok_or_else(consumed)?;
-        finish(py, request.convert(&options.inner))
+        self.unconsumed()?.namespace_tool_map(&options.inner).map_err(|e| conversion_error(py, e))
     }
     #[staticmethod]
     fn chunk_generator(request: &PyConversationRequest, id: &str, model: &str) -> PyResponsesChunkGenerator {
@@ -404,7 +375,7 @@ impl PyResponsesRequest {
         let config = ResponsesConfig { thinking_mode: r.conversation.thinking_mode, echo, ..ResponsesConfig::default() };
         PyResponsesChunkGenerator::from_config(config, id, model)
     }
-}
+});
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConversionError", m.py().get_type::<ConversionError>())?;
