@@ -73,9 +73,7 @@ impl PyStreamProcessor {
         } else if let Ok(g) = generator.downcast::<PyResponsesChunkGenerator>() {
             Processor::Responses(StreamProcessor::new(g.get().build()?, opts, tok))
         } else {
-            return Err(PyTypeError::new_err(
-                "expected a protocol chunk generator",
-            ));
+            return Err(PyTypeError::new_err("expected a protocol chunk generator"));
         };
         Ok(Self(processor))
     }
