@@ -5,6 +5,8 @@ per-slot state is a hash chain over positions (so a segment must start where the
 earlier: rollback), and every forward re-reads the earlier tokens from the blocks and checks them
 against the slot state, so a wrong block table, a missing reset or a block shared by two sequences
 fails loudly. Logits are a fixed random row chosen by the hash of the whole prefix: batch invariant.
+When the batch carries `input_ids` those are the token values (as the contract says): every list entry
+must then be a negative stand-in or equal its `input_ids` value.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ToyLM:
         self.table[:, eos_token_id] -= 4.0  # long enough outputs to exercise the scheduler
         self.forward_calls = 0
         self.batch_sizes: list[int] = []
+        self.device_id_batches = 0  # forwards whose values came (partly) from `input_ids` only
 
     def cache_layout(self) -> CacheLayout:
         return CacheLayout(self.block_size, bytes_per_block=8 * self.block_size, bytes_per_slot=64)
@@ -60,7 +63,17 @@ class ToyLM:
         self.forward_calls += 1
         self.batch_sizes.append(len(batch.segments))
         hashes: list[int] = []
+        values = None if batch.input_ids is None else batch.input_ids.tolist()
+        if values is not None:
+            assert len(values) == sum(len(s.token_ids) for s in batch.segments), "input_ids length"
+            self.device_id_batches += 1
+        offset = 0
         for seg in batch.segments:
+            token_ids = seg.token_ids
+            if values is not None:
+                token_ids = values[offset:offset + len(seg.token_ids)]
+                assert all(t < 0 or t == v for t, v in zip(seg.token_ids, token_ids)), "lists disagree"
+                offset += len(token_ids)
             assert seg.slot > 0 and 0 not in seg.block_table[: -(-(seg.start_pos + len(seg.token_ids))
                                                               // self.block_size)], "padding entry used"
             state = self.slots[seg.slot]
@@ -70,7 +83,7 @@ class ToyLM:
             for pos, tok in enumerate(self._read(seg.block_table, seg.start_pos)):
                 h = self._mix(h, tok, pos)
             assert h == (state[-1] if state else 0), "paged blocks disagree with the slot state"
-            for j, tok in enumerate(seg.token_ids):
+            for j, tok in enumerate(token_ids):
                 assert 0 <= tok < self.vocab_size, f"bad input token {tok}"
                 pos = seg.start_pos + j
                 self.blocks[seg.block_table[pos // self.block_size], pos % self.block_size] = tok

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+import torch
 
 from deepinfer.engine import EngineConfig, LLMEngine
 from deepinfer.engine.loader import load_model
+from deepinfer.engine.scheduler import PLACEHOLDER
 from deepinfer.sampling import SamplingParams
+from deepinfer.sampling.sampler import SampleOutput, Sampler
 
 PROMPTS = [[0, *range(5 + 3 * i, 5 + 3 * i + 6 + 9 * i)] for i in range(4)]
 
@@ -102,3 +107,44 @@ def test_n_completions_share_the_prompt_prefill(model):
     assert outputs[True, "r"] == outputs[False, "r"]
     assert len({tuple(t) for t in outputs[True, "r"]}) > 1  # the completions really differ
     assert tokens[False] - tokens[True] == 2 * len(PROMPTS[3])
+
+
+def test_async_inputs_are_corrected_on_the_device(model, monkeypatch):
+    """Async scheduling: a decode whose last token is still being sampled reaches the model only as
+    `input_ids` written on the device from the previous step's sampled tensor; the worker thread never
+    reads a sampled token on the host (only post-processing does), and outputs equal sync mode."""
+    samples: list[SampleOutput] = []
+    host_reads: list[str] = []
+    corrected = []
+    sample, forward, token_ids = Sampler.__call__, model.forward, SampleOutput.token_ids.fget
+
+    def record_sample(self, logits, rows):
+        samples.append(sample(self, logits, rows))
+        return samples[-1]
+
+    def read_on_host(self):
+        host_reads.append(threading.current_thread().name)
+        return token_ids(self)
+
+    def check_forward(batch):
+        holes = [(i, seg) for i, seg in enumerate(batch.segments) if PLACEHOLDER in seg.token_ids]
+        if holes:
+            assert batch.input_ids is not None and samples
+            prev = samples[-1].tokens  # the device tensor, never its host copy
+            assert batch.input_ids.device == prev.device
+            starts = [0, *torch.tensor([len(s.token_ids) for s in batch.segments]).cumsum(0).tolist()]
+            for i, seg in holes:
+                assert seg.token_ids.index(PLACEHOLDER) == len(seg.token_ids) - 1
+                corrected.append(int(batch.input_ids[starts[i + 1] - 1]) in prev.tolist())
+        return forward(batch)
+
+    monkeypatch.setattr(Sampler, "__call__", record_sample)
+    monkeypatch.setattr(SampleOutput, "token_ids", property(read_on_host))
+    monkeypatch.setattr(model, "forward", check_forward)
+    reqs = [(p, SamplingParams(temperature=0.8, seed=i, max_tokens=6, ignore_eos=True, logprobs=1))
+            for i, p in enumerate(PROMPTS)]
+    asyn, _ = run(model, reqs, max_num_batched_tokens=16)
+    assert corrected and all(corrected)
+    assert host_reads and not any(name.startswith("deepinfer-step") for name in host_reads)
+    sync, _ = run(model, reqs, async_scheduling=False)
+    assert asyn == sync

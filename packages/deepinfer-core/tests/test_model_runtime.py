@@ -31,6 +31,7 @@ class Driver:
     rt: DeepseekV41Runtime
     tokens: dict[int, list[int]] = field(default_factory=dict)  # slot -> tokens currently in the cache
     records: list[tuple[tuple[int, ...], torch.Tensor]] = field(default_factory=list)
+    device_ids: bool = False  # pass input_ids; the lists' last entries become stand-ins (-1)
 
     def step(self, parts: list[tuple[int, int, list[int], str]]) -> torch.Tensor:
         """parts: (slot, start_pos, new tokens, logits) per segment; start_pos < len means rollback."""
@@ -40,7 +41,12 @@ class Driver:
             assert start <= len(seq)
             seq[start:] = new
             segs.append(SequenceSegment(slot, [slot], start, list(new), logits))
-        out = self.rt.forward(ForwardBatch(segs))
+        input_ids = None
+        if self.device_ids:  # what the engine passes under async scheduling
+            input_ids = torch.tensor([t for s in segs for t in s.token_ids])
+            for s in segs:
+                s.token_ids[-1] = -1
+        out = self.rt.forward(ForwardBatch(segs, input_ids))
         for i, seg in enumerate(segs):
             rows = out.logits[out.row_offsets[i] : out.row_offsets[i + 1]]
             end = seg.start_pos + len(seg.token_ids)
@@ -94,6 +100,17 @@ def test_stateful_steps_equal_full_recompute(checkpoints: dict[str, str], name: 
     assert len(d.records) > 60
     err = d.max_error_vs_recompute()
     assert err < EXACT_TOL, f"{name}: max |logit diff| {err:.3g}"
+
+
+def test_device_input_ids_are_the_token_values(checkpoints: dict[str, str]) -> None:
+    """`ForwardBatch.input_ids` (async scheduling) drives the embedding and the Engram id history; the
+    lists' stand-ins are never read."""
+    rt = load_runtime(checkpoints["full"], options=RuntimeOptions(max_backtrack=4))
+    assert rt.model.hasher is not None
+    d = Driver(rt, device_ids=True)
+    _scenario(d)
+    err = d.max_error_vs_recompute()
+    assert err < EXACT_TOL, f"max |logit diff| {err:.3g}"
 
 
 def _replay_logits(path: str, mode: str, keep: int, prompt: list[int]) -> list[torch.Tensor]:

@@ -166,14 +166,15 @@ class LLMEngine:
                     req.prompt_logprobs.append(lp)
         now = time.time()
         touched: dict[str, tuple[Request, list[Sequence]]] = {}  # requests with outputs due
-        for seq, token, logprob in result.sampled:
+        sampled = result.sampled  # the host copy of the step's samples (async: queued a step ago)
+        for seq, token, logprob in sampled:
             seq.num_inflight -= 1
             if seq.status is SeqStatus.FINISHED:
                 continue  # planned before its stop was seen (async) or aborted: discard
             if self._append(seq, token, logprob, now) or seq.request.stream:
                 touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
         outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
-        self.stats.generated_tokens += len(result.sampled)
+        self.stats.generated_tokens += len(sampled)
         self.stats.num_preemptions = self.scheduler.num_preemptions
         idle = None if self._prev_end is None else max(0.0, result.start - self._prev_end)
         self._prev_end = result.end

@@ -39,7 +39,19 @@ class SequenceSegment:
 
 @dataclass
 class ForwardBatch:
+    """Segments to run. `input_ids`, when given, is the authoritative token values; the lists then only
+    give each segment's length (and positions).
+
+    Under async scheduling a sequence's newest token may still be on the device when the next step is
+    launched: the engine then passes `input_ids` ([sum of segment lengths], int64, on the model's
+    device, segments in order) whose entries were written on the device from the previous step's
+    sampled tokens, and the matching list entries are stand-ins (negative, never a real id). A model
+    must then read every token value it needs (embedding, n-gram history, ...) from `input_ids`, never
+    from the lists, so that launching a step needs no device-to-host copy of the step before.
+    """
+
     segments: list[SequenceSegment]
+    input_ids: torch.Tensor | None = None
 
 
 @dataclass

@@ -38,30 +38,92 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
-@dataclass
-class SampleOutput:
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]
+def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int64 tensor of `values` on `device`, copied without waiting for the device's queued work."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+class HostCopy:
+    """Device tensors on their way to the host: the copies are queued now, `get()` waits for them alone.
+
+    On CUDA the copies go to pinned memory behind an event, so neither queuing them nor waiting for
+    them waits for work queued on the device after them (the next step's forward).
+    """
+
+    def __init__(self, *tensors: torch.Tensor):
+        self._event = None
+        if tensors and tensors[0].device.type == "cuda":
+            self._tensors = [t.to("cpu", non_blocking=True) for t in tensors]
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._tensors = [t.to("cpu") for t in tensors]
+
+    def get(self) -> list[torch.Tensor]:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._tensors
+
+
+class PendingLogprobs:
+    """`token_logprobs` computed on the device now; the `TokenLogprob` objects built on the host later."""
+
+    def __init__(self, logits: torch.Tensor, token_ids: torch.Tensor, ks: list[int | None]):
+        self.ks = ks
+        self.wanted = [i for i, k in enumerate(ks) if k is not None]
+        self._result: list[TokenLogprob | None] | None = None
+        self._host = None
+        if not self.wanted:
+            return
+        idx = to_device(self.wanted, logits.device)
+        lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)
+        tok = token_ids.to(logits.device).index_select(0, idx)
+        chosen = lp.gather(1, tok[:, None])[:, 0]
+        kmax = max(ks[i] for i in self.wanted)
+        top_v, top_i = (lp.topk(kmax, dim=-1) if kmax else (lp[:, :0], lp[:, :0].long()))
+        self._host = HostCopy(tok, chosen, top_v, top_i)
+
+    def get(self) -> list[TokenLogprob | None]:
+        if self._result is None:
+            out: list[TokenLogprob | None] = [None] * len(self.ks)
+            if self._host is not None:
+                tok, chosen, top_v, top_i = (t.tolist() for t in self._host.get())
+                for j, i in enumerate(self.wanted):
+                    k = self.ks[i]
+                    out[i] = TokenLogprob(tok[j], chosen[j], list(zip(top_i[j][:k], top_v[j][:k])))
+            self._result = out
+        return self._result
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, ks: list[int | None]) -> list[
         TokenLogprob | None]:
     """Raw log-probability of `token_ids[i]` under row i, with the top `ks[i]` (None: skip row)."""
-    wanted = [i for i, k in enumerate(ks) if k is not None]
-    out: list[TokenLogprob | None] = [None] * len(ks)
-    if not wanted:
-        return out
-    idx = torch.tensor(wanted, device=logits.device)
-    lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)
-    chosen = lp.gather(1, token_ids.to(logits.device).index_select(0, idx)[:, None])[:, 0].tolist()
-    kmax = max(ks[i] for i in wanted)
-    top_v, top_i = (lp.topk(kmax, dim=-1) if kmax else (lp[:, :0], lp[:, :0].long()))
-    top_v, top_i = top_v.tolist(), top_i.tolist()
-    tok = token_ids.tolist()
-    for j, i in enumerate(wanted):
-        k = ks[i]
-        out[i] = TokenLogprob(tok[i], chosen[j], list(zip(top_i[j][:k], top_v[j][:k])))
-    return out
+    return PendingLogprobs(logits, token_ids, ks).get()
+
+
+class SampleOutput:
+    """Sampled tokens: `tokens` stays on the device (it feeds the next step's inputs without a host
+    sync); `token_ids` and `logprobs` are their host copies, waited for only when first read."""
+
+    def __init__(self, tokens: torch.Tensor, logprobs: PendingLogprobs):
+        self.tokens = tokens
+        self._host = HostCopy(tokens)
+        self._logprobs = logprobs
+        self._token_ids: list[int] | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._token_ids is None:
+            self._token_ids = self._host.get()[0].tolist()
+        return self._token_ids
+
+    @property
+    def logprobs(self) -> list[TokenLogprob | None]:
+        return self._logprobs.get()
 
 
 class Sampler:
@@ -75,8 +137,8 @@ class Sampler:
         drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
         if drawn:
             tokens[drawn] = self._draw(x[drawn], [rows[i] for i in drawn])
-        logprobs = token_logprobs(raw, tokens, [r.params.logprobs for r in rows])
-        return SampleOutput(tokens.tolist(), logprobs)
+        logprobs = PendingLogprobs(raw, tokens, [r.params.logprobs for r in rows])
+        return SampleOutput(tokens, logprobs)
 
     def _process(self, x: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         for i, r in enumerate(rows):

@@ -103,13 +103,20 @@ class DeepseekV41Runtime:
                 f"compact bounded replay computes only the last {keep} rows of a segment: "
                 "logits='all' is not available for longer segments"
             )
-        ids = torch.tensor([t for s in segs for t in s.token_ids], dtype=torch.int64, device=self.device)
+        ids = batch.input_ids  # corrected on the device by the engine (async scheduling), or built here
+        total = sum(len(s.token_ids) for s in segs)
+        if ids is None:
+            ids = torch.tensor([t for s in segs for t in s.token_ids], dtype=torch.int64, device=self.device)
+        elif ids.shape != (total,):
+            raise ValueError(f"input_ids has shape {tuple(ids.shape)}, the segments hold {total} tokens")
+        ids = ids.to(self.device, torch.int64)
+        per_seg = ids.split([len(s.token_ids) for s in segs])
         engram = self.model.hasher is not None
-        inputs = TokenInputs(ids=ids, ngrams=self._ngrams(segs) if engram else None)
+        inputs = TokenInputs(ids=ids, ngrams=self._ngrams(segs, per_seg) if engram else None)
         step = StepState.build(batch, self.cfg, cache, replay=self.replay)
         out = self.model.forward(inputs, step)
         if engram:
-            self._remember(segs)
+            self._remember(segs, per_seg)
 
         last = step.rows(self.model.blocks[-1].spec)
         if self.dspark is not None and out.target_features is not None:
@@ -125,23 +132,22 @@ class DeepseekV41Runtime:
 
     # --- Engram look-back across forwards
 
-    def _ngrams(self, segs: Sequence[SequenceSegment]) -> torch.Tensor:
+    def _ngrams(self, segs: Sequence[SequenceSegment], ids: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Engram n-gram rows of each segment's tokens (`ids`, device values) after its slot's history."""
         n = self.cfg.engram_max_ngram_size
         out = []
-        for s in segs:
+        for s, new in zip(segs, ids):
             back = min(s.start_pos, n - 1)
             past = torch.arange(s.start_pos - back, s.start_pos, device=self.device) % self.history_len
-            new = torch.tensor(s.token_ids, dtype=torch.int64, device=self.device)
             context = torch.cat((self.history[s.slot, past], new))
             # image tokens block the look-back; this runtime has no vision tower, so there are none
             blocked = torch.zeros_like(context, dtype=torch.bool)
             out.append(self.model.hasher.ngrams(context, blocked, len(s.token_ids)))
         return torch.cat(out)
 
-    def _remember(self, segs: Sequence[SequenceSegment]) -> None:
-        for s in segs:
+    def _remember(self, segs: Sequence[SequenceSegment], seg_ids: Sequence[torch.Tensor]) -> None:
+        for s, ids in zip(segs, seg_ids):
             pos = torch.arange(s.start_pos, s.start_pos + len(s.token_ids), device=self.device)
-            ids = torch.tensor(s.token_ids, dtype=torch.int64, device=self.device)
             keep = slice(-self.history_len, None)  # only the newest entries survive the ring anyway
             self.history[s.slot, pos[keep] % self.history_len] = ids[keep]
 
