@@ -1,10 +1,13 @@
 //! A conversation with its prompt configuration, and the converted request around it.
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 use crate::error::ConversionError;
 use crate::messages::{Message, ToolDefinition};
 use crate::options::ParsingOptions;
+use crate::response::responses::Echo;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ToolChoice {
@@ -154,8 +157,11 @@ pub struct ConversationRequest {
     pub stream: bool,
     /// Chat `stream_options.include_usage`.
     pub include_usage: bool,
-    /// The reasoning effort name the protocol request asked for (`"none"`, `"medium"`, ...).
-    pub requested_effort: Option<String>,
+    /// What the Responses response objects report for this request (the requested settings and tools);
+    /// the defaults unless the request was a converted Responses request.
+    pub responses_echo: Echo,
+    /// Responses namespace tools: flattened function name -> (namespace, local name); empty otherwise.
+    pub namespace_tool_map: HashMap<String, (String, String)>,
 }
 
 const DEFAULT_MAX_TOKENS_NON_THINKING: u64 = 8192;
@@ -171,7 +177,8 @@ impl ConversationRequest {
             model_version,
             stream: false,
             include_usage: false,
-            requested_effort: None,
+            responses_echo: Echo::default(),
+            namespace_tool_map: HashMap::new(),
         }
     }
 

@@ -227,6 +227,123 @@ def _generator_specs():
     ]
 
 
+def _responses_tool_specs():
+    """(name, generator spec, model output) for Responses requests with tools and no echo."""
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    files = {
+        "type": "namespace",
+        "name": "files",
+        "description": "File access.",
+        "tools": [
+            {"type": "function", "name": "read", "description": "Read a file.", "extra": 1},
+            {"type": "function", "name": "list", "parameters": {"type": "object", "properties": {}}},
+        ],
+    }
+    strict = {
+        "type": "function",
+        "name": "lookup",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"q": {"type": "string"}},
+            "required": ["q"],
+            "additionalProperties": False,
+        },
+    }
+    web = {
+        "type": "web_search",
+        "search_context_size": "low",
+        "user_location": {"type": "approximate", "city": "X"},
+    }
+    no_think = {"reasoning": {"effort": "none"}}
+    v4_calls = _block(
+        [("files__read", [("path", "a.txt", True)]), ("get_weather", [("city", "Paris", True)])]
+    )
+    v41_calls = _block([("files::list", []), ("get_weather", [("city", "Lyon", True)])], v41=True)
+    specs = [
+        ("function", {"tools": [weather]}, "Sunny."),
+        ("function_call", {"tools": [weather], **no_think}, "Checking.\n\n" + _block(WEATHER)),
+        ("namespace_call", {"tools": [weather, files], **no_think}, v4_calls),
+        (
+            "namespace_call_v41",
+            {"model": "DeepSeek-V4.1-Flash", "tools": [files, weather], **no_think},
+            v41_calls,
+        ),
+        ("required", {"tools": [files, weather], "tool_choice": "required", **no_think}, v4_calls),
+        ("choice_none", {"tools": [weather], "tool_choice": "none"}, "No tools."),
+        (
+            "choice_named",
+            {"tools": [weather], "tool_choice": {"type": "function", "name": "get_weather"}, **no_think},
+            _invoke("get_weather", [("city", "Oslo", True)]) + f"</{D}tool_calls>",
+        ),
+        ("strict", {"tools": [strict]}, "ok"),
+        (
+            "server_tools",
+            {"tools": [web, {"type": "web_search_preview"}, {"type": "file_search"}, weather]},
+            "ok",
+        ),
+        (
+            "all_settings",
+            {
+                "instructions": "Be brief.",
+                "max_output_tokens": 300,
+                "temperature": 0.3,
+                "top_p": 0.7,
+                "top_logprobs": 2,
+                "user": "u2",
+                "reasoning": {"effort": "high"},
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "out",
+                        "schema": {"type": "object"},
+                        "extra": 1,
+                    },
+                    "verbosity": "low",
+                },
+                "tools": [weather],
+            },
+            '{"a": 1}',
+        ),
+        ("empty_instructions", {"instructions": "", "tools": []}, "hi"),
+        (
+            "json_object_format",
+            {
+                "input": "reply in json",
+                "text": {"format": {"type": "json_object", "extra": 1}, "verbosity": "high"},
+            },
+            '{"a": 1}',
+        ),
+    ]
+    return [(name, {"kind": "request", "body": body}, text) for name, body, text in specs] + [
+        # A Chat request's settings are not reported by a Responses generator.
+        (
+            "via_chat",
+            {
+                "kind": "request",
+                "via": "chat",
+                "body": {"reasoning_effort": "high", "temperature": 0.3, "user": "u3"},
+            },
+            "hi",
+        ),
+        # `with_namespace_tool_map` / `with_echo` replace what the converted request carries.
+        (
+            "namespace_map_replaced",
+            {"kind": "request", "body": {"tools": [files], **no_think}, "namespace_map": {}},
+            v4_calls,
+        ),
+        (
+            "echo_replaced",
+            {"kind": "request", "body": {"tools": [files], **no_think}, "empty_echo": True},
+            v4_calls,
+        ),
+    ]
+
+
 def stream_cases(dr):
     tok = load_tokenizer(dr)
     rng = random.Random(20261129)
@@ -270,6 +387,21 @@ def stream_cases(dr):
                     "finish": "Stop",
                 }
             )
+    # Responses requests with tools but without `with_echo` / `with_namespace_tool_map`: the converted
+    # request alone makes the response objects report the requested settings and tools, and split
+    # namespaced calls.
+    for name, gen, text in _responses_tool_specs():
+        cases.append(
+            {
+                "id": f"resp_tools/{name}",
+                "protocol": "responses",
+                "generator": gen,
+                "options": {"thinking_initial_stage": None},
+                "ready": {"prompt_tokens": 30, "prompt_cache_hit_tokens": 0, "system_fingerprint": None},
+                "inputs": [{"text": text[i : i + 11], "token_count": 3} for i in range(0, len(text), 11)],
+                "finish": "Stop",
+            }
+        )
     # Log-probabilities (Chat with logprobs / top_logprobs).
     for text in ["Hello world", "r\n</think>\n\nanswer 🎉"]:
         ids = tok.encode(text)
@@ -348,6 +480,10 @@ def _make_generator(dr, protocol, spec, case_id):
             gen = gen.with_signature(spec["signature"])
         return gen
     body = {"model": model, **spec["body"]}
+    if spec.get("via") == "chat":
+        body.setdefault("messages", [{"role": "user", "content": "hi"}])
+        cr = dr.ChatCompletionRequest(body).convert(dr.ConversionOptions())
+        return dr.ResponsesRequest.chunk_generator(cr, rid, model)
     if protocol == "chat":
         body.setdefault("messages", [{"role": "user", "content": "hi"}])
         cr = dr.ChatCompletionRequest(body).convert(dr.ConversionOptions())
@@ -364,6 +500,10 @@ def _make_generator(dr, protocol, spec, case_id):
     gen = dr.ResponsesRequest.chunk_generator(cr, rid, model)
     if spec.get("echo"):
         gen = gen.with_echo(echo).with_namespace_tool_map(ns)
+    if "namespace_map" in spec:
+        gen = gen.with_namespace_tool_map(spec["namespace_map"])
+    if spec.get("empty_echo"):
+        gen = gen.with_echo(dr.ResponsesEcho())
     return gen
 
 

@@ -29,6 +29,8 @@ pub mod responses;
 pub mod sampling;
 pub mod tools;
 
+use std::collections::HashMap;
+
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -40,6 +42,7 @@ use crate::conversation::{
 use crate::error::{ConversionError, RequestParseError};
 use crate::messages::{Message, ToolDefinition};
 use crate::options::{ConversionOptions, ParsingOptions, ThinkingInitialStage};
+use crate::response::responses::Echo;
 
 pub use sampling::Sampling;
 
@@ -131,7 +134,7 @@ pub fn effort(thinking_mode: bool, requested: Option<EffortName>) -> Option<Reas
 pub struct Target {
     pub model_version: ModelVersion,
     pub thinking_mode: bool,
-    /// The effort name the request asked for, reported back by Responses.
+    /// The effort name the request asked for.
     pub requested_effort: Option<EffortName>,
 }
 
@@ -299,6 +302,7 @@ pub fn assemble(
         model_version,
         stream,
         include_usage,
-        requested_effort: requested_effort.map(|e| e.as_str().to_owned()),
+        responses_echo: Echo::default(),
+        namespace_tool_map: HashMap::new(),
     })
 }

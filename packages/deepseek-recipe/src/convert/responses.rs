@@ -161,6 +161,7 @@ pub struct FunctionCallOutputItem {
 pub enum ResponsesTool {
     Function(FunctionTool),
     Namespace { name: String, tools: Vec<FunctionTool> },
+    #[serde(alias = "web_search_2025_08_26")]
     WebSearch {},
     WebSearchPreview {},
 }
@@ -174,7 +175,7 @@ impl<'de> Deserialize<'de> for DeclaredTool {
         let value = Value::deserialize(deserializer)?;
         let known = matches!(
             value.get("type").and_then(Value::as_str),
-            None | Some("function" | "namespace" | "web_search" | "web_search_preview")
+            None | Some("function" | "namespace" | "web_search" | "web_search_2025_08_26" | "web_search_preview")
         );
         if !known {
             return Ok(Self(None));
@@ -217,11 +218,28 @@ pub struct Reasoning {
 
 #[derive(Debug, Deserialize)]
 pub struct TextConfig {
+    /// Absent means text; an explicit `null` is rejected.
+    #[serde(default, deserialize_with = "present")]
     pub format: Option<TextFormat>,
+    /// Only validated here; the response objects report it.
+    #[allow(dead_code)]
+    pub verbosity: Option<Verbosity>,
+}
+
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verbosity {
+    Low,
+    Medium,
+    High,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", expecting = "internally tagged enum ResponsesTextFormat")]
 pub enum TextFormat {
     Text,
     JsonSchema {
@@ -258,6 +276,7 @@ impl ResponsesRequest {
                 .as_ref()
                 .and_then(|t| t.raw.get("format").cloned())
                 .unwrap_or(defaults.text_format),
+            verbosity: self.text.as_ref().and_then(|t| t.raw.get("verbosity").cloned()).unwrap_or(Value::Null),
             tool_choice: self.tool_choice.as_ref().map_or(defaults.tool_choice, |c| c.raw.clone()),
             tools: self.tools.as_ref().map_or(defaults.tools, |t| t.raw.clone()),
         }
@@ -270,16 +289,25 @@ impl ResponsesRequest {
     ) -> Result<BTreeMap<String, (String, String)>, ConversionError> {
         let model_version = resolve_model(options, &self.model)?;
         self.validate_local_names()?;
-        let mut map = BTreeMap::new();
-        for tool in self.declared() {
-            if let ResponsesTool::Namespace { name, tools } = tool {
-                for function in tools {
+        Ok(self.namespaced_functions(model_version).collect())
+    }
+
+    /// (flattened function name, (namespace, local name)) for each function of a namespace tool.
+    fn namespaced_functions(
+        &self,
+        model_version: ModelVersion,
+    ) -> impl Iterator<Item = (String, (String, String))> + '_ {
+        self.declared()
+            .filter_map(|tool| match tool {
+                ResponsesTool::Namespace { name, tools } => Some((name, tools)),
+                _ => None,
+            })
+            .flat_map(move |(name, tools)| {
+                tools.iter().map(move |function| {
                     let flat = namespaced(model_version, name, &function.name);
-                    map.insert(flat, (name.clone(), function.name.clone()));
-                }
-            }
-        }
-        Ok(map)
+                    (flat, (name.clone(), function.name.clone()))
+                })
+            })
     }
 
     /// Names (of namespaces and of their functions) are checked before they are joined.
@@ -348,6 +376,10 @@ impl ResponsesRequest {
         }
         // Checks run in the reference's order: tools, input, tool choice, text format, sampling.
         let declared = self.declared_tools(model_version, options.responses_web_search)?;
+        // The response objects report the request's settings and split namespaced calls, even without
+        // `ResponsesChunkGenerator.with_echo` / `with_namespace_tool_map`.
+        let responses_echo = self.echo();
+        let namespace_tool_map = self.namespaced_functions(model_version).collect();
         let choice = self.tool_choice.map_or(RequestedToolChoice::Auto, |c| c.typed.0);
 
         let mut messages = Vec::new();
@@ -401,7 +433,10 @@ impl ResponsesRequest {
             stream: self.stream.unwrap_or(false),
             include_usage: false,
         };
-        assemble(options, target, converted)
+        let mut request = assemble(options, target, converted)?;
+        request.responses_echo = responses_echo;
+        request.namespace_tool_map = namespace_tool_map;
+        Ok(request)
     }
 }
 

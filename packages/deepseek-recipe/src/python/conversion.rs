@@ -371,8 +371,11 @@ protocol_request!("ResponsesRequest", PyResponsesRequest, responses::ResponsesRe
     #[staticmethod]
     fn chunk_generator(request: &PyConversationRequest, id: &str, model: &str) -> PyResponsesChunkGenerator {
         let r = &request.inner;
-        let echo = Echo { reasoning_effort: r.requested_effort.clone(), ..Echo::default() };
-        let config = ResponsesConfig { thinking_mode: r.conversation.thinking_mode, echo, ..ResponsesConfig::default() };
+        let config = ResponsesConfig {
+            thinking_mode: r.conversation.thinking_mode,
+            echo: r.responses_echo.clone(),
+            namespace_tool_map: r.namespace_tool_map.clone(),
+        };
         PyResponsesChunkGenerator::from_config(config, id, model)
     }
 });

@@ -21,6 +21,8 @@ pub struct Echo {
     pub reasoning_effort: Option<String>,
     /// `text.format` as requested.
     pub text_format: Value,
+    /// `text.verbosity` as requested (null when absent).
+    pub verbosity: Value,
     pub tool_choice: Value,
     pub tools: Value,
 }
@@ -36,6 +38,7 @@ impl Default for Echo {
             user: None,
             reasoning_effort: None,
             text_format: json!({"type": "text"}),
+            verbosity: Value::Null,
             tool_choice: json!("auto"),
             tools: json!([]),
         }
@@ -64,20 +67,44 @@ impl ResponsesEvent {
 }
 
 /// Tools as the response object reports them: every function with `description`, `parameters` and
-/// `strict` (null when absent), namespaces with `description` and their normalised tools; other keys
-/// are dropped.
+/// `strict` (null when absent), namespaces with `description` and their normalised tools, web search
+/// tools with `search_context_size` and `user_location` (its four fields, null when absent), custom tools
+/// by type and name; other keys and other tool types (`web_search_preview`, `file_search`, ...) are
+/// dropped.
 fn reported_tools(tools: &Value) -> Value {
     let Some(list) = tools.as_array() else { return tools.clone() };
     let field = |tool: &Value, key: &str| tool.get(key).cloned().unwrap_or(Value::Null);
-    let report = |tool: &Value| match tool["type"].as_str() {
-        Some("function") => json!({"type": "function", "name": field(tool, "name"),
+    let report = |tool: &Value| match tool["type"].as_str()? {
+        "function" => Some(json!({"type": "function", "name": field(tool, "name"),
             "description": field(tool, "description"), "parameters": field(tool, "parameters"),
-            "strict": field(tool, "strict")}),
-        Some("namespace") => json!({"type": "namespace", "name": field(tool, "name"),
-            "description": field(tool, "description"), "tools": reported_tools(&field(tool, "tools"))}),
-        _ => tool.clone(),
+            "strict": field(tool, "strict")})),
+        "namespace" => Some(json!({"type": "namespace", "name": field(tool, "name"),
+            "description": field(tool, "description"), "tools": reported_tools(&field(tool, "tools"))})),
+        kind @ ("web_search" | "web_search_2025_08_26") => {
+            let location = match tool.get("user_location") {
+                Some(l) if l.is_object() => json!({"city": field(l, "city"), "country": field(l, "country"),
+                    "region": field(l, "region"), "timezone": field(l, "timezone")}),
+                _ => Value::Null,
+            };
+            Some(json!({"type": kind, "search_context_size": field(tool, "search_context_size"),
+                "user_location": location}))
+        }
+        "custom" => Some(json!({"type": "custom", "name": field(tool, "name")})),
+        _ => None,
     };
-    Value::Array(list.iter().map(report).collect())
+    Value::Array(list.iter().filter_map(report).collect())
+}
+
+/// `text.format` as the response object reports it: a `json_schema` format with `name`, `schema`,
+/// `description` and `strict` (null when absent), other formats by type only.
+fn reported_format(format: &Value) -> Value {
+    let field = |key: &str| format.get(key).cloned().unwrap_or(Value::Null);
+    match format["type"].as_str() {
+        Some("json_schema") => json!({"type": "json_schema", "name": field("name"), "schema": field("schema"),
+            "description": field("description"), "strict": field("strict")}),
+        Some(kind) => json!({"type": kind}),
+        None => format.clone(),
+    }
 }
 
 /// The f64 whose shortest spelling is the f32 value's (so 0.9f32 reports as `0.9`).
@@ -97,7 +124,7 @@ pub fn response_object(id: &str, model: &str, created_at: u64, echo: &Echo) -> V
         "previous_response_id": null, "prompt_cache_key": null, "prompt_cache_retention": null,
         "reasoning": {"effort": echo.reasoning_effort, "summary": null}, "safety_identifier": null,
         "service_tier": "default", "store": false, "temperature": f32_spelling(echo.temperature),
-        "text": {"format": echo.text_format, "verbosity": null}, "tool_choice": echo.tool_choice,
+        "text": {"format": reported_format(&echo.text_format), "verbosity": echo.verbosity}, "tool_choice": echo.tool_choice,
         "tools": reported_tools(&echo.tools), "top_logprobs": echo.top_logprobs, "top_p": f32_spelling(echo.top_p),
         "truncation": "disabled", "usage": null, "user": echo.user, "metadata": {},
     })
