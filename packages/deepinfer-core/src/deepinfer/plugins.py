@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
+from importlib.util import find_spec
 
 logger = logging.getLogger(__name__)
 
@@ -18,3 +19,8 @@ def load_entry_points(group: str) -> dict[str, object]:
         except Exception as exc:
             logger.warning("plugin %r (%s) in %s failed to load: %s", ep.name, ep.value, group, exc)
     return found
+
+
+def module_available(name: str) -> bool:
+    """Whether `name` can be imported, without importing it (backends probe their toolkits this way)."""
+    return find_spec(name) is not None

@@ -6,14 +6,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer.ops import Backend
-
-
-def _torch_npu_available() -> bool:
-    try:
-        import torch_npu  # noqa: F401
-    except ImportError:
-        return False
-    return True
+from deepinfer.plugins import module_available
 
 
 class AscendBackend(Backend):
@@ -22,7 +15,7 @@ class AscendBackend(Backend):
     priority = 100
 
     def supports(self, device: torch.device) -> bool:
-        return device.type == "npu" and _torch_npu_available()
+        return device.type == "npu" and module_available("torch_npu")
 
     def ops(self) -> dict[str, Callable]:
         from deepinfer_kernels_ascend import norm

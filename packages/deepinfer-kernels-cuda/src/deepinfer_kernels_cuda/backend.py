@@ -5,14 +5,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer.ops import Backend
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+from deepinfer.plugins import module_available
 
 
 class CudaBackend(Backend):
@@ -21,7 +14,7 @@ class CudaBackend(Backend):
     priority = 100
 
     def supports(self, device: torch.device) -> bool:
-        return device.type == "cuda" and torch.cuda.is_available() and _triton_available()
+        return device.type == "cuda" and torch.cuda.is_available() and module_available("triton")
 
     def ops(self) -> dict[str, Callable]:
         # Imported here: the kernel modules import triton, which CPU-only machines may lack.
