@@ -996,6 +996,30 @@ def responses_cases():
     add(resp(), [["with_special_tokens", CUSTOM_TOKENS]])
     add(resp(), [["with_default_thinking_mode", False]])
     add('{"model": "DeepSeek-V4.1-Flash", "input": "hi"}', body_kind="bytes")
+    # Custom tools: only `apply_patch` (a fixed function tool per model); web_search context sizes.
+    patch = {"type": "custom", "name": "apply_patch", "description": "Patch", "format": {"type": "text"}}
+    for model in MODELS:
+        add(resp(model, tools=[patch]))
+        add(
+            resp(model, inp=history, tools=[fn, patch], tool_choice="required"),
+            [["with_default_thinking_mode", False]],
+        )
+    add(resp(tools=[{"type": "custom", "name": "apply_patch"}, {"type": "function", "name": "apply_patch"}]))
+    add(resp(tools=[fn, {"type": "custom", "name": "bash"}]))
+    add(resp(V41, tools=[{"type": "custom", "name": "it's"}]))
+    add(resp(inp=None, tools=[{"type": "custom", "name": "zz"}]))
+    add(resp(inp=[], tools=[{"type": "custom", "name": "zz"}]))
+    add(resp(model="bogus", tools=[{"type": "custom", "name": "zz"}]))
+    add(resp(tools=[{"type": "custom"}]))
+    add(resp(tools=[{"type": "custom", "name": 3}]))
+    for size in ("low", "medium", "high", None, "huge", "HIGH", 3):
+        add(resp(tools=[{"type": "web_search", "search_context_size": size}]))
+    add(resp(tools=[{"type": "web_search_2025_08_26", "search_context_size": "max"}]))
+    add(resp(tools=[{"type": "web_search_preview", "search_context_size": "max"}]))
+    add(
+        resp(tools=[fn, {"type": "web_search", "search_context_size": "x"}]),
+        [["with_responses_web_search", "Reject"]],
+    )
     return cases
 
 

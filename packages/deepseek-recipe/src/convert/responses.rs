@@ -162,8 +162,55 @@ pub enum ResponsesTool {
     Function(FunctionTool),
     Namespace { name: String, tools: Vec<FunctionTool> },
     #[serde(alias = "web_search_2025_08_26")]
-    WebSearch {},
+    WebSearch {
+        /// Only validated here; the response objects report it.
+        #[allow(dead_code)]
+        search_context_size: Option<SearchContextSize>,
+    },
     WebSearchPreview {},
+    /// Only `apply_patch` is supported (checked at conversion).
+    Custom { name: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchContextSize {
+    Low,
+    Medium,
+    High,
+}
+
+/// The one supported custom tool: its name, the function it is declared as, and its fixed description
+/// (V4.1 puts a blank line after the description's second line).
+const APPLY_PATCH: &str = "apply_patch";
+const APPLY_PATCH_DESCRIPTION: &str = include_str!("apply_patch.txt");
+
+fn apply_patch_definition(model_version: ModelVersion) -> ToolDefinition {
+    let description = match model_version {
+        ModelVersion::DeepseekV41Flash => {
+            let mut lines: Vec<&str> = APPLY_PATCH_DESCRIPTION.split('\n').collect();
+            lines.insert(2, "");
+            lines.join("\n")
+        }
+        _ => APPLY_PATCH_DESCRIPTION.to_owned(),
+    };
+    ToolDefinition {
+        name: APPLY_PATCH.to_owned(),
+        description: Some(description),
+        parameters: serde_json::json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "input": {
+                    "type": "string",
+                    "description": "The entire contents of the apply_patch command (the *** Begin Patch ... *** End Patch envelope)."
+                }
+            },
+            "required": ["input"]
+        }),
+        strict: None,
+        defer_loading: false,
+    }
 }
 
 /// A declared tool; tools of unknown types are ignored.
@@ -175,7 +222,9 @@ impl<'de> Deserialize<'de> for DeclaredTool {
         let value = Value::deserialize(deserializer)?;
         let known = matches!(
             value.get("type").and_then(Value::as_str),
-            None | Some("function" | "namespace" | "web_search" | "web_search_2025_08_26" | "web_search_preview")
+            None | Some(
+                "function" | "namespace" | "web_search" | "web_search_2025_08_26" | "web_search_preview" | "custom"
+            )
         );
         if !known {
             return Ok(Self(None));
@@ -320,7 +369,19 @@ impl ResponsesRequest {
                     validate_names([name.as_str()].into_iter(), &format!("tools[{i}].name"))?;
                     validate_names(tools.iter().map(|f| f.name.as_str()), &format!("tools[{i}].tools[{{}}].name"))?;
                 }
-                ResponsesTool::WebSearch {} | ResponsesTool::WebSearchPreview {} => {}
+                ResponsesTool::WebSearch { .. } | ResponsesTool::WebSearchPreview {} | ResponsesTool::Custom { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Custom tools other than `apply_patch` are rejected before the input is looked at.
+    fn check_custom_tools(&self) -> Result<(), ConversionError> {
+        for tool in self.declared() {
+            if let ResponsesTool::Custom { name } = tool {
+                if name != APPLY_PATCH {
+                    return Err(bad(format!("Unsupported custom tool: '{name}'. Only 'apply_patch' is supported.")));
+                }
             }
         }
         Ok(())
@@ -349,12 +410,13 @@ impl ResponsesRequest {
                 ResponsesTool::Namespace { name, tools } => {
                     out.extend(tools.iter().map(|f| definition(namespaced(model_version, name, &f.name), f)))
                 }
-                ResponsesTool::WebSearch {} => {
+                ResponsesTool::WebSearch { .. } => {
                     if web_search == WebSearchBehavior::Reject {
                         return Err(bad("Server tools are not supported"));
                     }
                 }
                 ResponsesTool::WebSearchPreview {} => {}
+                ResponsesTool::Custom { .. } => out.push(apply_patch_definition(model_version)),
             }
         }
         self.validate_local_names()?;
@@ -365,6 +427,7 @@ impl ResponsesRequest {
         let requested_effort = self.reasoning.as_ref().and_then(|r| r.effort);
         let target = Target::resolve(options, &self.model, None, requested_effort)?;
         let Target { model_version, thinking_mode, .. } = target;
+        self.check_custom_tools()?;
         match &self.input {
             None if self.instructions.is_none() => {
                 return Err(bad("Either input or instructions must be provided"))
