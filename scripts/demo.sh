@@ -10,5 +10,6 @@ if [ ! -f "$model/model.safetensors.index.json" ]; then
     uv run --frozen deepinfer make-checkpoint --config full --out "$model" --seed 0
 fi
 uv run --frozen deepinfer describe --model "$model"
+echo "== generating with the tiny default model: its weights are RANDOM, so the text is noise =="
 uv run --frozen deepinfer generate --model "$model" --max-tokens 32 \
     --prompt "The quick brown fox" --prompt "Hello world" "$@"
