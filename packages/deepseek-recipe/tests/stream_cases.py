@@ -344,6 +344,73 @@ def _responses_tool_specs():
     ]
 
 
+def _responses_custom_specs():
+    """(name, generator spec, model output, input cut, finish): calls of the `custom` tool apply_patch."""
+    patch_tool = {"type": "custom", "name": "apply_patch"}
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    no_think = {"reasoning": {"effort": "none"}}
+    patch = '*** Begin Patch\n*** Add File: a.txt\n+hi "q"\n*** End Patch'
+    tricky = (
+        '*** Begin Patch\n*** Update File: src/ü.rs\n@@\n-\told \\ "x"\n+\tnew 🎉 </tag>\n*** End Patch\n'
+    )
+
+    def call(params, v41=False):
+        return _block([("apply_patch", params)], v41=v41)
+
+    mixed = [("apply_patch", [("input", patch, True)]), ("get_weather", [("city", "Paris", True)])]
+    tricky_call = call([("input", tricky, True)])
+    ap = {"tools": [patch_tool], **no_think}
+    specs = [
+        ("only", ap, call([("input", patch, True)]), 11, "Stop"),
+        ("mixed", {"tools": [weather, patch_tool], **no_think}, _block(mixed), 11, "Stop"),
+        (
+            "mixed_v41",
+            {"model": "DeepSeek-V4.1-Flash", "tools": [patch_tool, weather], **no_think},
+            _block(mixed[::-1], v41=True),
+            11,
+            "Stop",
+        ),
+        ("escapes", ap, tricky_call, 7, "Stop"),
+        ("escapes_tokens", ap, tricky_call, -3, "Stop"),
+        ("thinking", {"tools": [patch_tool]}, "Let me patch.</think>Patching.\n\n" + tricky_call, 9, None),
+        (
+            "two_calls",
+            ap,
+            _block([("apply_patch", [("input", "A", True)]), ("apply_patch", [("input", "B\n", True)])]),
+            5,
+            "Stop",
+        ),
+        ("cut_in_opening", ap, tricky_call[: tricky_call.index('string="true">') + 5], 7, "Length"),
+        ("cut_in_input", ap, tricky_call[: tricky_call.index("Update")], 7, "Length"),
+        ("cut_no_finish", ap, tricky_call[: tricky_call.index("Update")], 7, None),
+        ("json_string_value", ap, call([("input", '"abc\\nd"', False)]), 11, "Stop"),
+        ("number_value", ap, call([("input", "5", False)]), 11, "Stop"),
+        ("extra_param_after", ap, call([("input", "P1", True), ("other", "x", True)]), 11, "Stop"),
+        ("extra_param_before", ap, call([("other", "x", True), ("input", "P1", True)]), 11, "Stop"),
+        ("no_params", ap, call([]), 11, "Stop"),
+        ("empty_input", ap, call([("input", "", True)]), 11, "Stop"),
+        ("other_param_name", ap, call([("patch", "P1", True)]), 11, "Stop"),
+    ]
+    out = [(name, {"kind": "request", "body": body}, text, cut, fin) for name, body, text, cut, fin in specs]
+    # The converted request decides which calls are custom: `with_echo` / `with_namespace_tool_map` keep it,
+    # and a Chat function that happens to be called apply_patch stays a function call.
+    for name, extra in (
+        ("echo", {"echo": True}),
+        ("empty_echo", {"empty_echo": True}),
+        ("namespace_map", {"namespace_map": {}}),
+    ):
+        out.append((name, {"kind": "request", "body": ap, **extra}, tricky_call, 11, "Stop"))
+    chat_fn = {"tools": [{"type": "function", "function": {"name": "apply_patch"}}]}
+    out.append(
+        ("via_chat_function", {"kind": "request", "via": "chat", "body": chat_fn}, tricky_call, 11, "Stop")
+    )
+    return out
+
+
 def stream_cases(dr):
     tok = load_tokenizer(dr)
     rng = random.Random(20261129)
@@ -457,6 +524,25 @@ def stream_cases(dr):
             case.update({k: v for k, v in over.items() if k != "options"})
             case["options"] = {**case["options"], **over.get("options", {})}
             cases.append(case)
+    # Responses calls of the `custom` tool apply_patch: `custom_tool_call` items and input events.
+    tok = load_tokenizer(dr)
+    for name, gen, text, cut, finish in _responses_custom_specs():
+        if cut < 0:
+            ids = tok.encode(text)
+            inputs = [{"tokens": ids[i : i - cut]} for i in range(0, len(ids), -cut)]
+        else:
+            inputs = [{"text": text[i : i + cut], "token_count": 2} for i in range(0, len(text), cut)]
+        cases.append(
+            {
+                "id": f"resp_custom/{name}",
+                "protocol": "responses",
+                "generator": gen,
+                "options": {"thinking_initial_stage": "ReasoningStart" if name == "thinking" else None},
+                "ready": {"prompt_tokens": 25, "prompt_cache_hit_tokens": 5, "system_fingerprint": None},
+                "inputs": inputs,
+                "finish": finish,
+            }
+        )
     return cases
 
 

@@ -16,7 +16,7 @@ use crate::error::{ConversionError as RustConversionError, RequestParseError};
 use crate::options::{ConversionOptions, ReasoningContentBehavior, WebSearchBehavior};
 use crate::response::chat::ChatConfig;
 use crate::response::messages::MessagesGenerator;
-use crate::response::responses::{Echo, ResponsesConfig};
+use crate::response::responses::{custom_tool_names, Echo, ResponsesConfig};
 use super::streaming::generators::Once;
 use super::streaming::{
     PyChatCompletionChunkGenerator, PyMessagesChunkGenerator, PyParsingOptions, PyResponsesChunkGenerator,
@@ -375,6 +375,7 @@ protocol_request!("ResponsesRequest", PyResponsesRequest, responses::ResponsesRe
             thinking_mode: r.conversation.thinking_mode,
             echo: r.responses_echo.clone(),
             namespace_tool_map: r.namespace_tool_map.clone(),
+            custom_tools: custom_tool_names(&r.responses_echo.tools),
         };
         PyResponsesChunkGenerator::from_config(config, id, model)
     }

@@ -51,6 +51,15 @@ pub struct ResponsesConfig {
     pub echo: Echo,
     /// Flattened tool name -> (namespace, local name).
     pub namespace_tool_map: HashMap<String, (String, String)>,
+    /// Names of the request's `custom` tools, whose calls are reported as `custom_tool_call` items.
+    /// Set from the converted request; `with_echo` does not change it.
+    pub custom_tools: Vec<String>,
+}
+
+/// The names of the `custom` tools among Responses-format request tools.
+pub fn custom_tool_names(tools: &Value) -> Vec<String> {
+    let tools = tools.as_array().map(Vec::as_slice).unwrap_or_default();
+    tools.iter().filter(|t| t["type"] == "custom").filter_map(|t| t["name"].as_str().map(str::to_owned)).collect()
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -135,6 +144,140 @@ enum Item {
     Reasoning { text: String },
     Message { text: String },
     FunctionCall { call_id: String, name: String, namespace: Option<String>, arguments: String },
+    /// A call of a declared `custom` tool (`apply_patch`): reported with the raw `input` text.
+    CustomToolCall { call_id: String, name: String, input: CustomInput },
+}
+
+/// The `input` of a custom tool call, derived from the streamed JSON arguments: when they start with
+/// the string parameter `input`, its unescaped text (anything after that string is ignored); otherwise
+/// the arguments JSON itself.
+#[derive(Debug, Default)]
+struct CustomInput {
+    /// Arguments seen while they could still be the `{"input": "` opening.
+    opening: String,
+    /// Undecoded tail of the string (an escape cut by a fragment boundary).
+    pending: String,
+    state: InputState,
+    text: String,
+}
+
+#[derive(Debug, Default, PartialEq)]
+enum InputState {
+    #[default]
+    Opening,
+    InString,
+    AfterString,
+    Raw,
+}
+
+const INPUT_OPENING: &str = "{\"input\": \"";
+
+impl CustomInput {
+    /// Feeds one arguments fragment and returns the text it adds to the input.
+    fn feed(&mut self, fragment: &str) -> String {
+        match self.state {
+            InputState::Opening => {
+                self.opening.push_str(fragment);
+                if let Some(rest) = self.opening.strip_prefix(INPUT_OPENING) {
+                    let rest = rest.to_owned();
+                    self.state = InputState::InString;
+                    self.decode(&rest)
+                } else if INPUT_OPENING.starts_with(self.opening.as_str()) {
+                    String::new()
+                } else {
+                    self.state = InputState::Raw;
+                    self.text = std::mem::take(&mut self.opening);
+                    self.text.clone()
+                }
+            }
+            InputState::InString => self.decode(fragment),
+            InputState::AfterString => String::new(),
+            InputState::Raw => {
+                self.text.push_str(fragment);
+                fragment.to_owned()
+            }
+        }
+    }
+
+    /// Decodes JSON string content up to the closing quote, keeping a cut escape for later.
+    fn decode(&mut self, fragment: &str) -> String {
+        let source = std::mem::take(&mut self.pending) + fragment;
+        let mut out = String::new();
+        let mut rest = source.as_str();
+        while let Some(c) = rest.chars().next() {
+            match c {
+                '"' => {
+                    self.state = InputState::AfterString;
+                    rest = "";
+                    break;
+                }
+                '\\' => match decode_escape(rest) {
+                    Some((ch, used)) => {
+                        out.extend(ch);
+                        rest = &rest[used..];
+                    }
+                    None => break,
+                },
+                _ => {
+                    out.push(c);
+                    rest = &rest[c.len_utf8()..];
+                }
+            }
+        }
+        self.pending = rest.to_owned();
+        self.text.push_str(&out);
+        out
+    }
+
+    /// Ends the input: arguments still undecided are the input as they are; returns what that adds.
+    fn finish(&mut self) -> String {
+        if self.state != InputState::Opening {
+            return String::new();
+        }
+        self.state = InputState::Raw;
+        self.text = std::mem::take(&mut self.opening);
+        self.text.clone()
+    }
+
+    fn input(&self) -> &str {
+        if self.state == InputState::Opening {
+            &self.opening
+        } else {
+            &self.text
+        }
+    }
+}
+
+/// One escape at the start of `s` (which begins with a backslash): the character (none for a lone
+/// surrogate) and the bytes used, or `None` while the escape is incomplete.
+fn decode_escape(s: &str) -> Option<(Option<char>, usize)> {
+    let b = s.as_bytes();
+    let simple = match *b.get(1)? {
+        b'n' => '\n',
+        b't' => '\t',
+        b'r' => '\r',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'u' => {
+            let hex = |at: usize| s.get(at..at + 4).and_then(|h| u32::from_str_radix(h, 16).ok());
+            let unit = hex(2)?;
+            if (0xD800..0xDC00).contains(&unit) {
+                if s.len() < 12 {
+                    return None;
+                }
+                if &s[6..8] == "\\u" {
+                    if let Some(low) = hex(8).filter(|l| (0xDC00..0xE000).contains(l)) {
+                        let code = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
+                        return Some((char::from_u32(code), 12));
+                    }
+                }
+                return Some((None, 6));
+            }
+            return Some((char::from_u32(unit), 6));
+        }
+        other => other as char,
+    };
+    Some((Some(simple), 2))
 }
 
 pub struct ResponsesGenerator {
@@ -169,6 +312,11 @@ impl ResponsesGenerator {
         out.push(ResponsesEvent(Value::Object(event)));
     }
 
+    /// Whether `name` is a declared `custom` tool (only `apply_patch` passes conversion).
+    fn is_custom_tool(&self, name: &str) -> bool {
+        self.config.custom_tools.iter().any(|t| t == name)
+    }
+
     fn output_index(&self) -> usize {
         self.items.len()
     }
@@ -197,6 +345,10 @@ impl ResponsesGenerator {
                 item["arguments"] = json!(arguments);
                 item
             }
+            Item::CustomToolCall { call_id, name, input } => {
+                json!({"type": "custom_tool_call", "id": self.item_id("ctc"), "status": status,
+                    "call_id": call_id, "name": name, "input": input.input()})
+            }
         }
     }
 
@@ -208,7 +360,7 @@ impl ResponsesGenerator {
         let part = match &item {
             Item::Reasoning { .. } => Some(json!({"type": "reasoning_text", "text": ""})),
             Item::Message { .. } => Some(output_text("")),
-            Item::FunctionCall { .. } => None,
+            Item::FunctionCall { .. } | Item::CustomToolCall { .. } => None,
         };
         if let Some(part) = part {
             let item_id = added["id"].clone();
@@ -223,8 +375,19 @@ impl ResponsesGenerator {
 
     /// Closes the open item; `tools_follow` marks a message as commentary before tool calls.
     fn close_item(&mut self, status: &str, tools_follow: bool, out: &mut Vec<ResponsesEvent>) {
-        let Some(item) = self.open.take() else { return };
+        let Some(mut item) = self.open.take() else { return };
         let n = self.output_index();
+        if let Item::CustomToolCall { input, .. } = &mut item {
+            let rest = input.finish();
+            if !rest.is_empty() {
+                let item_id = self.item_id("ctc");
+                self.event(
+                    "response.custom_tool_call_input.delta",
+                    json!({"delta": rest, "item_id": item_id, "output_index": n}),
+                    out,
+                );
+            }
+        }
         let phase = if tools_follow { "commentary" } else { "final_answer" };
         let done = self.item_json(&item, status, phase);
         let item_id = done["id"].clone();
@@ -260,6 +423,13 @@ impl ResponsesGenerator {
                 self.event(
                     "response.function_call_arguments.done",
                     json!({"arguments": arguments, "item_id": item_id, "output_index": n}),
+                    out,
+                );
+            }
+            Item::CustomToolCall { input, .. } => {
+                self.event(
+                    "response.custom_tool_call_input.done",
+                    json!({"input": input.input(), "item_id": item_id, "output_index": n}),
                     out,
                 );
             }
@@ -321,6 +491,11 @@ impl Generator for ResponsesGenerator {
             }
             Delta::ToolCallStart { id, name, .. } => {
                 self.close_item("completed", true, out);
+                if self.is_custom_tool(&name) {
+                    let item = Item::CustomToolCall { call_id: id, name, input: CustomInput::default() };
+                    self.open_item(item, out);
+                    return;
+                }
                 let (namespace, name) = match self.config.namespace_tool_map.get(&name) {
                     Some((ns, local)) => (Some(ns.clone()), local.clone()),
                     None => (None, name),
@@ -331,6 +506,18 @@ impl Generator for ResponsesGenerator {
                 );
             }
             Delta::ToolCallArguments { fragment, .. } => {
+                if let Some(Item::CustomToolCall { input, .. }) = &mut self.open {
+                    let delta = input.feed(&fragment);
+                    if !delta.is_empty() {
+                        let item_id = self.item_id("ctc");
+                        self.event(
+                            "response.custom_tool_call_input.delta",
+                            json!({"delta": delta, "item_id": item_id, "output_index": n}),
+                            out,
+                        );
+                    }
+                    return;
+                }
                 if let Some(Item::FunctionCall { arguments, .. }) = &mut self.open {
                     arguments.push_str(&fragment);
                 }
@@ -388,5 +575,34 @@ impl ResponsesResponse {
 
     pub fn to_json(&self) -> String {
         self.response.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CustomInput;
+
+    fn feed_all(fragments: &[&str]) -> (Vec<String>, String) {
+        let mut input = CustomInput::default();
+        let mut deltas: Vec<String> = fragments.iter().map(|f| input.feed(f)).collect();
+        deltas.push(input.finish());
+        deltas.retain(|d| !d.is_empty());
+        (deltas, input.input().to_owned())
+    }
+
+    #[test]
+    fn custom_input_is_the_unescaped_input_string() {
+        let fragments = ["{", "\"input\"", ": ", "\"", "a\\", "nb \\ud83c", "\\udf89\\\"", "\"", "}"];
+        let (deltas, input) = feed_all(&fragments);
+        assert_eq!(deltas, ["a", "\nb ", "🎉\""]);
+        assert_eq!(input, "a\nb 🎉\"");
+    }
+
+    #[test]
+    fn custom_input_falls_back_to_the_arguments_json() {
+        let expected = (vec!["{\"input\": 5".to_owned(), "}".to_owned()], "{\"input\": 5}".to_owned());
+        assert_eq!(feed_all(&["{", "\"input\"", ": ", "5", "}"]), expected);
+        assert_eq!(feed_all(&["{", "\"input\"", ": "]), (vec!["{\"input\": ".into()], "{\"input\": ".into()));
+        assert_eq!(feed_all(&["{\"input\": \"x\"", ", \"other\": 1}"]).1, "x");
     }
 }

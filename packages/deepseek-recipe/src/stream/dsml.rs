@@ -151,7 +151,11 @@ impl DsmlParser {
                     State::InvokeName(name)
                 };
             }
-            State::SkipToGt { next, holds } => {
+            State::SkipToGt { next, mut holds } => {
+                // A V4.1 tag name (after a space) does not hold back what its closing tag produced.
+                if holds && self.tail_piece.is_none() && c == ' ' {
+                    holds = false;
+                }
                 if holds {
                     self.tail_piece.get_or_insert(piece);
                 }
