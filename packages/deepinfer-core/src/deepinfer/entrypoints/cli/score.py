@@ -6,10 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from deepinfer.engine.loader import DTYPES
+
+# the model's two compute dtypes (the spec's fp32 and bf16), by the names every command uses
+SCORE_DTYPES = ("bfloat16", "float32")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", required=True, help="checkpoint directory (config.json, safetensors)")
     parser.add_argument("--input", required=True, help="prompts JSON")
     parser.add_argument("--out", required=True, help="output .safetensors")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype")
+    parser.add_argument("--dtype", choices=SCORE_DTYPES, default="float32", help="compute dtype")
     parser.add_argument("--backend", default=None, help="op backend (default: best installed)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-precision", choices=["exact", "release"], default="exact")
