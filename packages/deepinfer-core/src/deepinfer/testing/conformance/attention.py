@@ -1,0 +1,73 @@
+"""Conformance cases of the attention-side ops: sink attention and interleaved RoPE."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from deepinfer.testing.conformance import Case, rand, randint, register
+
+
+def _sink_inputs(rows: int, heads: int, dim: int, keys: int, k: int, dtype: torch.dtype):
+    def make(device: torch.device, g: torch.Generator):
+        q = rand(g, rows, heads, dim, device=device, dtype=dtype)
+        kv = rand(g, keys, dim, device=device, dtype=dtype)
+        idx = randint(g, 0, keys, rows, k, device=device)
+        drop = randint(g, 0, 3, rows, k, device=device) == 0  # about a third of the slots empty
+        idx = idx.masked_fill(drop, -1)
+        if rows > 1:
+            idx[-1] = -1  # a row that sees no key at all: only the sink
+        sink = rand(g, heads, device=device)
+        return (q, kv, idx, sink, dim**-0.5), {}
+
+    return make
+
+
+def _sink_oracle(out: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    q, kv, idx, sink, scale = args
+    assert out.shape == q.shape and out.dtype == q.dtype
+    tol = 2e-2 if q.dtype == torch.bfloat16 else 1e-5
+    for t in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            keys = [kv[i].double() for i in idx[t].tolist() if i >= 0]
+            logits = [float(q[t, h].double() @ key) * scale for key in keys] + [float(sink[h])]
+            top = max(logits)
+            w = [math.exp(v - top) for v in logits]
+            total = sum(w)
+            want = torch.zeros(q.shape[-1], dtype=torch.float64)
+            for wi, key in zip(w, keys):
+                want += wi / total * key
+            torch.testing.assert_close(out[t, h].double(), want, atol=tol, rtol=tol)
+
+
+for _dtype in (torch.float32, torch.bfloat16):
+    register(Case("sparse_attention_sink", f"ragged-{str(_dtype)[6:]}", _sink_inputs(5, 4, 32, 17, 6, _dtype),
+                  _sink_oracle))
+
+
+def _rope_inputs(inverse: bool):
+    def make(device: torch.device, g: torch.Generator):
+        x = rand(g, 6, 3, 32, device=device)
+        angles = rand(g, 6, 4, device=device, scale=3.0)
+        return (x, angles), {"inverse": inverse}
+
+    return make
+
+
+def _rope_oracle(out: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    x, angles = args
+    sign = -1.0 if kwargs["inverse"] else 1.0
+    rot = 2 * angles.shape[-1]
+    want = x.clone().double()
+    for p in range(angles.shape[-1]):
+        c, s = angles[:, p].double().cos().unsqueeze(-1), sign * angles[:, p].double().sin().unsqueeze(-1)
+        a, b = x[..., x.shape[-1] - rot + 2 * p].double(), x[..., x.shape[-1] - rot + 2 * p + 1].double()
+        want[..., x.shape[-1] - rot + 2 * p] = a * c - b * s
+        want[..., x.shape[-1] - rot + 2 * p + 1] = a * s + b * c
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+for _inverse in (False, True):
+    name = "inverse" if _inverse else "forward"
+    register(Case("rope_interleaved", name, _rope_inputs(_inverse), _rope_oracle))
