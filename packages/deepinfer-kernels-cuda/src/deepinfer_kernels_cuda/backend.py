@@ -18,6 +18,20 @@ class CudaBackend(Backend):
 
     def ops(self) -> dict[str, Callable]:
         # Imported here: the kernel modules import triton, which CPU-only machines may lack.
-        from deepinfer_kernels_cuda import norm
+        from deepinfer_kernels_cuda import attention, cache_quant, indexer, mhc, norm, rope
 
-        return {"rms_norm": norm.rms_norm}
+        return {
+            "rms_norm": norm.rms_norm,
+            "hc_coefficients": mhc.hc_coefficients,
+            "hc_collapse": mhc.hc_collapse,
+            "hc_expand": mhc.hc_expand,
+            "rope_interleaved": rope.rope_interleaved,
+            "indexer_logits": indexer.indexer_logits,
+            "sparse_attention_sink": attention.sparse_attention_sink,
+            "fp8_quantize": cache_quant.fp8_quantize,
+            "fp8_dequantize": cache_quant.fp8_dequantize,
+            "nvfp4_quantize": cache_quant.nvfp4_quantize,
+            "nvfp4_dequantize": cache_quant.nvfp4_dequantize,
+            "mxfp4_quantize": cache_quant.mxfp4_quantize,
+            "mxfp4_dequantize": cache_quant.mxfp4_dequantize,
+        }

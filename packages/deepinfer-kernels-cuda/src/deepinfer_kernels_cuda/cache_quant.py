@@ -1,0 +1,197 @@
+"""Cache codecs (FP8 + UE8M0/32, NVFP4 + E4M3/16, MXFP4 + UE8M0/32): bit-exact to the reference.
+
+Every quantisation group is independent, so a tensor [..., D] is viewed as [groups, GROUP] and each
+program encodes or decodes BLOCK groups. Exactness rests on: UE8M0 exponents read off the float32
+bits (as `ue8m0_exponent_ceil`), power-of-two scaling by multiplying with the exact reciprocal,
+correctly rounded division (`div_rn`) where the scale is not a power of two (NVFP4), the hardware's
+round-to-nearest-even E4M3 conversion, and E2M1 encoding by the reference's decision boundaries.
+Not covered: NaN inputs (a NaN group's scale byte may differ) and denormal intermediates flushed by
+the device.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops.reference.cache_quant import FP8_GROUP, MXFP4_GROUP, NVFP4_GROUP
+
+_BLOCK = 64  # groups per program
+
+
+@triton.jit
+def _ue8m0_ceil(v):
+    """Biased exponent of the smallest power of two >= v (v > 0 normal float32); 127 if not finite."""
+    bits = v.to(tl.int32, bitcast=True)
+    exp = (bits >> 23) & 0xFF
+    byte = exp + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return tl.where(exp == 255, 127, tl.minimum(byte, 254))
+
+
+@triton.jit
+def _pow2(byte):
+    """UE8M0 byte -> 2^(byte-127) as float32 (0 -> 2^-127, 255 -> NaN)."""
+    normal = (byte << 23).to(tl.float32, bitcast=True)
+    special = tl.where(byte == 0, 5.877471754111438e-39, float("nan"))
+    return tl.where((byte > 0) & (byte < 255), normal, special)
+
+
+@triton.jit
+def _pow2_reciprocal(byte):
+    """2^(127-byte) for byte in [0, 253], exactly."""
+    return ((254 - byte) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_encode(y):
+    """Scaled float32 values -> E2M1 codes (int32 0..15): nearest, ties to even, saturating at 6."""
+    a = tl.abs(y)
+    code = (a > 0.25).to(tl.int32) + (a > 0.7499999403953552).to(tl.int32) + (a > 1.25).to(tl.int32)
+    code += (a > 1.7499998807907104).to(tl.int32) + (a > 2.5).to(tl.int32)
+    code += (a > 3.4999997615814209).to(tl.int32) + (a > 5.0).to(tl.int32)
+    return code | ((y < 0).to(tl.int32) << 3)
+
+
+@triton.jit
+def _e2m1_decode(code):
+    """E2M1 codes (int32 0..15) -> float32 values."""
+    e = (code >> 1) & 3
+    m = (code & 1).to(tl.float32)
+    mag = tl.where(e == 0, 0.5 * m, (2.0 + m) * (1 << e).to(tl.float32) * 0.25)
+    return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _fp8_quantize_kernel(x_ptr, q_ptr, e_ptr, n_groups, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = (g < n_groups)[:, None]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    byte = _ue8m0_ceil(amax * (1.0 / 448.0))
+    y = tl.clamp(x * _pow2_reciprocal(byte)[:, None], -448.0, 448.0)
+    tl.store(q_ptr + offs, y.to(tl.float8e4nv), mask=mask)
+    tl.store(e_ptr + g, byte.to(tl.uint8), mask=g < n_groups)
+
+
+@triton.jit
+def _fp4_quantize_kernel(
+    x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, NV: tl.constexpr, BLOCK: tl.constexpr
+):
+    """NV: NVFP4 (E4M3 scale of amax/6); else MXFP4 (UE8M0 scale). Even element in the low nibble."""
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = (g < n_groups)[:, None]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    if NV:
+        scale = tl.math.div_rn(tl.maximum(amax, 6.0 * 2.0**-9), tl.full(amax.shape, 6.0, tl.float32))
+        scale8 = scale.to(tl.float8e4nv)
+        y = tl.math.div_rn(x, scale8.to(tl.float32)[:, None])
+        tl.store(s_ptr + g, scale8, mask=g < n_groups)
+    else:
+        byte = _ue8m0_ceil(tl.maximum(amax, 6.0 * 2.0**-126) * (1.0 / 6.0))
+        y = x * _pow2_reciprocal(byte)[:, None]
+        tl.store(s_ptr + g, byte.to(tl.uint8), mask=g < n_groups)
+    lo, hi = tl.split(tl.reshape(_e2m1_encode(y), (BLOCK, GROUP // 2, 2)))
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    poffs = g[:, None].to(tl.int64) * (GROUP // 2) + tl.arange(0, GROUP // 2)[None, :]
+    tl.store(q_ptr + poffs, packed, mask=mask)
+
+
+@triton.jit
+def _fp8_dequantize_kernel(q_ptr, e_ptr, out_ptr, n_groups, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = (g < n_groups)[:, None]
+    q = tl.load(q_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = _pow2(tl.load(e_ptr + g, mask=g < n_groups, other=127).to(tl.int32))
+    tl.store(out_ptr + offs, (q * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fp4_dequantize_kernel(
+    q_ptr, s_ptr, out_ptr, n_groups, GROUP: tl.constexpr, NV: tl.constexpr, BLOCK: tl.constexpr
+):
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = (g < n_groups)[:, None]
+    poffs = g[:, None].to(tl.int64) * (GROUP // 2) + tl.arange(0, GROUP // 2)[None, :]
+    b = tl.load(q_ptr + poffs, mask=mask, other=0).to(tl.int32)
+    if NV:
+        scale = tl.load(s_ptr + g, mask=g < n_groups, other=1.0).to(tl.float32)
+    else:
+        scale = _pow2(tl.load(s_ptr + g, mask=g < n_groups, other=127).to(tl.int32))
+    vals = tl.reshape(tl.join(_e2m1_decode(b & 0xF), _e2m1_decode(b >> 4)), (BLOCK, GROUP))
+    offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
+    tl.store(out_ptr + offs, (vals * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
+    if x.shape[-1] % group:
+        raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of the quantisation group {group}")
+    return x.contiguous()
+
+
+def _grid(n_groups: int) -> tuple[int]:
+    return (triton.cdiv(n_groups, _BLOCK),)
+
+
+def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., D] -> (E4M3 elements [..., D], UE8M0 exponent bytes uint8 [..., D/32])."""
+    x = _grouped(x, FP8_GROUP)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    e = torch.empty((*x.shape[:-1], x.shape[-1] // FP8_GROUP), dtype=torch.uint8, device=x.device)
+    if e.numel():
+        _fp8_quantize_kernel[_grid(e.numel())](x, q, e, e.numel(), GROUP=FP8_GROUP, BLOCK=_BLOCK)
+    return q, e
+
+
+def fp8_dequantize(q: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    q, exp = _grouped(q, FP8_GROUP), exp.contiguous()
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    if exp.numel():
+        _fp8_dequantize_kernel[_grid(exp.numel())](q, exp, out, exp.numel(), GROUP=FP8_GROUP, BLOCK=_BLOCK)
+    return out
+
+
+def _fp4_quantize(x: torch.Tensor, group: int, nv: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    x = _grouped(x, group)
+    packed = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8, device=x.device)
+    scale_dtype = torch.float8_e4m3fn if nv else torch.uint8
+    scale = torch.empty((*x.shape[:-1], x.shape[-1] // group), dtype=scale_dtype, device=x.device)
+    if scale.numel():
+        _fp4_quantize_kernel[_grid(scale.numel())](
+            x, packed, scale, scale.numel(), GROUP=group, NV=nv, BLOCK=_BLOCK
+        )
+    return packed, scale
+
+
+def _fp4_dequantize(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, group: int, nv: bool):
+    packed, scale = packed.contiguous().view(torch.uint8), scale.contiguous()
+    if packed.shape[-1] * 2 != scale.shape[-1] * group:
+        raise ValueError(
+            f"packed width {packed.shape[-1]} does not match {scale.shape[-1]} scales of {group} elements"
+        )
+    out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype, device=packed.device)
+    if scale.numel():
+        _fp4_dequantize_kernel[_grid(scale.numel())](
+            packed, scale, out, scale.numel(), GROUP=group, NV=nv, BLOCK=_BLOCK
+        )
+    return out
+
+
+def nvfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., D] -> (packed E2M1 uint8 [..., D/2], E4M3 scales [..., D/16])."""
+    return _fp4_quantize(x, NVFP4_GROUP, nv=True)
+
+
+def nvfp4_dequantize(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _fp4_dequantize(packed, scale, dtype, NVFP4_GROUP, nv=True)
+
+
+def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., D] -> (packed E2M1 uint8 [..., D/2], UE8M0 exponent bytes uint8 [..., D/32])."""
+    return _fp4_quantize(x, MXFP4_GROUP, nv=False)
+
+
+def mxfp4_dequantize(packed: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _fp4_dequantize(packed, exp, dtype, MXFP4_GROUP, nv=False)

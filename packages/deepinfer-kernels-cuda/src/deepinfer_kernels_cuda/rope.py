@@ -1,0 +1,58 @@
+"""Interleaved RoPE: one pass that copies the leading channels and rotates the trailing 2P.
+
+A row is viewed as D/2 channel pairs; pairs before the rotary part get the identity rotation
+(cos 1, sin 0, exact in float32), so one code path writes the whole row. cos/sin come from torch
+(the same functions torch.polar uses in the reference), the complex multiply runs in float32.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr, rows, pairs, first_rot, x_stride_n, x_stride_r,
+    SIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    n = tl.program_id(0)
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    p = tl.arange(0, BLOCK_P)
+    rot = p - first_rot
+    has_rot = (rot >= 0) & (p < pairs)
+    c = tl.load(cos_ptr + n * (pairs - first_rot) + rot, mask=has_rot, other=1.0)
+    s = SIGN * tl.load(sin_ptr + n * (pairs - first_rot) + rot, mask=has_rot, other=0.0)
+    mask = (r < rows)[:, None] & (p < pairs)[None, :]
+    offs = n.to(tl.int64) * x_stride_n + r[:, None].to(tl.int64) * x_stride_r + 2 * p[None, :]
+    a = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x_ptr + offs + 1, mask=mask, other=0.0).to(tl.float32)
+    re = a * c[None, :] - b * s[None, :]
+    im = a * s[None, :] + b * c[None, :]
+    out = tl.reshape(tl.join(re, im), (BLOCK_R, 2 * BLOCK_P)).to(out_ptr.dtype.element_ty)
+    ooffs = (n * rows + r[:, None]).to(tl.int64) * (2 * pairs) + tl.arange(0, 2 * BLOCK_P)[None, :]
+    omask = (r < rows)[:, None] & (tl.arange(0, 2 * BLOCK_P) < 2 * pairs)[None, :]
+    tl.store(out_ptr + ooffs, out, mask=omask)
+
+
+def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of the last 2*P channels of x [N, ..., D] by angles [N, P] (float32)."""
+    n, d, rot_pairs = x.shape[0], x.shape[-1], angles.shape[-1]
+    if d % 2 or 2 * rot_pairs > d or angles.shape[0] != n:
+        raise ValueError(f"rope: x {tuple(x.shape)} cannot take angles {tuple(angles.shape)}")
+    x3 = x.reshape(n, -1, d)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows, pairs = x3.shape[1], d // 2
+    if out.numel() == 0:
+        return out
+    angles = angles.float()
+    block_p = triton.next_power_of_2(pairs)
+    block_r = max(1, min(triton.next_power_of_2(rows), 4096 // block_p))
+    grid = (n, triton.cdiv(rows, block_r))
+    _rope_kernel[grid](
+        x3, angles.cos().contiguous(), angles.sin().contiguous(), out, rows, pairs, pairs - rot_pairs,
+        x3.stride(0), x3.stride(1), SIGN=-1.0 if inverse else 1.0, BLOCK_R=block_r, BLOCK_P=block_p,
+        num_warps=4,
+    )
+    return out

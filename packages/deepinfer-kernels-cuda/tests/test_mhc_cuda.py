@@ -1,0 +1,50 @@
+"""mHC kernels on the GPU against the reference: coefficients (with Sinkhorn), collapse, expand."""
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+M = 4
+ONE_BF16_ULP = dict(atol=1e-5, rtol=2**-7)
+
+
+def _streams(t: int, h: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(t, M, h, generator=g) * 3).to(torch.bfloat16).cuda()
+
+
+@pytest.mark.parametrize("t,h", [(1, 128), (5, 128), (70, 128), (1, 5120), (33, 5120)])
+def test_hc_coefficients_match_reference(cuda_ops, ref_ops, poison, t, h):
+    g = torch.Generator().manual_seed(t * h)
+    streams = _streams(t, h, seed=t + h)
+    fn = (torch.randn(M * (M + 2), M * h, generator=g) * (M * h) ** -0.5).cuda()
+    base = (torch.randn(M * (M + 2), generator=g) * 0.5).cuda()
+    scale = (torch.rand(3, generator=g) + 0.5).cuda()
+    args = (streams, fn, base, scale, 20, 1e-6, 1e-6)
+    got, want = cuda_ops.hc_coefficients(*args), ref_ops.hc_coefficients(*args)
+    for name, a, b in zip(("pre", "post", "comb"), got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == torch.float32, name
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("t,h", [(1, 128), (9, 5120), (64, 1000)])
+def test_hc_collapse_matches_reference(cuda_ops, ref_ops, poison, t, h):
+    streams = _streams(t, h, seed=h)
+    pre = torch.rand(t, M, device="cuda") + 0.1
+    got, want = cuda_ops.hc_collapse(streams, pre), ref_ops.hc_collapse(streams, pre)
+    torch.testing.assert_close(got, want, **ONE_BF16_ULP)
+
+
+@pytest.mark.parametrize("t,h", [(1, 128), (9, 5120), (64, 1000)])
+def test_hc_expand_matches_reference(cuda_ops, ref_ops, poison, t, h):
+    streams = _streams(t, h, seed=h + 1)
+    y = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+    post = torch.rand(t, M, device="cuda") * 2
+    comb = torch.rand(t, M, M, device="cuda")
+    got, want = cuda_ops.hc_expand(y, streams, post, comb), ref_ops.hc_expand(y, streams, post, comb)
+    assert got.shape == want.shape == (t, M, h)
+    torch.testing.assert_close(got, want, **ONE_BF16_ULP)
