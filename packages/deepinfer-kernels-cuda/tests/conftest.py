@@ -24,7 +24,7 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     def fill(t: torch.Tensor) -> torch.Tensor:
         if t.is_floating_point() and t.element_size() > 1:
             return t.fill_(float("nan"))
-        return t.view(torch.uint8).fill_(0xA5).view(t.dtype) if t.numel() else t
+        return t.view(torch.uint8).fill_(0xA5).view(t.dtype) if t.numel() and t.dim() else t
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))

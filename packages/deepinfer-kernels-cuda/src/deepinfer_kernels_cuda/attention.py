@@ -22,6 +22,7 @@ _LOG2E = math.log2(math.e)
 _BLOCK_N = 32  # keys per step
 _DV_BLOCK = 256  # value channels per program: bounds the [heads, DV] float32 accumulator
 _MAX_HEADS = 64  # heads per program (one warpgroup-sized MMA tile)
+_NUM_WARPS = 4
 
 
 @triton.jit
@@ -145,7 +146,7 @@ def sparse_attention_sink(
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         SPLIT=splits > 1, DV_BLOCKS=dv_blocks, BLOCK_H=block_h, BLOCK_N=_BLOCK_N, BLOCK_D=block_d,
         BLOCK_DV=block_dv, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        num_warps=_NUM_WARPS, num_stages=2,
     )
     if splits > 1:
         _combine_kernel[(t, heads)](
