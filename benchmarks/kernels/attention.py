@@ -2,9 +2,10 @@
 
 Decode: B sequences, each with its own compressed stream of ctx/2 entries (ratio 2) and a 128-key
 window; every query row attends to its 128 window keys plus 512 distinct random entries (K = 640).
-Bandwidth counts the bytes the kernel must touch: the 640 gathered KV rows, q and the output.
+Bandwidth counts the bytes the kernel must touch: the gathered KV rows, q and the output.
 Prefill: one 2048-token prompt (1024 compressed entries, causal window and visibility).
-A small sweep of the kernel's tile constants runs at the decode shapes.
+Then a sweep of the kernel's tiles at ctx 64k (decode) and on the prefill, each checked against the
+reference (relative L2 error of the output).
 
     python benchmarks/kernels/attention.py [--out table.md]
 """
@@ -14,75 +15,96 @@ from __future__ import annotations
 import itertools
 
 import torch
-from common import backends, bench_ms, copy_bandwidth_gbs, emit, parse_out
+from common import backends, copy_bandwidth_gbs, eager_ms, emit, graph_ms, input_sets, parse_out, times_ms
 
 import deepinfer_kernels_cuda.attention as kernel
 
 HEADS, DIM, WINDOW, TOPK = 64, 512, 128, 512
+SWEEP = [kernel.Tiles(256, 32, 4, 2, 1.0), kernel.Tiles(256, 32, 4, 2, 2.0), kernel.Tiles(256, 64, 4, 2, 2.0),
+         kernel.Tiles(512, 32, 8, 2, 2.0), kernel.Tiles(512, 64, 8, 1, 2.0), kernel.Tiles(128, 32, 4, 2, 2.0),
+         kernel.Tiles(256, 32, 4, 3, 2.0), kernel.Tiles(256, 64, 8, 2, 4.0)]
 
 
-def decode_inputs(batch: int, ctx: int, g: torch.Generator):
+def decode_inputs(batch: int, ctx: int) -> tuple:
     entries = ctx // 2
     region = entries + WINDOW
     kv = torch.randn(batch * region, DIM, device="cuda", dtype=torch.bfloat16)
     base = torch.arange(batch).unsqueeze(1) * region
     window = base + entries + torch.arange(WINDOW)
-    chosen = torch.stack([torch.randperm(entries, generator=g)[:TOPK] for _ in range(batch)]) + base
+    chosen = torch.stack([torch.randperm(entries)[:TOPK] for _ in range(batch)]) + base
     idx = torch.cat((window, chosen.sort(dim=1).values), dim=1).cuda()
     q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
     return q, kv, idx, torch.randn(HEADS, device="cuda"), DIM**-0.5
 
 
-def prefill_inputs(t: int, g: torch.Generator):
+def prefill_inputs(t: int) -> tuple:
     entries = t // 2
     kv = torch.randn(entries + t, DIM, device="cuda", dtype=torch.bfloat16)
     rows = torch.arange(t).unsqueeze(1)
     window = rows - WINDOW + 1 + torch.arange(WINDOW)
     window = torch.where(window >= 0, window + entries, -1)
-    chosen = torch.stack([torch.randperm(entries, generator=g)[:TOPK] for _ in range(t)]).sort(dim=1).values
+    chosen = torch.stack([torch.randperm(entries)[:TOPK] for _ in range(t)]).sort(dim=1).values
     chosen = torch.where(chosen < (rows + 1) // 2, chosen, -1)
-    idx = torch.cat((window, chosen), dim=1).cuda()
     q = torch.randn(t, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
-    return q, kv, idx, torch.randn(HEADS, device="cuda"), DIM**-0.5
+    return q, kv, torch.cat((window, chosen), dim=1).cuda(), torch.randn(HEADS, device="cuda"), DIM**-0.5
 
 
-def touched_bytes(q: torch.Tensor, idx: torch.Tensor) -> int:
-    return int((idx >= 0).sum()) * DIM * 2 + 2 * q.nbytes
+def touched_bytes(batch: int) -> int:
+    return batch * (WINDOW + TOPK) * DIM * 2 + 2 * batch * HEADS * DIM * 2
 
 
 def main() -> None:
+    torch.manual_seed(0)
     out = parse_out(__doc__)
     cuda, ref = backends()
     copy = copy_bandwidth_gbs()
-    g = torch.Generator().manual_seed(0)
     rows = []
     for ctx, batch in itertools.product((8192, 65536), (1, 8, 64, 128)):
-        args = decode_inputs(batch, ctx, g)
-        k_ms = bench_ms(lambda a=args: cuda.sparse_attention_sink(*a))
-        r_ms = bench_ms(lambda a=args: ref.sparse_attention_sink(*a))
-        gbs = touched_bytes(args[0], args[2]) / k_ms / 1e6
-        rows.append([f"decode ctx {ctx // 1024}k", batch, k_ms * 1e3, r_ms * 1e3, r_ms / k_ms, gbs,
-                     f"{100 * gbs / copy:.0f}%"])
-    args = prefill_inputs(2048, g)
-    k_ms = bench_ms(lambda: cuda.sparse_attention_sink(*args))
-    r_ms = bench_ms(lambda: ref.sparse_attention_sink(*args))
-    tflops = 4 * HEADS * DIM * int((args[2] >= 0).sum()) / k_ms / 1e9
-    rows.append(["prefill (GB/s column: TFLOP/s)", 2048, k_ms * 1e3, r_ms * 1e3, r_ms / k_ms, tflops, ""])
+        sets = input_sets(lambda b=batch, c=ctx: decode_inputs(b, c), touched_bytes(batch))
+        g_ms, e_ms, r_ms = times_ms(cuda.sparse_attention_sink, ref.sparse_attention_sink, sets)
+        gbs = touched_bytes(batch) / g_ms / 1e6
+        pct = f"{100 * gbs / copy:.0f}%"
+        case = f"decode ctx {ctx // 1024}k"
+        rows.append([case, batch, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, pct])
+        del sets
+    prefill = prefill_inputs(2048)
+    k_ms = eager_ms(lambda: cuda.sparse_attention_sink(*prefill))
+    r_ms = eager_ms(lambda: ref.sparse_attention_sink(*prefill))
+    tflops = 4 * HEADS * DIM * int((prefill[2] >= 0).sum()) / k_ms / 1e9
+    rows.append(["prefill (GB/s column: TFLOP/s)", 2048, "", k_ms * 1e3, r_ms * 1e3, r_ms / k_ms, tflops, ""])
     emit(f"sparse_attention_sink, {HEADS} heads x {DIM}, K = {WINDOW}+{TOPK}, bf16 (copy {copy:.0f} GB/s)",
-         ["case", "rows", "cuda µs", "reference µs", "speedup", "GB/s", "% of copy"], rows, out)
+         ["case", "rows", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup",
+          "GB/s (graph)", "% of copy"], rows, out)
+    sweep(cuda, ref, copy, prefill, out)
 
-    sweep = []
-    defaults = (kernel._DV_BLOCK, kernel._BLOCK_N, kernel._NUM_WARPS)
-    cases = {batch: decode_inputs(batch, 65536, g) for batch in (1, 64)}
-    for dv, bn, warps in [(256, 32, 4), (512, 32, 4), (256, 64, 4), (512, 64, 8), (256, 32, 8), (128, 32, 4)]:
-        kernel._DV_BLOCK, kernel._BLOCK_N, kernel._NUM_WARPS = dv, bn, warps
-        for batch, args in cases.items():
-            k_ms = bench_ms(lambda a=args: cuda.sparse_attention_sink(*a))
-            gbs = touched_bytes(args[0], args[2]) / k_ms / 1e6
-            sweep.append([dv, bn, warps, batch, k_ms * 1e3, gbs, f"{100 * gbs / copy:.0f}%"])
-    kernel._DV_BLOCK, kernel._BLOCK_N, kernel._NUM_WARPS = defaults
-    emit("decode tile sweep, ctx 64k", ["DV block", "BLOCK_N", "warps", "rows", "µs", "GB/s", "% of copy"],
-         sweep, out)
+
+def sweep(cuda, ref, copy: float, prefill: tuple, out) -> None:
+    decode = {b: input_sets(lambda b=b: decode_inputs(b, 65536), touched_bytes(b)) for b in (1, 64, 128)}
+    want = {batch: ref.sparse_attention_sink(*sets[0]).float() for batch, sets in decode.items()}
+    want[2048] = ref.sparse_attention_sink(*prefill).float()
+    defaults = (kernel.DECODE_TILES, kernel.PREFILL_TILES)
+    rows = []
+    for tiles in SWEEP:
+        kernel.DECODE_TILES = kernel.PREFILL_TILES = tiles
+        row = [tiles.dv_block, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.programs_per_sm]
+        worst = 0.0
+        try:
+            for batch, sets in decode.items():
+                got = cuda.sparse_attention_sink(*sets[0]).float()
+                worst = max(worst, float((got - want[batch]).norm() / want[batch].norm()))
+                g_ms = graph_ms(cuda.sparse_attention_sink, sets)
+                row += [g_ms * 1e3, f"{100 * touched_bytes(batch) / g_ms / 1e6 / copy:.0f}%"]
+            got = cuda.sparse_attention_sink(*prefill).float()
+            worst = max(worst, float((got - want[2048]).norm() / want[2048].norm()))
+            p_ms = eager_ms(lambda: cuda.sparse_attention_sink(*prefill))
+            row += [p_ms * 1e3, 4 * HEADS * DIM * int((prefill[2] >= 0).sum()) / p_ms / 1e9, f"{worst:.1e}"]
+        except Exception as e:  # a tile that does not fit (shared memory) is reported, not fatal
+            row += [f"failed: {type(e).__name__}"]
+        rows.append(row)
+    kernel.DECODE_TILES, kernel.PREFILL_TILES = defaults
+    emit("tile sweep (decode ctx 64k: graph µs, % of copy at B 1, 64, 128; prefill 2048: eager µs, TFLOP/s)",
+         ["DV", "BLOCK_N", "warps", "stages", "programs/SM", "B1 µs", "B1 %", "B64 µs", "B64 %", "B128 µs",
+          "B128 %", "prefill µs", "prefill TFLOP/s", "max rel err"], rows, out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""Shared pieces of the kernel benchmarks: cold-L2 timing, the copy-bandwidth ceiling, tables."""
+"""Shared pieces of the kernel benchmarks: timing, the copy-bandwidth ceiling, tables.
+
+Two times per op: `eager_ms` (one call per launch from Python, L2 flushed before each: what a step
+without CUDA graphs sees, launch overhead included) and `graph_ms` (calls replayed from a CUDA graph
+over enough distinct input sets that they do not fit in L2: the kernels' own time).
+"""
 
 from __future__ import annotations
 
@@ -12,16 +17,45 @@ import triton.testing
 from deepinfer.ops import Ops, get_ops
 
 
-def bench_ms(fn: Callable[[], object]) -> float:
+def eager_ms(fn: Callable[[], object]) -> float:
     """Median time of fn in ms (device events; do_bench rewrites a 256 MB buffer first: cold L2)."""
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def input_sets(make: Callable[[], tuple], touched: int, budget: int = 256 * 2**20) -> list[tuple]:
+    """Enough argument sets from `make` that one pass over them touches ~`budget` bytes (> L2)."""
+    return [make() for _ in range(max(1, min(256, -(-budget // touched))))]
+
+
+def graph_ms(call: Callable[..., object], sets: list[tuple], replays: int = 5) -> float:
+    """Time per call in ms: one CUDA graph calls `call(*args)` for every set, replayed `replays` times."""
+    for args in sets:  # compile and warm up outside the capture
+        call(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in sets:
+            call(*args)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (replays * len(sets))
 
 
 def copy_bandwidth_gbs(gib: float = 2.0) -> float:
     """Device-to-device copy bandwidth (bytes read + written) on a buffer far larger than L2."""
     x = torch.randn(int(gib * 2**30) // 4, device="cuda")
     y = torch.empty_like(x)
-    return 2 * x.numel() * 4 / bench_ms(lambda: y.copy_(x)) / 1e6
+    return 2 * x.numel() * 4 / eager_ms(lambda: y.copy_(x)) / 1e6
+
+
+def times_ms(kernel: Callable[..., object], reference: Callable[..., object], sets: list[tuple]):
+    """(kernel graph time, kernel eager time, reference eager time) in ms, per call."""
+    return graph_ms(kernel, sets), eager_ms(lambda: kernel(*sets[0])), eager_ms(lambda: reference(*sets[0]))
 
 
 def backends() -> tuple[Ops, Ops]:

@@ -7,9 +7,15 @@ N = compressed entries scored per query row: 4096 (8k context at ratio 2) and 32
 from __future__ import annotations
 
 import torch
-from common import backends, bench_ms, copy_bandwidth_gbs, emit, parse_out
+from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_out, times_ms
 
 HEADS, DIM = 32, 128
+
+
+def make(t: int, n: int) -> tuple:
+    q = torch.randn(t, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(n, DIM, device="cuda", dtype=torch.bfloat16)
+    return q, k, torch.randn(t, HEADS, device="cuda", dtype=torch.bfloat16)
 
 
 def main() -> None:
@@ -18,18 +24,17 @@ def main() -> None:
     copy = copy_bandwidth_gbs()
     rows = []
     for n in (4096, 32768):
-        k = torch.randn(n, DIM, device="cuda", dtype=torch.bfloat16)
         for t in (1, 64, 2048):
-            q = torch.randn(t, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(t, HEADS, device="cuda", dtype=torch.bfloat16)
-            k_ms = bench_ms(lambda q=q, k=k, w=w: cuda.indexer_logits(q, k, w))
-            r_ms = bench_ms(lambda q=q, k=k, w=w: ref.indexer_logits(q, k, w))
-            nbytes = q.nbytes + k.nbytes + w.nbytes + t * n * 4
-            tflops = 2 * t * HEADS * n * DIM / k_ms / 1e9
-            gbs = nbytes / k_ms / 1e6
-            rows.append([n, t, k_ms * 1e3, r_ms * 1e3, r_ms / k_ms, gbs, f"{100 * gbs / copy:.0f}%", tflops])
+            nbytes = t * HEADS * DIM * 2 + n * DIM * 2 + t * HEADS * 2 + t * n * 4
+            sets = input_sets(lambda t=t, n=n: make(t, n), nbytes)
+            g_ms, e_ms, r_ms = times_ms(cuda.indexer_logits, ref.indexer_logits, sets)
+            gbs, tflops = nbytes / g_ms / 1e6, 2 * t * HEADS * n * DIM / g_ms / 1e9
+            pct = f"{100 * gbs / copy:.0f}%"
+            rows.append([n, t, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, pct, tflops])
+            del sets
     emit(f"indexer_logits, {HEADS} heads x {DIM}, bf16 (copy bandwidth {copy:.0f} GB/s)",
-         ["N", "T", "cuda µs", "reference µs", "speedup", "GB/s", "% of copy", "TFLOP/s"], rows, out)
+         ["N", "T", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup", "GB/s (graph)",
+          "% of copy", "TFLOP/s (graph)"], rows, out)
 
 
 if __name__ == "__main__":

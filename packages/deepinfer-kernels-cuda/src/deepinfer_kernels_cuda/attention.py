@@ -9,20 +9,32 @@ does). Work is spread over the chip two ways:
 * for few query rows (decode), the selected keys are split into ranges whose partial results
   (normalised output and log-sum-exp) a second kernel merges together with the sink.
 Prefill (many rows) runs one range per row and applies the sink in the first kernel.
-The split count depends on the number of rows, so decode results are not batch-invariant yet.
+The tiles and the split count depend on the number of rows, so results are not batch-invariant yet.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 _LOG2E = math.log2(math.e)
-_BLOCK_N = 32  # keys per step
-_DV_BLOCK = 256  # value channels per program: bounds the [heads, DV] float32 accumulator
 _MAX_HEADS = 64  # heads per program (one warpgroup-sized MMA tile)
-_NUM_WARPS = 4
+
+
+@dataclass(frozen=True)
+class Tiles:
+    dv_block: int  # value channels per program: bounds the [heads, DV] float32 accumulator
+    block_n: int  # keys per step
+    num_warps: int
+    num_stages: int
+    programs_per_sm: float = 1.0  # decode: split the keys until the grid has this many programs per SM
+    min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
+
+
+DECODE_TILES = Tiles(dv_block=256, block_n=32, num_warps=4, num_stages=2, programs_per_sm=2.0)
+PREFILL_TILES = Tiles(dv_block=256, block_n=32, num_warps=4, num_stages=2)
 
 
 @triton.jit
@@ -127,13 +139,18 @@ def sparse_attention_sink(
     k = indices.shape[1]
     block_h = max(16, min(_MAX_HEADS, triton.next_power_of_2(heads)))
     block_d = max(16, triton.next_power_of_2(d))
-    block_dv = min(block_d, _DV_BLOCK)
-    dv_blocks = block_d // block_dv
-    programs = t * triton.cdiv(heads, block_h) * dv_blocks
-    key_blocks = max(1, triton.cdiv(k, _BLOCK_N))
     sms = _sm_count(q.device)
-    splits = 1 if programs >= sms else min(key_blocks, triton.cdiv(sms, programs))
-    keys_per_split = triton.cdiv(key_blocks, splits) * _BLOCK_N
+    row_programs = t * triton.cdiv(heads, block_h)
+    tiles, splits = PREFILL_TILES, 1
+    if row_programs * triton.cdiv(block_d, PREFILL_TILES.dv_block) < sms:  # too few rows: split the keys
+        tiles = DECODE_TILES
+        programs = row_programs * triton.cdiv(block_d, tiles.dv_block)
+        wanted = triton.cdiv(int(tiles.programs_per_sm * sms), programs)
+        splits = min(wanted, triton.cdiv(k, tiles.min_split_keys))
+    block_dv = min(block_d, tiles.dv_block)
+    dv_blocks = block_d // block_dv
+    key_blocks = max(1, triton.cdiv(k, tiles.block_n))
+    keys_per_split = triton.cdiv(key_blocks, max(1, splits)) * tiles.block_n
     splits = max(1, triton.cdiv(k, keys_per_split))
     if splits > 1:
         part = torch.empty(t, splits, heads, d, dtype=torch.float32, device=q.device)
@@ -144,9 +161,9 @@ def sparse_attention_sink(
     _sink_attention_kernel[grid](
         q, kv, indices, sink, out, part, lse, heads, d, k, keys_per_split, splits, scale * _LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        SPLIT=splits > 1, DV_BLOCKS=dv_blocks, BLOCK_H=block_h, BLOCK_N=_BLOCK_N, BLOCK_D=block_d,
+        SPLIT=splits > 1, DV_BLOCKS=dv_blocks, BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d,
         BLOCK_DV=block_dv, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=_NUM_WARPS, num_stages=2,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if splits > 1:
         _combine_kernel[(t, heads)](

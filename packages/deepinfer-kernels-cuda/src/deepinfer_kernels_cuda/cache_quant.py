@@ -5,7 +5,10 @@ program encodes or decodes BLOCK groups. Exactness rests on: UE8M0 exponents rea
 bits (as `ue8m0_exponent_ceil`), power-of-two scaling by multiplying with the exact reciprocal,
 correctly rounded division (`div_rn`) where the scale is not a power of two (NVFP4), the hardware's
 round-to-nearest-even E4M3 conversion, and E2M1 encoding by the reference's decision boundaries.
-Not covered: NaN inputs (a NaN group's scale byte may differ) and denormal intermediates flushed by
+The NVFP4 scale is amax / 6 correctly rounded, as the reference computes it on the CPU (torch on
+CUDA multiplies by a rounded 1/6 instead, which can differ in the last bit). Not covered: NaN
+inputs, NVFP4 groups past the format's range (amax > 6 * 448: the device saturates the scale,
+torch's cast may give NaN, depending on version and device) and denormal intermediates flushed by
 the device.
 """
 
@@ -57,7 +60,7 @@ def _e2m1_decode(code):
     e = (code >> 1) & 3
     m = (code & 1).to(tl.float32)
     mag = tl.where(e == 0, 0.5 * m, (2.0 + m) * (1 << e).to(tl.float32) * 0.25)
-    return tl.where((code & 8) != 0, -mag, mag)
+    return mag * tl.where((code & 8) != 0, -1.0, 1.0)  # a product keeps -0 (code 8); Triton's -x is 0 - x
 
 
 @triton.jit

@@ -41,9 +41,9 @@ def _hc_project_kernel(
 
 @triton.jit
 def _load_mix(part_ptr, base_ptr, scale, rms, t, T, col, splits, BLOCK_N: tl.constexpr):
-    """z = base + (sum of the split partial products) * rms * scale, for columns `col` (same shape)."""
-    mix = tl.zeros(col.shape, tl.float32)
-    for s in range(splits):
+    """z = base + (sum of the split partial products, in split order) * rms * scale at columns `col`."""
+    mix = tl.load(part_ptr + t * BLOCK_N + col, mask=t < T, other=0.0)
+    for s in range(1, splits):
         mix += tl.load(part_ptr + (s * T + t) * BLOCK_N + col, mask=t < T, other=0.0)
     return tl.load(base_ptr + col) + mix * rms * scale
 

@@ -1,0 +1,113 @@
+"""Linear kernels at Flash shapes: the cuda backend's `linear` vs the reference op, torch._scaled_mm
+on the same FP8 bytes and a BF16 F.linear on the dequantised weight, against rooflines measured in
+the same run. Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from roofline import FLASH_LINEARS, TOKENS, graph_ms, median_ms, rooflines, write
+
+from deepinfer.checkpoint.formats import quantize_fp8
+from deepinfer.ops.reference import linear as ref_linear
+from deepinfer_kernels_cuda import linear
+
+L2_BYTES = 60 << 20
+
+
+def make_weight(n: int, k: int, groups: int, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    return (w, None) if kind == "dense" else quantize_fp8(w)
+
+
+def weight_bytes(weight: torch.Tensor, scale: torch.Tensor | None) -> int:
+    return weight.numel() * weight.element_size() + (scale.numel() if scale is not None else 0)
+
+
+def rotating_calls(fn, prepared, copies: int):
+    """`copies` calls of fn over distinct clones of the prepared weight (beats the L2 in graph replays)."""
+    clones = [prepared] + [
+        linear.PreparedLinear(prepared.kind, prepared.weight.clone(),
+                              None if prepared.scale is None else prepared.scale.clone(),
+                              prepared.groups, prepared.out_features, prepared.in_features)
+        for _ in range(copies - 1)
+    ]
+    return [functools.partial(fn, p) for p in clones]
+
+
+def bench_shape(name: str, tokens: tuple[int, ...], roof: dict[str, float]) -> list[dict]:
+    n, k, groups, kind = FLASH_LINEARS[name]
+    weight, scale = make_weight(n, k, groups, kind)
+    ours = linear.prepare_linear(kind, weight, scale, groups)
+    ref = ref_linear.prepare_linear(kind, weight, scale, groups)
+    w_deq = ref.dequantized(torch.bfloat16)
+    rows = []
+    for m in tokens:
+        rows.append(_point(name, m, ours, ref, weight, w_deq, roof))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _us(ms: float | None) -> float | None:
+    return ms * 1e3 if ms else None
+
+
+def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
+    n, k, groups, kind = FLASH_LINEARS[name]
+    out_dtype = torch.float32 if kind == "dense" else torch.bfloat16
+    wbytes = weight_bytes(ours.weight, ours.scale)
+    x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+    got = linear.linear(x, ours, out_dtype)
+    want = ref_linear.linear(x, ref, out_dtype) if m * n <= (1 << 31) // 8 else None
+    rel = float((got.float() - want.float()).norm() / want.float().norm()) if want is not None else None
+    t = median_ms(lambda: linear.linear(x, ours, out_dtype))
+    t_graph = None
+    if m <= 64:
+        copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
+        t_graph = graph_ms(rotating_calls(lambda p: linear.linear(x, p, out_dtype), ours, copies))
+    best = min(t, t_graph or t)
+    t_ref = median_ms(lambda: ref_linear.linear(x, ref, out_dtype)) if want is not None else None
+    t_bf16 = median_ms(lambda: F.linear(x[:, :k], w_deq[: n // groups]), 40) if groups == 1 else None
+    t_peer = None
+    if kind == "fp8":
+        xq = torch.randn(max(16, m), k, device="cuda").to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        t_peer = median_ms(lambda: torch._scaled_mm(xq, weight.t(), one, one, out_dtype=torch.bfloat16), 40)
+    flops = 2 * m * n * k
+    moved = wbytes + x.numel() * 2 + m * n * (4 if out_dtype == torch.float32 else 2)
+    return {
+        "shape": name, "M": m, "us": best * 1e3, "us_eager": t * 1e3,
+        "TB/s": moved / best / 1e9, "%copy": 100 * moved / best / 1e9 / roof["copy_tbs"],
+        "TFLOP/s": flops / best / 1e9, "%bf16": 100 * flops / best / 1e9 / roof["bf16_tflops"],
+        "%fp8": 100 * flops / best / 1e9 / roof["fp8_tflops"],
+        "ref_us": _us(t_ref), "x_vs_ref": t_ref / best if t_ref else None,
+        "scaled_mm_us": _us(t_peer), "bf16_linear_us": _us(t_bf16), "rel_err": rel,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--shapes", default="", help="comma-separated subset of shape names (default all)")
+    args = ap.parse_args()
+    tokens = tuple(int(t) for t in args.tokens.split(","))
+    names = [s for s in FLASH_LINEARS if not args.shapes or s in args.shapes.split(",")]
+    roof = rooflines()
+    header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **roof,
+              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    print(header, flush=True)
+    rows = []
+    for name in names:
+        rows += bench_shape(name, tokens, roof)
+        torch.cuda.empty_cache()
+    write(args.out, "linear", rows, header)
+
+
+if __name__ == "__main__":
+    main()

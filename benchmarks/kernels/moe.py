@@ -1,0 +1,102 @@
+"""The MoE sub-layer at Flash widths (384 experts, top-6, H 5120, I 2304, shared FP8 expert): the cuda
+backend's `moe` vs the reference op, against rooflines measured in the same run. Bytes counted are
+the weights the layer must read: the touched experts' packed FP4 + scales, the shared expert and the
+router. Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...]"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+import torch
+from roofline import TOKENS, graph_ms, median_ms, rooflines, write
+
+from deepinfer.checkpoint.formats import quantize_fp8
+from deepinfer.ops.reference import linear as ref_linear
+from deepinfer.ops.reference import moe as ref_moe
+from deepinfer.ops.weights import MoEWeights
+from deepinfer_kernels_cuda import linear, moe
+
+FLASH = {"experts": 384, "topk": 6, "hidden": 5120, "inter": 2304}
+REF_TOKENS = (1, 64, 1024)  # the reference runs every expert on every token: slow, a few points suffice
+
+
+def flash_layers(experts: int, topk: int, hidden: int, inter: int) -> tuple[MoEWeights, MoEWeights]:
+    """Random packed FP4 experts with realistic scale bytes (2^-9..2^-6), FP8 shared expert."""
+    def fp4(rows, cols):
+        w = torch.randint(0, 256, (experts, rows, cols // 2), dtype=torch.uint8, device="cuda")
+        s = torch.randint(118, 122, (experts, rows, cols // 32), dtype=torch.uint8, device="cuda")
+        return w, s.view(torch.float8_e8m0fnu)
+
+    w1, w3, w2 = fp4(inter, hidden), fp4(inter, hidden), fp4(hidden, inter)
+    shared = [quantize_fp8(torch.randn(*s, device="cuda") * 0.02)
+              for s in ((inter, hidden), (inter, hidden), (hidden, inter))]
+    bias, bias_vl = (torch.randn(2, experts, device="cuda") * 0.01).unbind()
+    gate = (torch.randn(experts, hidden, device="cuda") * 0.02).bfloat16()
+    common = dict(gate=gate, bias=bias, bias_vl=bias_vl, topk=topk, route_scale=2.5, swiglu_limit=10.0,
+                  dtype=torch.bfloat16)
+
+    def build(prep_e, prep_l):
+        return MoEWeights(experts=prep_e(*w1, *w3, *w2), shared_w1=prep_l("fp8", *shared[0]),
+                          shared_w3=prep_l("fp8", *shared[1]), shared_w2=prep_l("fp8", *shared[2]), **common)
+
+    ours = build(moe.prepare_experts, linear.prepare_linear)
+    return ours, build(ref_moe.prepare_experts, ref_linear.prepare_linear)
+
+
+def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int]) -> list[dict]:
+    ours, ref = flash_layers(**dims)
+    rows = []
+    for t in tokens:
+        rows.append(_point(t, ours, ref, roof, dims))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], dims: dict[str, int]) -> dict:
+    e, k, h, i = dims["experts"], dims["topk"], dims["hidden"], dims["inter"]
+    per_expert = 3 * h * i // 2 + 3 * h * i // 32
+    fixed = 3 * (h * i + h * i // 1024) + e * h * 2  # shared FP8 + scales, router
+    x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+    got = moe.moe(x, ours)
+    _, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
+    touched = int(torch.unique(ids).numel())
+    te = median_ms(lambda: moe.moe(x, ours), 100)
+    tg = graph_ms([lambda: moe.moe(x, ours)]) if t <= 256 else None
+    best = min(te, tg or te)
+    t_ref, rel = None, None
+    if t in REF_TOKENS:
+        want = ref_moe.moe(x, ref)
+        rel = float((got.float() - want.float()).norm() / want.float().norm())
+        t_ref = median_ms(lambda: ref_moe.moe(x, ref), 200)
+    moved = touched * per_expert + fixed + 2 * x.numel() * 2
+    flops = 2 * t * (k + 1) * 3 * h * i + 2 * t * h * e
+    return {
+        "tokens": t, "touched": touched, "us": best * 1e3, "us_eager": te * 1e3,
+        "TB/s": moved / best / 1e9, "%copy": 100 * moved / best / 1e9 / roof["copy_tbs"],
+        "TFLOP/s": flops / best / 1e9, "%bf16": 100 * flops / best / 1e9 / roof["bf16_tflops"],
+        "%fp8": 100 * flops / best / 1e9 / roof["fp8_tflops"],
+        "ref_us": t_ref * 1e3 if t_ref else None, "x_vs_ref": t_ref / best if t_ref else None,
+        "rel_err": rel,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--experts", type=int, default=FLASH["experts"])
+    ap.add_argument("--topk", type=int, default=FLASH["topk"])
+    args = ap.parse_args()
+    roof = rooflines()
+    dims = {**FLASH, "experts": args.experts, "topk": args.topk}
+    header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **roof, **dims,
+              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    print(header, flush=True)
+    rows = bench(tuple(int(t) for t in args.tokens.split(",")), roof, dims)
+    write(args.out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)
+
+
+if __name__ == "__main__":
+    main()

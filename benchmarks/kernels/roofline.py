@@ -1,0 +1,97 @@
+"""Timing and same-run rooflines of the linear/MoE benchmarks (copy bandwidth, BF16 and FP8 MMA peaks)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton.testing
+
+# Flash widths (model spec): name -> (out rows N, in columns K per group, groups, weight kind)
+FLASH_LINEARS: dict[str, tuple[int, int, int, str]] = {
+    "q_a 5120->1280": (1280, 5120, 1, "fp8"),
+    "kv 5120->512": (512, 5120, 1, "fp8"),
+    "q_b 1280->32768": (32768, 1280, 1, "fp8"),
+    "indexer q 1280->4096": (4096, 1280, 1, "fp8"),
+    "o_a 8x(4096->1024)": (8192, 4096, 8, "fp8"),
+    "o_b 8192->5120": (5120, 8192, 1, "fp8"),
+    "shared w1 5120->2304": (2304, 5120, 1, "fp8"),
+    "shared w2 2304->5120": (5120, 2304, 1, "fp8"),
+    "lm_head 5120->129280": (129280, 5120, 1, "dense"),
+}
+TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
+
+
+def median_ms(fn: Callable[[], object], rep_ms: int = 60) -> float:
+    """Median over repeats, L2 flushed before each call (do_bench), events around the call only."""
+    return float(triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median"))
+
+
+def graph_ms(fns: list[Callable[[], object]], reps: int = 20) -> float:
+    """Per-call time of `fns` replayed back to back from one CUDA graph (no launch gaps); pass calls
+    over rotating weight copies larger than L2 so the replay does not measure the cache."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(fns))
+    return sorted(times)[len(times) // 2]
+
+
+def _copy_tbs(n: int = 1 << 30) -> float:
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * n / median_ms(lambda: b.copy_(a)) / 1e9
+
+
+def _mm_tflops(s: int = 8192) -> tuple[float, float]:
+    x = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
+    bf16 = median_ms(lambda: x @ y)
+    xf, yf = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t().contiguous().t()
+    one = torch.ones((), device="cuda")
+    fp8 = median_ms(lambda: torch._scaled_mm(xf, yf, one, one, out_dtype=torch.bfloat16))
+    return 2 * s**3 / bf16 / 1e9, 2 * s**3 / fp8 / 1e9
+
+
+def rooflines() -> dict[str, float]:
+    """Copy bandwidth (TB/s, bytes read + written), BF16 and FP8 matmul peaks (TFLOP/s), random data."""
+    copy = _copy_tbs()
+    bf16, fp8 = _mm_tflops()
+    torch.cuda.empty_cache()
+    return {"copy_tbs": copy, "bf16_tflops": bf16, "fp8_tflops": fp8}
+
+
+def write(out_dir: Path, name: str, rows: list[dict], header: dict) -> None:
+    """rows -> <name>.json and a markdown table <name>.md (columns in the first row's order)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    cols = list(rows[0]) if rows else []
+    lines = [f"<!-- {json.dumps(header)} -->", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
+    (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)

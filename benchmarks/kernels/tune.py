@@ -1,0 +1,119 @@
+"""Tile-config sweep for the block-scaled linears and the MoE expert GEMMs at Flash shapes; writes the
+per-GPU JSON that deepinfer_kernels_cuda.configs reads (no autotuning at serve time).
+Usage (GPU): python3 benchmarks/kernels/tune.py [--out FILE] [--budget-s 150]"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from linear import L2_BYTES, make_weight, rotating_calls
+from moe import FLASH, flash_layers
+from roofline import FLASH_LINEARS, TOKENS, graph_ms, median_ms
+
+from deepinfer_kernels_cuda import configs, linear, moe
+from deepinfer_kernels_cuda.configs import TileConfig
+
+SMALL_M = [  # (block_n, block_k, num_warps, num_stages), split-K swept around the default
+    (64, 256, 4, 4), (64, 128, 4, 6), (128, 256, 8, 3), (64, 512, 4, 3),
+]
+LARGE_M = [  # (block_n, block_m, block_k, num_warps, num_stages)
+    (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 128, 8, 3), (128, 256, 64, 8, 3),
+    (256, 128, 64, 8, 3),
+]
+MOE = [
+    TileConfig(64, 16, 128, 1, 4, 4), TileConfig(64, 16, 256, 1, 4, 3), TileConfig(128, 16, 128, 1, 8, 3),
+    TileConfig(64, 32, 128, 1, 4, 4), TileConfig(128, 64, 64, 1, 8, 3), TileConfig(128, 64, 128, 1, 8, 3),
+    TileConfig(128, 128, 64, 1, 8, 3), TileConfig(64, 64, 64, 1, 4, 4),
+]
+
+
+def candidates(n: int, k: int, m: int) -> list[TileConfig]:
+    base = configs.default("fp8", n, k, m)
+    if m > 64:
+        return [TileConfig(bn, bm, configs.block_k(k, bk), 1, w, s) for bn, bm, bk, w, s in LARGE_M]
+    out = []
+    for bn, bk, w, s in SMALL_M:
+        for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:
+            out.append(TileConfig(bn, base.block_m, configs.block_k(k, bk), split, w, s))
+    return out
+
+
+def time_linear(x, prepared, cfg: TileConfig, m: int) -> float:
+    if m <= 64:
+        wbytes = prepared.weight.numel() + prepared.scale.numel()
+        copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
+        calls = rotating_calls(lambda p: linear.block_linear(x, p, torch.bfloat16, cfg), prepared, copies)
+        return graph_ms(calls)
+    return median_ms(lambda: linear.block_linear(x, prepared, torch.bfloat16, cfg), 30)
+
+
+def tune_linears(table: dict, deadline: float) -> None:
+    seen = set()
+    for name, (n, k, groups, kind) in FLASH_LINEARS.items():
+        if kind == "dense" or (n, k, groups) in seen:
+            continue
+        seen.add((n, k, groups))
+        weight, scale = make_weight(n, k, groups, kind)
+        prepared = linear.prepare_linear(kind, weight, scale, groups)
+        for m in TOKENS:
+            if time.time() > deadline:
+                return
+            x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+            results = []
+            for cfg in candidates(n, k, m):
+                if (n // groups) % cfg.block_n:
+                    continue
+                try:
+                    results.append((time_linear(x, prepared, cfg, m), cfg))
+                except Exception as e:  # a config the compiler rejects (resources): skip it
+                    print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            best_t, best = min(results, key=lambda r: r[0])
+            default_t = next((t for t, c in results if c == configs.default(kind, n, k, m)), None)
+            table[configs.key(kind, n, k, m)] = best
+            print(f"{name} M={m}: {best} {best_t * 1e3:.1f} us (default {default_t and default_t * 1e3:.1f})",
+                  flush=True)
+
+
+def tune_moe(table: dict, deadline: float) -> None:
+    ours, _ = flash_layers(**FLASH)
+    h, i, k, e = FLASH["hidden"], FLASH["inter"], FLASH["topk"], FLASH["experts"]
+    for t in (1, 8, 64, 256, 1024, 4096, 16384):
+        if time.time() > deadline:
+            return
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+        w, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
+        max_bm = max(16, 2 * configs.m_bucket(t * k // e))  # larger blocks than an expert's rows only pad
+        results = [(_time_moe(x, w, ids, ours.experts, cfg, t), cfg) for cfg in MOE if cfg.block_m <= max_bm]
+        best_t, best = min(results, key=lambda r: r[0])
+        table[configs.key("moe", h, i, t * k)] = best
+        summary = ", ".join(f"{c.block_n}/{c.block_m}/{c.block_k}/{c.num_warps}w {tt * 1e3:.0f}"
+                            for tt, c in results)
+        print(f"moe T={t}: {best} {best_t * 1e3:.1f} us; all: {summary}", flush=True)
+
+
+def _time_moe(x, w, ids, experts, cfg: TileConfig, t: int) -> float:
+    def call():
+        return moe.routed_experts(x, w, ids, experts, 10.0, cfg)
+
+    return graph_ms([call]) if t <= 256 else median_ms(call, 60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=None, help="default: the package's file for this GPU")
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    args = ap.parse_args()
+    path = args.out or configs.gpu_file()
+    deadline = time.time() + args.budget_s
+    table: dict[str, TileConfig] = {}
+    tune_moe(table, time.time() + args.budget_s * 0.4)
+    tune_linears(table, deadline)
+    configs.save(path, table)
+    print(f"wrote {len(table)} configs to {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
