@@ -22,7 +22,7 @@ V41_ARCHITECTURE = "DeepseekV41ForCausalLM"
 class ModelConfig(BaseModel):
     """A whole DeepSeek-V4.1 config.json. `text` / `vision` / `quantization` are the typed sub-configs."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     architectures: tuple[Literal["DeepseekV41ForCausalLM"]]
     model_type: Literal["deepseek_v41"]
@@ -84,6 +84,12 @@ def load_model_config(path: str | Path) -> ModelConfig:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config.json: not found at {path}") from None
+    except OSError as exc:  # unreadable, a directory, a symlink loop, ...
+        raise ConfigError(f"config.json: cannot read {path} ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config.json: {path} is not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"config.json: {path} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"config.json: {path} is nested too deeply") from None
     return ModelConfig.from_hf_dict(data)

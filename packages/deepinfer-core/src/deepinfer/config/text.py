@@ -28,7 +28,7 @@ CANDIDATE_BLOCK_SIZES = (8, 16)
 class RopeScaling(BaseModel):
     """YaRN frequency ramp for compressed layers (no magnitude scaling, spec §6.3)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
     rope_type: Literal["yarn"]
     factor: float = Field(gt=0)
@@ -44,7 +44,8 @@ class RopeScaling(BaseModel):
 
 
 class TextConfig(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    # Infinity/NaN (which Python's json accepts) would validate every `gt=0` rule and poison the model
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
     # --- widths
     vocab_size: PosInt

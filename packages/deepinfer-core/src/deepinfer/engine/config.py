@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_model_len: int = Field(4096, ge=2, description="prompt + output tokens per sequence")
     max_num_seqs: int = Field(256, ge=1, description="sequences running at once")

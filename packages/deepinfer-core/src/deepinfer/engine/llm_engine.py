@@ -6,21 +6,30 @@ tokens into outputs (detokenization, stop checks, freeing finished sequences). W
 then post-processes step N-1 while step N runs, so the device never waits for the Python side longer
 than a thread hand-off. Sampled tokens depend only on logits and (seed, position), never on timing,
 so outputs are identical in both modes.
+
+Every public call runs inside an `EngineGuard`: calls from several threads are serialised, and a
+Ctrl-C is held back until the call has left the engine consistent (then raised as usual). A step
+whose forward fails aborts the sequences of every step in flight (finish reason "error") and
+re-raises, so the engine keeps serving.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import random
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 
 import torch
 
 from deepinfer.engine.cache_manager import CacheManager, cache_budget, plan_cache
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.interrupts import EngineGuard
 from deepinfer.engine.model_runner import ModelRunner, StepResult, SupportsFork
 from deepinfer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
@@ -33,6 +42,15 @@ from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import Sampler, TokenLogprob
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated, tokenized request that `add_prepared` queues without further checks."""
+
+    text: str | None
+    ids: list[int]
+    params: SamplingParams
 
 
 class LLMEngine:
@@ -63,6 +81,8 @@ class LLMEngine:
         self._seed_rng = random.Random(config.seed)
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()  # also names requests that come without an id
+        self._guard = EngineGuard()
+        self._late_aborts: list[str] = []  # aborts called back from inside an engine call
         self._prev_end: float | None = None
         self._last_log = time.monotonic()
         self.stats = EngineStats()
@@ -76,14 +96,21 @@ class LLMEngine:
         With `stream=True` every step that produces tokens for it yields an output holding only the
         new text/tokens; otherwise one output with everything is produced when it finishes.
         """
+        prepared = self.prepare_request(prompt, params)
+        with self._guard:
+            return self._add(prepared, request_id, stream)
+
+    def prepare_request(self, prompt: str | list[int], params: SamplingParams | dict | None = None
+                        ) -> PreparedRequest:
+        """Validate and tokenize a request without touching the engine's state."""
         params = params if isinstance(params, SamplingParams) else SamplingParams.model_validate(params or {})
         params.check_vocab(self.vocab_size)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
-            text, ids = prompt, self.tokenizer.encode(prompt)
+            text, ids = check_text(prompt, "the prompt"), self.tokenizer.encode(prompt)
         else:
-            text, ids = None, [int(t) for t in prompt]
+            text, ids = None, token_ids(prompt, "prompt")
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"prompt token ids {bad[:8]} outside [0, vocab_size={self.vocab_size})")
@@ -91,8 +118,27 @@ class LLMEngine:
             raise ValueError("the prompt is empty")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; use stop_token_ids")
+        return PreparedRequest(text, ids, params)
+
+    def add_prepared(self, requests: Iterable[PreparedRequest], stream: bool = False,
+                     added: list[str] | None = None) -> list[str]:
+        """Queue prepared requests under generated ids, all in one engine call. `added` (if given)
+        receives each id as it is queued, so a caller interrupted right after still knows them."""
+        ids = added if added is not None else []
+        with self._guard:
+            for prepared in requests:
+                ids.append(self._add(prepared, None, stream))
+        return ids
+
+    def _add(self, prepared: PreparedRequest, request_id: str | None, stream: bool) -> str:
+        text, ids, params = prepared.text, prepared.ids, prepared.params
         arrival = next(self._arrivals)
-        request_id = request_id if request_id is not None else f"req-{arrival}"
+        if request_id is None:
+            request_id = f"req-{arrival}"
+            while request_id in self.requests:  # a caller chose this name: never collide with it
+                request_id = f"req-{arrival}.{next(self._arrivals)}"
+        elif not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
 
@@ -122,16 +168,33 @@ class LLMEngine:
                 self.scheduler.add(seq)
         return request_id
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request now and free its cache; its final output comes with the next step."""
-        req = self.requests.get(request_id)
-        if req is None:
-            return False
-        live = [s for s in req.seqs if s.status is not SeqStatus.FINISHED]
-        for seq in live:
-            self._finish(seq, FinishReason.ABORT)
-        self._ready.extend(self._outputs(req, live))
-        return True
+    def abort(self, request_id: str | Iterable[str], *, report: bool = True) -> bool:
+        """Stop requests now and free their cache; True if any was running.
+
+        Their final outputs ("abort") come with the next step; with `report=False` (the caller has
+        stopped listening) none are produced and outputs still queued for them are dropped.
+        """
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if self._guard.held_by_current_thread:  # called back from inside an engine call (a finalizer)
+            self._late_aborts.extend(ids)
+            return any(i in self.requests for i in ids)
+        with self._guard:
+            return self._abort(ids, report)
+
+    def _abort(self, ids: list[str], report: bool) -> bool:
+        found = False
+        for req in [self.requests[i] for i in dict.fromkeys(ids) if i in self.requests]:
+            found = True
+            live = [s for s in req.seqs if s.status is not SeqStatus.FINISHED]
+            for seq in live:
+                self._finish(seq, FinishReason.ABORT)
+            outputs = self._outputs(req, live)
+            if report:
+                self._ready.extend(outputs)
+        if not report:
+            dropped = set(ids)
+            self._ready = [o for o in self._ready if o.request_id not in dropped]
+        return found
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self._ready)
@@ -139,24 +202,63 @@ class LLMEngine:
     # ---- the step loop --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        with self._guard as guard:
+            outputs = self._step()
+            # a Ctrl-C held back during the step is raised on leaving it: keep the outputs for the next
+            guard.on_interrupt = lambda: self._ready.__setitem__(slice(0, 0), outputs)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
+        if self._worker is None:
+            raise RuntimeError("the engine is closed")
+        if self._late_aborts:
+            late, self._late_aborts = self._late_aborts, []
+            self._abort(late, report=False)
         outputs, self._ready = self._ready, []
         # CPU time of this thread: what the engine itself costs, without waits for the GIL or the device
         t0 = time.thread_time()
         sched = self.scheduler.schedule() if self.scheduler.has_work() else None
         launched = sched is not None and bool(sched.segments)
         if launched:
-            assert sched is not None and self._worker is not None, "engine is closed"
+            assert sched is not None
             job = self._worker.submit(self.runner.execute, sched)
             self._inflight.append((sched, time.thread_time() - t0, job))
         # async keeps the step just launched running and post-processes the one before it
         keep = 1 if launched and self.config.async_scheduling else 0
         while len(self._inflight) > keep:
-            done, schedule_s, job = self._inflight.popleft()
+            done, schedule_s, job = self._inflight[0]
+            if job.exception() is not None:
+                self._fail_inflight()
+                self._ready[:0] = outputs
+                raise job.exception()  # type: ignore[misc]
+            self._inflight.popleft()
             outputs.extend(self._process(done, schedule_s, job.result()))
         if not self._inflight:
             self._prev_end = None  # idle from here on is not overhead
         self._maybe_log()
         return outputs
+
+    def _fail_inflight(self) -> None:
+        """A step failed: finish the sequences of every step in flight (later ones may build on its
+        tokens) with "error"; their outputs come with the next step."""
+        jobs = [job for _, _, job in self._inflight]
+        wait(jobs)
+        seqs = {id(seq): seq for sched, _, _ in self._inflight for seg in sched.segments
+                for seq in (seg.seq, *seg.sample_seqs)}
+        self._inflight.clear()
+        self._prev_end = None
+        touched: dict[str, tuple[Request, list[Sequence]]] = {}
+        for seq in seqs.values():
+            seq.num_inflight = 0
+            if seq.status is not SeqStatus.FINISHED:
+                self._finish(seq, FinishReason.ERROR)
+                touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
+        for req, _ in touched.values():  # the request's other completions cannot complete it alone
+            for seq in req.seqs:
+                if seq.status is not SeqStatus.FINISHED:
+                    self._finish(seq, FinishReason.ERROR)
+            self._ready.extend(self._outputs(req, req.seqs))
+        logger.error("a step failed: %d request(s) finished with an error", len(touched))
 
     def _process(self, sched: SchedulerOutput, schedule_s: float, result: StepResult) -> list[RequestOutput]:
         t0 = time.thread_time()
@@ -246,15 +348,42 @@ class LLMEngine:
                     self.stats.generated_tokens, self.stats.num_preemptions)
 
     def close(self) -> None:
-        """Finish the in-flight step and stop the worker thread."""
-        while self._inflight:
-            self._inflight.popleft()[2].result()
-        if self._worker is not None:
-            self._worker.shutdown()
-            self._worker = None
+        """Wait for the in-flight steps and stop the worker thread; the engine takes no more calls."""
+        with self._guard:
+            wait([job for _, _, job in self._inflight])
+            self._inflight.clear()
+            if self._worker is not None:
+                self._worker.shutdown()
+                self._worker = None
 
     def __enter__(self) -> LLMEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def token_ids(values: object, what: str) -> list[int]:
+    """Integer token ids (Python or numpy/torch integers); floats and bools are errors, not truncated."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be a list of token ids, got {type(values).__name__}")
+    ids = []
+    for v in values:
+        if isinstance(v, bool):
+            raise TypeError(f"{what}: token ids must be integers, got {v!r}")
+        try:
+            ids.append(operator.index(v))
+        except TypeError:
+            raise TypeError(f"{what}: token ids must be integers, got {v!r:.40} "
+                            f"({type(v).__name__})") from None
+    return ids
+
+
+def check_text(text: str, what: str) -> str:
+    """Text must encode as UTF-8 (a shell passes undecodable bytes on as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid UTF-8 text (undecodable byte at character {exc.start})"
+                         ) from None
+    return text

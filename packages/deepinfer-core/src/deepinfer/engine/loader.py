@@ -6,6 +6,7 @@ import json
 import logging
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import tokenizers
 import torch
@@ -81,12 +82,29 @@ def _byte_alphabet() -> dict[int, str]:
     return alphabet
 
 
+def resolve_dtype(name: str, device: torch.device | str, checkpoint_dtype: str) -> str:
+    """`auto`: the checkpoint's dtype on an accelerator, float32 on the CPU (where bf16 matmuls are slow
+    and parity work wants full precision)."""
+    if name == "auto":
+        return checkpoint_dtype if torch.device(device).type != "cpu" else "float32"
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {name!r}")
+    return name
+
+
+def default_cache_precision(device: torch.device | str) -> str:
+    """`release` (the official engine's FP8/FP4 cache, what makes the real model fit) on CUDA; `exact`
+    (the compute dtype, for parity work) elsewhere."""
+    return "release" if torch.device(device).type == "cuda" else "exact"
+
+
 def load_model(model_dir: str | Path, *, backend: str | None = None, dtype: str = "float32",
-               device: torch.device | str = "cpu") -> CausalLM:
-    """The runtime for the checkpoint's architecture, on `device`, computing in `dtype`."""
+               device: torch.device | str = "cpu", **options: Any) -> CausalLM:
+    """The runtime for the checkpoint's architecture, on `device`, computing in `dtype`; `options` go
+    to the family's loader (DeepSeek-V4.1: `options=RuntimeOptions(...)`)."""
     from deepinfer.models.registry import load_model as load_family
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     logger.info("loading %s (dtype %s, device %s, backend %s)", model_dir, dtype, device, backend or "auto")
-    return load_family(model_dir, dtype=DTYPES[dtype], device=device, backend=backend)
+    return load_family(model_dir, dtype=DTYPES[dtype], device=device, backend=backend, **options)

@@ -15,7 +15,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob | None] | None  # None unless SamplingParams.logprobs is set
-    finish_reason: str | None = None  # "stop", "length", "abort", "prompt_length_exceeded"
+    finish_reason: str | None = None  # "stop", "length", "abort", "error", "prompt_length_exceeded"
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
 
     @property

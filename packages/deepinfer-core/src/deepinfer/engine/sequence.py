@@ -14,6 +14,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"
+    ERROR = "error"  # a step it was in failed; `LLMEngine.step` raised the exception
     PROMPT_TOO_LONG = "prompt_length_exceeded"  # prompt leaves no room under max_model_len
 
 

@@ -6,15 +6,23 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+import pydantic
 import torch
 from tqdm import tqdm
 
+from deepinfer.cache.layout import CachePrecision
+from deepinfer.config import load_model_config
+from deepinfer.config.errors import config_error_from
 from deepinfer.engine import EngineConfig, LLMEngine, RequestOutput
-from deepinfer.engine.loader import TextTokenizer, load_model
+from deepinfer.engine.llm_engine import check_text
+from deepinfer.engine.loader import TextTokenizer, default_cache_precision, load_model, resolve_dtype
+from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
+from deepinfer.models.deepseek_v41.step_state import ReplayMode
 from deepinfer.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -23,7 +31,12 @@ RECIPE_MODEL_NAME = "DeepSeek-V4.1-Flash"
 RECIPE_HINT = "LLM.chat needs deepseek_recipe: pip install 'deepinfer-core[serve]'"
 
 Prompt = str | list[int]
+ENGINE_ONLY_REASONS = ("prompt_length_exceeded", "abort", "error")  # finished without the model's say
 ParamsArg = SamplingParams | dict | Sequence[SamplingParams | dict] | None
+
+
+class SettingError(ValueError):
+    """An `LLM(...)` argument is out of range; the message starts with the argument's name."""
 
 
 @dataclass
@@ -33,7 +46,9 @@ class ChatOutput:
     content: str | None
     reasoning_content: str | None
     tool_calls: list[dict[str, Any]]
-    finish_reason: str | None  # the protocol's ("stop", "length", "tool_calls")
+    # the protocol's ("stop", "length", "tool_calls"), or the engine's when nothing was generated
+    # ("prompt_length_exceeded", "abort", "error")
+    finish_reason: str | None
     output: RequestOutput
 
 
@@ -43,73 +58,135 @@ class LLM:
     `LLM(model="checkpoints/tiny-default")` loads the checkpoint directory (config.json, safetensors,
     tokenizer.json), sizes the cache from the memory budget and starts an `LLMEngine`. Extra keyword
     arguments are `EngineConfig` fields (max_num_seqs, max_num_batched_tokens, async_scheduling, ...).
+
+    `dtype="auto"` computes in the checkpoint's dtype on a GPU and in float32 on the CPU.
+    `cache_precision` is "release" (the official FP8/FP4 cache) by default on CUDA and "exact" (the
+    compute dtype, for parity work) elsewhere. `replay_mode` "mask" / "compact" turns on SWA bounded
+    replay for the YOCO consumer layers, keeping the last `replay_keep` positions (at least
+    sliding_window + the rollback depth; the runtime checks both rules at the first step).
+
+    Every call leaves the engine as it found it: a call that fails, is interrupted (Ctrl-C) or whose
+    iterator is abandoned aborts the requests it submitted.
     """
 
     def __init__(self, model: str | Path, *, tokenizer: str | Path | None = None, backend: str | None = None,
-                 dtype: str = "float32", device: str | None = None, max_model_len: int | None = None,
+                 dtype: str = "auto", device: str | None = None, max_model_len: int | None = None,
+                 cache_precision: str | None = None, replay_mode: str = "off", replay_keep: int | None = None,
                  **engine_kwargs: Any):
         self.model_dir = Path(model)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model_config = load_model_config(self.model_dir)  # names the bad key of a broken config.json
+        max_pos = model_config.text.max_position_embeddings
+        if max_model_len is None:
+            max_model_len = min(4096, max_pos)
+        elif isinstance(max_model_len, int) and max_model_len > max_pos:
+            raise SettingError(f"max_model_len: {max_model_len} exceeds the model's "
+                               f"max_position_embeddings {max_pos}")
+        try:  # every setting is checked before the (slow) load
+            config = EngineConfig(max_model_len=max_model_len, **engine_kwargs)
+        except pydantic.ValidationError as exc:
+            raise SettingError(str(config_error_from(exc))) from None
+        precision = cache_precision or default_cache_precision(device)
+        options = runtime_options(precision, replay_mode, replay_keep)
+        try:
+            compute_dtype = resolve_dtype(dtype, device, model_config.dtype)
+        except ValueError as exc:
+            raise SettingError(f"dtype: {exc}") from None
         tokenizer_dir = Path(tokenizer or self.model_dir)
-        self.tokenizer = None
+        text_tokenizer = None
         if (tokenizer_dir / "tokenizer.json").exists():
-            self.tokenizer = TextTokenizer.from_dir(tokenizer_dir)
+            text_tokenizer = load_tokenizer(tokenizer_dir)
         else:
             logger.warning("no tokenizer.json in %s: prompts must be token ids, outputs have no text",
                            tokenizer_dir)
-        runtime = load_model(self.model_dir, backend=backend, dtype=dtype, device=device)
-        if max_model_len is None:
-            hf = json.loads((self.model_dir / "config.json").read_text())
-            max_model_len = min(4096, int(hf.get("max_position_embeddings", 4096)))
-        config = EngineConfig(max_model_len=max_model_len, **engine_kwargs)
-        self.engine = LLMEngine(runtime, self.tokenizer, config, device)
+        runtime = load_model(self.model_dir, backend=backend, dtype=compute_dtype, device=device,
+                             options=options)
+        self._attach(LLMEngine(runtime, text_tokenizer, config, device), text_tokenizer)
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine, model_dir: str | Path | None = None) -> LLM:
+        """An `LLM` over an engine built elsewhere (e.g. around a custom `CausalLM`); `chat` needs a
+        `model_dir` holding tokenizer.json."""
+        llm = cls.__new__(cls)
+        llm.model_dir = Path(model_dir) if model_dir is not None else Path()
+        llm._attach(engine, engine.tokenizer)  # type: ignore[arg-type]
+        return llm
+
+    def _attach(self, engine: LLMEngine, tokenizer: TextTokenizer | None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
         self._recipe_encoding: Any = None
 
     # ---- generation -----------------------------------------------------------------------------
 
     def _submit(self, prompts: Prompt | Sequence[Prompt] | None, sampling_params: ParamsArg,
                 prompt_token_ids: Sequence[list[int]] | None, stream: bool) -> list[str]:
-        """Validate every request first (a malformed one raises before any work), then queue all."""
+        """Validate every request first (a malformed one raises before any is queued), then queue all."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass exactly one of prompts and prompt_token_ids")
         items: list[Prompt] = (list(prompt_token_ids) if prompt_token_ids is not None
                                else [prompts] if isinstance(prompts, str) else list(prompts))  # type: ignore
-        if isinstance(sampling_params, Sequence):
+        if isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
             if len(sampling_params) != len(items):
                 raise ValueError(f"{len(sampling_params)} sampling params for {len(items)} prompts")
             params = list(sampling_params)
         else:
             params = [sampling_params] * len(items)
-        params = [p if isinstance(p, SamplingParams) else SamplingParams.model_validate(p or {})
-                  for p in params]
-        for p in params:
-            p.check_vocab(self.engine.vocab_size)
-        return [self.engine.add_request(item, p, stream=stream) for item, p in zip(items, params)]
+        prepared = [self.engine.prepare_request(item, p) for item, p in zip(items, params)]
+        ids: list[str] = []
+        try:
+            self.engine.add_prepared(prepared, stream=stream, added=ids)
+        except BaseException:
+            self.engine.abort(ids, report=False)
+            raise
+        return ids
+
+    def _follow(self, pending: set[str]) -> Iterator[RequestOutput]:
+        """Step the engine until the requests in `pending` finish (removing each as it does), yielding
+        their outputs; others' outputs are not ours to take."""
+        while pending:
+            for out in self.engine.step():
+                if out.request_id in pending:
+                    if out.finished:
+                        pending.discard(out.request_id)
+                    yield out
+            if pending and not self.engine.has_unfinished_requests():
+                raise RuntimeError(f"the engine lost requests {sorted(pending)}")
 
     def generate(self, prompts: Prompt | Sequence[Prompt] | None = None, sampling_params: ParamsArg = None,
                  prompt_token_ids: Sequence[list[int]] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run to completion; one output per prompt, in submission order."""
         ids = self._submit(prompts, sampling_params, prompt_token_ids, stream=False)
+        pending = set(ids)
         done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         start, generated = time.perf_counter(), 0
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                done[out.request_id] = out
-                generated += sum(len(c.token_ids) for c in out.outputs)
-                bar.update(1)
-                bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.1f} tok/s")
-        bar.close()
+        try:
+            with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm,
+                      dynamic_ncols=True) as bar:
+                for out in self._follow(pending):
+                    done[out.request_id] = out
+                    generated += sum(len(c.token_ids) for c in out.outputs)
+                    bar.update(1)
+                    bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.1f} tok/s")
+        finally:  # an error or Ctrl-C: what is still running is no longer wanted
+            if pending:
+                self.engine.abort(pending, report=False)
         return [done[i] for i in ids]
 
     def generate_stream(self, prompts: Prompt | Sequence[Prompt] | None = None,
                         sampling_params: ParamsArg = None,
                         prompt_token_ids: Sequence[list[int]] | None = None) -> Iterator[RequestOutput]:
-        """Yield outputs as tokens arrive: each holds only the new text and token ids of a request."""
-        self._submit(prompts, sampling_params, prompt_token_ids, stream=True)
-        while self.engine.has_unfinished_requests():
-            yield from self.engine.step()
+        """Yield outputs as tokens arrive: each holds only the new text and token ids of a request.
+
+        Requests are queued at the first `next()`; closing the iterator (or dropping it) aborts them.
+        """
+        pending = set(self._submit(prompts, sampling_params, prompt_token_ids, stream=True))
+        try:
+            yield from self._follow(pending)
+        finally:
+            if pending:
+                self.engine.abort(pending, report=False)
 
     # ---- chat -----------------------------------------------------------------------------------
 
@@ -119,7 +196,9 @@ class LLM:
         """Chat Completions-style messages (one conversation, or a list of them) -> parsed replies.
 
         The prompt is rendered in the DeepSeek-V4.1 format by deepseek_recipe, and the generated tokens
-        are parsed back into reasoning, content and tool calls by its StreamProcessor.
+        are parsed back into reasoning, content and tool calls by its StreamProcessor. A reply the
+        engine did not generate (prompt too long, aborted, failed) carries the engine's finish reason
+        and no content.
         """
         recipe = _import_recipe()
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -129,6 +208,9 @@ class LLM:
         results = []
         for (request, prompt), out in zip(rendered, outputs):
             completion = out.outputs[0]
+            if completion.finish_reason in ENGINE_ONLY_REASONS:
+                results.append(ChatOutput(None, None, [], completion.finish_reason, out))
+                continue
             proc, response = self._parser(recipe, request, len(prompt), out.request_id)
             events = self._token_events(recipe, proc, completion.token_ids)
             events += self._finish_events(recipe, proc, completion.finish_reason)
@@ -144,22 +226,29 @@ class LLM:
                     thinking: bool = False, reasoning_effort: str | None = None,
                     tools: list[dict] | None = None) -> Iterator[dict[str, Any]]:
         """Stream one conversation's reply as Chat Completions chunk deltas
-        (`{"content": ...}`, `{"reasoning_content": ...}`, `{"tool_calls": [...]}`, then `finish_reason`)."""
+        (`{"content": ...}`, `{"reasoning_content": ...}`, `{"tool_calls": [...]}`, then `finish_reason`,
+        which is the engine's when it generated nothing: "prompt_length_exceeded", "abort", "error").
+        Closing (or dropping) the iterator aborts the request."""
         recipe = _import_recipe()
         request, prompt = self._render(recipe, messages, thinking, reasoning_effort, tools)
         proc, _ = self._parser(recipe, request, len(prompt), "stream")
-        for out in self.generate_stream(prompt_token_ids=[prompt], sampling_params=sampling_params):
-            completion = out.outputs[0]
-            events = self._token_events(recipe, proc, completion.token_ids)
-            if out.finished:
-                events += self._finish_events(recipe, proc, completion.finish_reason)
-            for event in events:
-                for choice in json.loads(event.to_json()).get("choices", []):
-                    delta = {k: v for k, v in choice.get("delta", {}).items() if v not in (None, "")}
-                    if choice.get("finish_reason"):
-                        delta["finish_reason"] = choice["finish_reason"]
-                    if delta.keys() - {"role"}:
-                        yield delta
+        stream = self.generate_stream(prompt_token_ids=[prompt], sampling_params=sampling_params)
+        with closing(stream):
+            for out in stream:
+                completion = out.outputs[0]
+                if completion.finish_reason in ENGINE_ONLY_REASONS:
+                    yield {"finish_reason": completion.finish_reason}
+                    return
+                events = self._token_events(recipe, proc, completion.token_ids)
+                if out.finished:
+                    events += self._finish_events(recipe, proc, completion.finish_reason)
+                for event in events:
+                    for choice in json.loads(event.to_json()).get("choices", []):
+                        delta = {k: v for k, v in choice.get("delta", {}).items() if v not in (None, "")}
+                        if choice.get("finish_reason"):
+                            delta["finish_reason"] = choice["finish_reason"]
+                        if delta.keys() - {"role"}:
+                            yield delta
 
     def _render(self, recipe: Any, messages: list[dict], thinking: bool, effort: str | None,
                 tools: list[dict] | None) -> tuple[Any, list[int]]:
@@ -169,7 +258,10 @@ class LLM:
             body["reasoning_effort"] = effort
         if tools:
             body["tools"] = tools
-        request = recipe.ChatCompletionRequest(body).convert(recipe.ConversionOptions())
+        try:
+            request = recipe.ChatCompletionRequest(request_json(body)).convert(recipe.ConversionOptions())
+        except recipe.ConversionError as exc:  # not a ValueError subclass, but a bad request all the same
+            raise ValueError(f"chat request: {exc}") from None
         if self._recipe_encoding is None:  # with_tokenizer copies the tokenizer: do it once
             self._recipe_tokenizer = recipe.Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
             self._recipe_encoding = recipe.DeepseekV41Encoding().with_tokenizer(self._recipe_tokenizer)
@@ -197,6 +289,42 @@ class LLM:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def request_json(body: dict[str, Any]) -> str:
+    """A chat request as JSON text: the recipe's JSON parser bounds nesting depth, and cycles,
+    undecodable text and non-JSON values are caught here with a message naming them."""
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise ValueError("chat request: nested too deeply") from None
+    except (TypeError, ValueError) as exc:  # a cycle, NaN, or a value JSON cannot hold
+        raise ValueError(f"chat request: not representable as JSON ({exc})") from None
+    return check_text(text, "chat request")
+
+
+def runtime_options(cache_precision: str, replay_mode: str, replay_keep: int | None) -> RuntimeOptions:
+    """The model runtime's options, each checked against its allowed values."""
+    if cache_precision not in get_args(CachePrecision):
+        raise SettingError(f"cache_precision: must be one of {get_args(CachePrecision)}, "
+                           f"got {cache_precision!r}")
+    if replay_mode not in get_args(ReplayMode):
+        raise SettingError(f"replay_mode: must be one of {get_args(ReplayMode)}, got {replay_mode!r}")
+    if replay_keep is None:
+        return RuntimeOptions(cache_precision=cache_precision, replay_mode=replay_mode)  # type: ignore[arg-type]
+    if isinstance(replay_keep, bool) or not isinstance(replay_keep, int) or replay_keep < 1:
+        raise SettingError(f"replay_keep: must be a positive number of positions, got {replay_keep!r}")
+    if replay_mode == "off":
+        raise SettingError("replay_keep: needs replay_mode mask or compact")
+    return RuntimeOptions(cache_precision=cache_precision, replay_mode=replay_mode,  # type: ignore[arg-type]
+                          replay_keep=replay_keep)
+
+
+def load_tokenizer(model_dir: Path) -> TextTokenizer:
+    try:
+        return TextTokenizer.from_dir(model_dir)
+    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
+        raise ValueError(f"{model_dir / 'tokenizer.json'}: cannot load the tokenizer ({exc})") from None
 
 
 def _import_recipe() -> Any:

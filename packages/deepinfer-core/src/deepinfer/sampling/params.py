@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 
 class SamplingParams(BaseModel):
@@ -22,7 +22,7 @@ class SamplingParams(BaseModel):
     max_tokens: int | None = Field(16, ge=1, description="None: until max_model_len")
     min_tokens: int = Field(0, ge=0, description="EOS and stop_token_ids are masked until this many")
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
-    top_k: int = Field(-1, description="-1 (or 0) disables; otherwise keep the k most likely tokens")
+    top_k: int = Field(-1, description="keep the k most likely tokens; -1 or 0 disables")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -30,7 +30,7 @@ class SamplingParams(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     logit_bias: dict[int, float] = Field(default_factory=dict)
     stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[StrictInt] = Field(default_factory=list)  # strict: 5.0 or True is no token id
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0, le=20, description="top-k logprobs per output token")
@@ -54,7 +54,7 @@ class SamplingParams(BaseModel):
     @classmethod
     def _top_k(cls, v: int) -> int:
         if v < -1:
-            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {v}")
+            raise ValueError(f"top_k must be >= 1, or -1 or 0 to disable it, got {v}")
         return v
 
     @field_validator("logit_bias")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from deepinfer.engine.stats import EngineStats, StepStat
 from deepinfer.entrypoints.cli.engine_args import add_engine_args, llm_from_args
+from deepinfer.entrypoints.cli.errors import finite_float, positive_int, positive_rate
 from deepinfer.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,24 +31,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench",
         help="benchmark throughput, latency and engine overhead",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     w = parser.add_argument_group("workload")
-    w.add_argument("--num-requests", type=int, default=64)
-    w.add_argument("--input-len", type=int, default=64, help="mean prompt length (tokens)")
-    w.add_argument("--output-len", type=int, default=64, help="mean output length (tokens)")
+    w.add_argument("--num-requests", type=positive_int, default=64, help="requests in the throughput phase")
+    w.add_argument("--input-len", type=positive_int, default=64, help="mean prompt length (tokens)")
+    w.add_argument("--output-len", type=positive_int, default=64, help="mean output length (tokens)")
     w.add_argument("--len-dist", choices=["fixed", "uniform"], default="uniform",
                    help="uniform: lengths drawn from [mean/2, 3*mean/2]")
-    w.add_argument("--request-rate", type=float, default=float("inf"),
+    w.add_argument("--request-rate", type=positive_rate, default=float("inf"),
                    help="requests per second (Poisson arrivals); inf = all at once (offline batch)")
-    w.add_argument("--temperature", type=float, default=1.0)
-    w.add_argument("--workload-seed", type=int, default=0)
-    w.add_argument("--overhead-batches", default="1,64,256",
+    w.add_argument("--temperature", type=finite_float, default=1.0, help="0 = greedy")
+    w.add_argument("--workload-seed", type=int, default=0, help="seed of the prompt lengths and tokens")
+    w.add_argument("--overhead-batches", type=batch_sizes, default="1,64,256",
                    help="comma-separated running-sequence counts for the overhead phase ('' to skip)")
-    w.add_argument("--overhead-steps", type=int, default=16, help="decode steps measured per batch size")
+    w.add_argument("--overhead-steps", type=positive_int, default=16,
+                   help="decode steps measured per batch size")
     parser.add_argument("--json-out", default=None, help="write the results here as JSON")
     add_engine_args(parser)
     parser.set_defaults(func=run)
+
+
+def batch_sizes(text: str) -> list[int]:
+    return [positive_int(b) for b in text.split(",") if b.strip()]
 
 
 def _lengths(rng: random.Random, mean: int, n: int, dist: str) -> list[int]:
@@ -73,12 +78,12 @@ def run(args: argparse.Namespace) -> int:
     outs = _lengths(rng, args.output_len, args.num_requests, args.len_dist)
     if args.max_model_len is None:
         args.max_model_len = max(i + o for i, o in zip(ins, outs)) + 8
-    batches = [int(b) for b in args.overhead_batches.split(",") if b.strip()]
     llm = llm_from_args(args)
     try:
         result = {"config": {k: v for k, v in vars(args).items() if k != "func"},
                   "throughput": _throughput(llm, rng, ins, outs, args),
-                  "overhead": [_overhead(llm, b, args) for b in batches if b <= args.max_num_seqs]}
+                  "overhead": [_overhead(llm, b, args) for b in args.overhead_batches
+                               if b <= args.max_num_seqs]}
     finally:
         llm.close()
     _print(result)

@@ -5,11 +5,39 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+import pydantic
+
 from deepinfer.engine.loader import DTYPES
+from deepinfer.entrypoints.cli.errors import (
+    UsageError,
+    finite_float,
+    non_negative_int,
+    positive_int,
+    usage_errors,
+)
 from deepinfer.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from deepinfer.entrypoints.llm import LLM
+
+# EngineConfig fields whose option is not simply --field-name
+ENGINE_FLAGS = {"cache_bytes": "--cache-mb", "async_scheduling": "--sync"}
+SAMPLING_FLAGS = {"seed": "--sampling-seed"}
+
+
+def add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    """Options of the model runtime itself (also used by `score`)."""
+    g = parser.add_argument_group("model runtime")
+    g.add_argument("--cache-precision", choices=["release", "exact"], default=None,
+                   help="KV cache storage: release = the official engine's FP8/FP4 cache (what makes the "
+                   "real model fit), exact = the compute dtype (parity work) "
+                   "(default: release on CUDA, exact elsewhere)")
+    g.add_argument("--replay-mode", choices=["off", "mask", "compact"], default="off",
+                   help="SWA bounded replay for the YOCO consumer layers: mask hides window keys before "
+                   "the kept suffix, compact also skips computing those rows")
+    g.add_argument("--replay-keep", type=positive_int, default=None, metavar="N",
+                   help="positions bounded replay keeps, at least sliding_window + the rollback depth "
+                   "(default: 140)")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -19,54 +47,86 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    "scripts/demo.sh builds the tiny default at checkpoints/tiny-default")
     g.add_argument("--backend", default=None,
                    help="op backend (default: $DEEPINFER_BACKEND or the best installed)")
-    g.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype")
+    g.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
+                   help="compute dtype; auto = the checkpoint's dtype on a GPU, float32 on the CPU")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    g.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per sequence")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="sequences running at once")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="GPU memory share")
-    g.add_argument("--cache-mb", type=int, default=None, help="cache budget in MiB (CPU default: 256)")
+    g.add_argument("--max-model-len", type=positive_int, default=None,
+                   help="prompt + output tokens per sequence, at most the model's max_position_embeddings "
+                   "(default: the smaller of that and 4096)")
+    g.add_argument("--max-num-seqs", type=positive_int, default=256, help="sequences running at once")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
+                   help="token budget per step (default: max(2048, --max-num-seqs))")
+    g.add_argument("--gpu-memory-utilization", type=finite_float, default=0.9,
+                   help="share of GPU memory the engine may use, in (0, 1]")
+    g.add_argument("--cache-mb", type=positive_int, default=None,
+                   help="cache budget in MiB (default: what --gpu-memory-utilization leaves on a GPU, "
+                   "256 on the CPU)")
     g.add_argument("--sync", action="store_true", help="disable asynchronous scheduling")
-    g.add_argument("--seed", type=int, default=0, help="engine seed for requests without --sampling-seed")
+    g.add_argument("--seed", type=non_negative_int, default=0,
+                   help="engine seed: each request without --sampling-seed draws its own seed from it, "
+                   "so a whole run is reproducible")
+    add_runtime_args(parser)
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:
-    from deepinfer.entrypoints.llm import LLM
+    """The `LLM` the options describe; an option out of range is a UsageError naming it."""
+    from deepinfer.entrypoints.llm import LLM, SettingError
 
-    return LLM(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
-               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-               max_num_batched_tokens=args.max_num_batched_tokens,
-               gpu_memory_utilization=args.gpu_memory_utilization,
-               cache_bytes=args.cache_mb << 20 if args.cache_mb else None,
-               async_scheduling=not args.sync, seed=args.seed)
+    engine = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                  gpu_memory_utilization=args.gpu_memory_utilization,
+                  cache_bytes=args.cache_mb << 20 if args.cache_mb is not None else None,
+                  async_scheduling=not args.sync, seed=args.seed)
+    try:
+        return LLM(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
+                   max_model_len=args.max_model_len, cache_precision=args.cache_precision,
+                   replay_mode=args.replay_mode, replay_keep=args.replay_keep, **engine)
+    except SettingError as exc:
+        raise UsageError(option_names(str(exc))) from None
+
+
+def option_names(message: str) -> str:
+    """`max_model_len: ...` -> `--max-model-len: ...` (LLM's messages name its keyword arguments)."""
+    parts = []
+    for part in message.split("; "):
+        field, sep, rest = part.partition(": ")
+        if sep and field.isidentifier():
+            field = ENGINE_FLAGS.get(field, "--" + field.replace("_", "-"))
+        parts.append(field + sep + rest)
+    return "; ".join(parts)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = 32) -> None:
     g = parser.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=max_tokens)
-    g.add_argument("--min-tokens", type=int, default=0)
+    g.add_argument("--max-tokens", type=int, default=max_tokens, help="most tokens generated per completion")
+    g.add_argument("--min-tokens", type=int, default=0, help="EOS and --stop-token-ids are masked until then")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1,
+                   help="keep the k most likely tokens; -1 or 0 disables")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set with this mass")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2]")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2]")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="in (0, 10]; 1 = off")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--stop-token-ids", type=parse_ids, default=[], help="comma-separated token ids")
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating after EOS")
     g.add_argument("--n", type=int, default=1, help="completions per prompt")
     g.add_argument("--logprobs", type=int, default=None, help="top-k log-probabilities per output token")
-    g.add_argument("--sampling-seed", type=int, default=None, help="seed of every request (deterministic)")
+    g.add_argument("--sampling-seed", type=int, default=None,
+                   help="the same seed for every request: each samples the same tokens whatever else runs "
+                   "(default: one drawn from --seed per request)")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty, stop=args.stop,
-        stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos, n=args.n, logprobs=args.logprobs,
-        seed=args.sampling_seed)
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+            stop=args.stop, stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos, n=args.n,
+            logprobs=args.logprobs, seed=args.sampling_seed)
+    except pydantic.ValidationError as exc:
+        raise usage_errors(exc, SAMPLING_FLAGS) from None
 
 
 def parse_ids(text: str) -> list[int]:

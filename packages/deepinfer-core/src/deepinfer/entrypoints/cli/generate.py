@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
 from deepinfer.entrypoints.cli.engine_args import (
     add_engine_args,
@@ -14,6 +13,7 @@ from deepinfer.entrypoints.cli.engine_args import (
     parse_ids,
     sampling_from_args,
 )
+from deepinfer.entrypoints.cli.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "text (--prompt, tokenized with the checkpoint's tokenizer and a BOS) or token ids "
         "(--prompt-ids 0,5,17). With --json, prints one JSON object per request (token ids, text, "
         "logprobs, finish reason, timing) in submission order.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     src = parser.add_argument_group("prompts")
     src.add_argument("--prompt", action="append", default=[], help="text prompt (repeatable)")
@@ -39,11 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if bool(args.prompt) == bool(args.prompt_ids):
-        print("deepinfer generate: give --prompt or --prompt-ids (not both)", file=sys.stderr)
-        return 2
+        raise UsageError("give --prompt or --prompt-ids (not both)")
     if args.stream and len(args.prompt or args.prompt_ids) != 1:
-        print("deepinfer generate: --stream takes a single prompt", file=sys.stderr)
-        return 2
+        raise UsageError("--stream takes a single prompt")
     params = sampling_from_args(args)
     llm = llm_from_args(args)
     try:

@@ -8,7 +8,10 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from deepinfer.engine.loader import DTYPES
+from deepinfer.engine.llm_engine import token_ids
+from deepinfer.engine.loader import DTYPES, default_cache_precision
+from deepinfer.entrypoints.cli.engine_args import add_runtime_args, option_names
+from deepinfer.entrypoints.cli.errors import UsageError, positive_int
 
 # the model's two compute dtypes (the spec's fp32 and bf16), by the names every command uses
 SCORE_DTYPES = ("bfloat16", "float32")
@@ -29,18 +32,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=SCORE_DTYPES, default="float32", help="compute dtype")
     parser.add_argument("--backend", default=None, help="op backend (default: best installed)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--cache-precision", choices=["exact", "release"], default="exact")
-    parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (default: whole prompt)")
+    parser.add_argument("--chunk", type=positive_int, default=None,
+                        help="prefill chunk size (default: the whole prompt)")
+    add_runtime_args(parser)
     parser.set_defaults(func=run)
 
 
 def read_prompts(path: str | Path) -> dict[str, list[int]]:
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: not a JSON file of prompts ({type(exc).__name__})") from None
+    if not isinstance(data, dict | list):
+        raise ValueError(f"{path}: expected a list of token-id lists or an object name -> token ids")
     items = data.items() if isinstance(data, dict) else ((f"prompt.{i}", p) for i, p in enumerate(data))
     prompts = {}
-    for name, ids in items:
-        if not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-            raise ValueError(f"{path}: prompt {name!r} must be a non-empty list of token ids")
+    for name, value in items:
+        try:
+            ids = token_ids(value, f"prompt {name!r}")
+        except TypeError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        if not ids or min(ids) < 0:
+            raise ValueError(f"{path}: prompt {name!r} must be a non-empty list of token ids >= 0")
         prompts[str(name)] = ids
     if not prompts:
         raise ValueError(f"{path}: no prompts")
@@ -48,17 +61,17 @@ def read_prompts(path: str | Path) -> dict[str, list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
+    from deepinfer.entrypoints.llm import SettingError, runtime_options
     from deepinfer.models.registry import load_model
 
+    try:
+        options = runtime_options(args.cache_precision or default_cache_precision(args.device),
+                                  args.replay_mode, args.replay_keep)
+    except SettingError as exc:
+        raise UsageError(option_names(str(exc))) from None
     prompts = read_prompts(args.input)
-    runtime = load_model(
-        args.model,
-        dtype=DTYPES[args.dtype],
-        device=args.device,
-        backend=args.backend,
-        options=RuntimeOptions(cache_precision=args.cache_precision),
-    )
+    runtime = load_model(args.model, dtype=DTYPES[args.dtype], device=args.device, backend=args.backend,
+                         options=options)
     for name, ids in prompts.items():
         if max(ids) >= runtime.vocab_size:
             raise ValueError(f"prompt {name!r}: token id {max(ids)} >= vocab size {runtime.vocab_size}")
