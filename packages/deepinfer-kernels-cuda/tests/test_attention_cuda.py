@@ -3,6 +3,9 @@
 import pytest
 import torch
 
+from deepinfer.cache.codecs import Codec
+from deepinfer.ops.reference.cache_quant import QUANT_OPS
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -46,3 +49,47 @@ def test_int32_indices(cuda_ops, ref_ops):
     q, kv, idx, sink, scale = _inputs(2, 64, 512, 1000, 200, torch.bfloat16, seed=3)
     torch.testing.assert_close(cuda_ops.sparse_attention_sink(q, kv, idx.int(), sink, scale),
                                ref_ops.sparse_attention_sink(q, kv, idx, sink, scale), atol=2e-2, rtol=2e-2)
+
+
+def _paged_inputs(t: int, fmt: tuple[str, str], seed: int, with_pool: bool = True):
+    """A step of t rows over 3 sequences: SWA ring (3 slots x 128) + paged pool (64 entries a block)."""
+    g = torch.Generator().manual_seed(seed)
+    heads, dim, slots, ring_len, per_block, blocks = 64, 512, 3, 128, 64, 40
+    ring_codec, pool_codec = Codec(fmt[0], dim, torch.bfloat16), Codec(fmt[1], dim, torch.bfloat16)
+    ring = ring_codec.encode(torch.randn(slots * ring_len, dim, generator=g), QUANT_OPS)
+    pool = pool_codec.encode(torch.randn(blocks * per_block, dim, generator=g), QUANT_OPS)
+    q = torch.randn(t, heads, dim, generator=g).bfloat16()
+    kv = torch.randn(t, dim, generator=g).bfloat16()
+    window = torch.randint(0, slots * ring_len + t, (t, 128), generator=g)
+    window[torch.rand(t, 128, generator=g) < 0.2] = -1
+    window[0, 5:] = -1  # a row early in its sequence
+    dest = torch.randperm(slots * ring_len, generator=g)[:t]
+    args = [q, kv, ring.view(slots, ring_len, -1), ring_codec, window, dest, torch.arange(t),
+            torch.randn(heads, generator=g), dim**-0.5]
+    kwargs = {}
+    if with_pool:
+        topk = torch.randint(0, 8 * per_block, (t, 512), generator=g)
+        topk[torch.rand(t, 512, generator=g) < 0.2] = -1
+        topk[-1] = -1  # a row with no compressed entry
+        kwargs = dict(pool=pool.view(blocks, per_block, -1), pool_codec=pool_codec, topk=topk,
+                      block_tables=torch.randint(0, blocks, (3, 8), generator=g),
+                      row_seg=torch.randint(0, 3, (t,), generator=g))
+    return [_cuda(a) for a in args], {k: _cuda(v) for k, v in kwargs.items()}
+
+
+def _cuda(x):
+    return x.cuda() if isinstance(x, torch.Tensor) else x
+
+
+@pytest.mark.parametrize("fmt", [("fp8", "nvfp4"), ("raw", "raw")])
+@pytest.mark.parametrize("t,with_pool", [(1, True), (6, True), (300, True), (4, False)])
+def test_sparse_attention_paged(cuda_ops, ref_ops, poison, fmt, t, with_pool):
+    assert "sparse_attention_paged" not in cuda_ops.fallbacks
+    args, kwargs = _paged_inputs(t, fmt, seed=t, with_pool=with_pool)
+    ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    got = cuda_ops.sparse_attention_paged(*args, **kwargs)
+    want = ref_ops.sparse_attention_paged(*ref_args, **kwargs)
+    assert torch.equal(args[2], ref_args[2])  # this step's keys stored in the ring, same bytes
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err < 5e-3, err
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

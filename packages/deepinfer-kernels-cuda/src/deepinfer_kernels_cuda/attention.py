@@ -1,26 +1,45 @@
-"""Sparse attention with a per-head sink over a gathered KV buffer (one shared K=V head).
+"""Sparse attention with a per-head sink over one shared K=V head: gathered buffer and paged cache.
 
-One program takes one query row with all its heads (a [heads, D] tile, so each gathered KV row is
-read once for every head) over a range of its selected keys, with an online softmax in float32 and
-tensor-core products (probabilities rounded to the KV dtype for the P.V product, as flash attention
-does). Work is spread over the chip two ways:
+One kernel serves both ops. A query row's keys are two segments: "window" keys, indices into a ring
+of cache rows (or, past the ring, into this step's freshly encoded rows), then optionally
+"compressed" entries found through the sequence's block table in a paged pool. Each segment has its
+own storage format (raw, FP8 + UE8M0/32, NVFP4 + E4M3/16, MXFP4 + UE8M0/32), decoded in registers to
+the compute dtype (exact: every format's value times its power-of-two or E4M3 scale fits BF16).
+`sparse_attention_sink` is the case of a raw ring that is the whole gathered buffer.
+
+One program takes one query row with all its heads (a [heads, D] tile: each cache row is read once
+for every head) over a range of its keys, with an online softmax in float32 and tensor-core
+products (probabilities rounded to the compute dtype for the P.V product, as flash attention does).
+Work is spread over the chip two ways:
 * the value channels are cut into DV blocks (each program still needs all D channels for the
   scores; its DV block of the same rows is then re-read from L1/L2, not from HBM);
-* for few query rows (decode), the selected keys are split into ranges whose partial results
-  (normalised output and log-sum-exp) a second kernel merges together with the sink.
+* for few query rows (decode), the keys are split into ranges whose partial results (normalised
+  output and log-sum-exp) a second kernel merges together with the sink.
 Prefill (many rows) runs one range per row and applies the sink in the first kernel.
 The tiles and the split count depend on the number of rows, so results are not batch-invariant yet.
 """
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
+from deepinfer_kernels_cuda import cache_quant
+from deepinfer_kernels_cuda.cache_quant import e2m1_decode, ue8m0_value
+
+if TYPE_CHECKING:
+    from deepinfer.cache.codecs import Codec
+
 _LOG2E = math.log2(math.e)
 _MAX_HEADS = 64  # heads per program (one warpgroup-sized MMA tile)
+_FORMATS = {"raw": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3}
+# the codec ops of this package, for Codec.encode of this step's keys
+_QUANT_OPS = SimpleNamespace(fp8_quantize=cache_quant.fp8_quantize, nvfp4_quantize=cache_quant.nvfp4_quantize,
+                             mxfp4_quantize=cache_quant.mxfp4_quantize)
 
 
 @dataclass(frozen=True)
@@ -38,12 +57,59 @@ PREFILL_TILES = Tiles(dv_block=256, block_n=32, num_warps=4, num_stages=2)
 
 
 @triton.jit
-def _sink_attention_kernel(
-    q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr, part_ptr, lse_ptr,
-    heads, D, K, keys_per_split, n_splits, scale_log2,
-    q_stride_t, q_stride_h, kv_stride, idx_stride,
-    SPLIT: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+def _decode_rows(base, valid, cols, D, FMT: tl.constexpr, ty: tl.constexpr):
+    """Values [rows, cols] of cache rows starting at pointers `base` [rows, 1], in dtype `ty`.
+
+    FMT 0: raw (base points at the storage dtype); 1: FP8 E4M3 bytes then UE8M0 per 32; 2: packed E2M1
+    (even element in the low nibble) then E4M3 per 16; 3: packed E2M1 then UE8M0 per 32.
+    """
+    mask = valid[:, None] & (cols < D)[None, :]
+    c = cols[None, :]
+    if FMT == 0:
+        return tl.load(base + c, mask=mask, other=0.0).to(ty)
+    elif FMT == 1:
+        x = tl.load(base + c, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        s = tl.load(base + D + c // 32, mask=mask, other=127).to(tl.int32)
+        return (x * ue8m0_value(s)).to(ty)
+    else:
+        b = tl.load(base + c // 2, mask=mask, other=0).to(tl.int32)
+        x = e2m1_decode((b >> ((c & 1) * 4)) & 0xF)
+        if FMT == 2:
+            s = tl.load(base + D // 2 + c // 16, mask=mask, other=0).to(tl.float8e4nv, bitcast=True)
+            s = s.to(tl.float32)
+        else:
+            s = ue8m0_value(tl.load(base + D // 2 + c // 32, mask=mask, other=127).to(tl.int32))
+        return (x * s).to(ty)
+
+
+@triton.jit
+def _attend(q, base, valid, d, dv, D, m_i, l_i, acc, scale_log2,
+            FMT: tl.constexpr, DV_BLOCKS: tl.constexpr, PRECISION: tl.constexpr):
+    """One online-softmax step over a block of keys (rows at `base`, `valid` ones only)."""
+    k = _decode_rows(base, valid, d, D, FMT, q.dtype)
+    logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    logits = tl.where(valid[None, :], logits, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(logits - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DV_BLOCKS == 1:
+        v = k
+    else:
+        v = _decode_rows(base, valid, dv, D, FMT, q.dtype)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr, heads, D, keys_per_split, n_splits, scale_log2,
+    q_stride_t, q_stride_h,
+    win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr, cur_stride,
+    topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr,
+    RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_POOL: tl.constexpr, SPLIT: tl.constexpr,
+    DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
 ):
     t, s = tl.program_id(0), tl.program_id(1)
     hb, dvb = tl.program_id(2) // DV_BLOCKS, tl.program_id(2) % DV_BLOCKS
@@ -51,31 +117,33 @@ def _sink_attention_kernel(
     d = tl.arange(0, BLOCK_D)
     dv = dvb * BLOCK_DV + tl.arange(0, BLOCK_DV)
     q = tl.load(q_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + d[None, :],
-                mask=(h < heads)[:, None] & (d < D)[None, :], other=0.0)
+                mask=(h < heads)[:, None] & (d < D)[None, :], other=0.0).to(TY)
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
     lo = s * keys_per_split
-    hi = tl.minimum(lo + keys_per_split, K)
-    for start in range(lo, hi, BLOCK_N):
+    hi = tl.minimum(lo + keys_per_split, W + K)
+    win_hi = tl.minimum(hi, W)
+    for start in range(lo, win_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        idx = tl.load(idx_ptr + t.to(tl.int64) * idx_stride + n, mask=n < hi, other=-1)
-        valid = idx >= 0
-        rows = tl.where(valid, idx, 0).to(tl.int64) * kv_stride
-        k = tl.load(kv_ptr + rows[:, None] + d[None, :], mask=valid[:, None] & (d < D)[None, :], other=0.0)
-        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        logits = tl.where(valid[None, :], logits, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DV_BLOCKS == 1:
-            v = k
-        else:
-            vmask = valid[:, None] & (dv < D)[None, :]
-            v = tl.load(kv_ptr + rows[:, None] + dv[None, :], mask=vmask, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
+        r = tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int64)
+        in_ring = r < ring_rows
+        rr = tl.where(in_ring & (r >= 0), r, 0)
+        ring_row = ring_ptr + (rr // ring_len) * ring_s0 + (rr % ring_len) * ring_s1
+        base = tl.where(in_ring, ring_row, cur_ptr + tl.where(in_ring, 0, r - ring_rows) * cur_stride)
+        m_i, l_i, acc = _attend(q, base[:, None], r >= 0, d, dv, D, m_i, l_i, acc, scale_log2,
+                                RING_FMT, DV_BLOCKS, PRECISION)
+    if HAS_POOL:
+        seq = tl.load(seg_ptr + t).to(tl.int64)
+        for start in range(tl.maximum(lo, W), hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            j = tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1)
+            j = j.to(tl.int64)
+            jj = tl.where(j >= 0, j, 0)
+            block = tl.load(bt_ptr + seq * bt_stride + jj // per_block, mask=j >= 0, other=0).to(tl.int64)
+            base = pool_ptr + block * pool_s0 + (jj % per_block) * pool_s1
+            m_i, l_i, acc = _attend(q, base[:, None], j >= 0, d, dv, D, m_i, l_i, acc, scale_log2,
+                                    POOL_FMT, DV_BLOCKS, PRECISION)
     hmask = h < heads
     omask = hmask[:, None] & (dv < D)[None, :]
     if SPLIT:
@@ -119,24 +187,34 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def sparse_attention_sink(
-    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """o[t, h] = sum_k softmax_k(q[t, h] . kv[i_tk] * scale | sink[h]) kv[i_tk].
+@dataclass(frozen=True)
+class _Segment:
+    """Where one segment's keys live: storage tensor (uint8 rows, or raw values), its format, strides."""
 
-    q [T, heads, D]; kv [N, D]; indices [T, K] into kv, -1 = no key; sink [heads]. -> q's dtype.
-    """
+    data: torch.Tensor
+    fmt: int
+    stride0: int
+    stride1: int
+
+
+def _segment(region: torch.Tensor, codec_format: str, dtype: torch.dtype) -> _Segment:
+    """A [A, E, nbytes] uint8 cache region as a kernel segment (raw regions viewed as their dtype)."""
+    if codec_format == "raw":
+        region = region.view(dtype)
+    return _Segment(region, _FORMATS[codec_format], region.stride(0), region.stride(1))
+
+
+def _attention(
+    q: torch.Tensor, sink: torch.Tensor, scale: float, window: torch.Tensor, ring: _Segment, ring_len: int,
+    ring_rows: int, current: torch.Tensor, topk: torch.Tensor | None = None, pool: _Segment | None = None,
+    block_tables: torch.Tensor | None = None, row_seg: torch.Tensor | None = None, fp32: bool = False,
+) -> torch.Tensor:
     t, heads, d = q.shape
-    if kv.shape[-1] != d or indices.shape[0] != t or sink.shape != (heads,):
-        raise ValueError(f"sparse_attention_sink: q {tuple(q.shape)}, kv {tuple(kv.shape)}, indices "
-                         f"{tuple(indices.shape)}, sink {tuple(sink.shape)} do not fit")
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel() == 0:
         return out
-    q = q.contiguous()
-    kv = kv.to(q.dtype) if kv.stride(-1) == 1 else kv.to(q.dtype).contiguous()
-    indices, sink = indices.contiguous(), sink.float().contiguous()
-    k = indices.shape[1]
+    q, window, sink = q.contiguous(), window.contiguous(), sink.float().contiguous()
+    k = window.shape[1] + (0 if topk is None else topk.shape[1])
     block_h = max(16, min(_MAX_HEADS, triton.next_power_of_2(heads)))
     block_d = max(16, triton.next_power_of_2(d))
     sms = _sm_count(q.device)
@@ -149,25 +227,90 @@ def sparse_attention_sink(
         splits = min(wanted, triton.cdiv(k, tiles.min_split_keys))
     block_dv = min(block_d, tiles.dv_block)
     dv_blocks = block_d // block_dv
-    key_blocks = max(1, triton.cdiv(k, tiles.block_n))
-    keys_per_split = triton.cdiv(key_blocks, max(1, splits)) * tiles.block_n
+    keys_per_split = triton.cdiv(max(1, triton.cdiv(k, tiles.block_n)), max(1, splits)) * tiles.block_n
     splits = max(1, triton.cdiv(k, keys_per_split))
     if splits > 1:
         part = torch.empty(t, splits, heads, d, dtype=torch.float32, device=q.device)
         lse = torch.empty(t, splits, heads, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
+    has_pool = topk is not None
+    if has_pool:
+        topk, block_tables, row_seg = topk.contiguous(), block_tables.contiguous(), row_seg.contiguous()
+    else:
+        topk, block_tables, row_seg, pool = window, window, window, ring  # unused
+    ty = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
+    ty = tl.float32 if fp32 else ty
     grid = (t, splits, triton.cdiv(heads, block_h) * dv_blocks)
-    _sink_attention_kernel[grid](
-        q, kv, indices, sink, out, part, lse, heads, d, k, keys_per_split, splits, scale * _LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        SPLIT=splits > 1, DV_BLOCKS=dv_blocks, BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d,
-        BLOCK_DV=block_dv, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    _attention_kernel[grid](
+        q, out, part, lse, sink, heads, d, keys_per_split, splits, scale * _LOG2E, q.stride(0), q.stride(1),
+        window, window.stride(0), window.shape[1], ring.data, ring.stride0, ring.stride1, ring_len, ring_rows,
+        current, current.stride(0), topk, topk.stride(0), k - window.shape[1],
+        pool.data, pool.stride0, pool.stride1, pool.data.shape[1], block_tables, block_tables.stride(0),
+        row_seg,
+        RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_POOL=has_pool, SPLIT=splits > 1, DV_BLOCKS=dv_blocks,
+        BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     if splits > 1:
         _combine_kernel[(t, heads)](
             part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1),
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
         )
+    return out
+
+
+def sparse_attention_sink(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """o[t, h] = sum_k softmax_k(q[t, h] . kv[i_tk] * scale | sink[h]) kv[i_tk].
+
+    q [T, heads, D]; kv [N, D]; indices [T, K] into kv, -1 = no key; sink [heads]. -> q's dtype.
+    """
+    t, heads, d = q.shape
+    if kv.shape[-1] != d or indices.shape[0] != t or sink.shape != (heads,):
+        raise ValueError(f"sparse_attention_sink: q {tuple(q.shape)}, kv {tuple(kv.shape)}, indices "
+                         f"{tuple(indices.shape)}, sink {tuple(sink.shape)} do not fit")
+    if kv.stride(-1) != 1:
+        kv = kv.contiguous()
+    ring = _Segment(kv, _FORMATS["raw"], 0, kv.stride(0))
+    n = max(1, kv.shape[0])
+    return _attention(q, sink, scale, indices, ring, n, n, kv, fp32=kv.dtype == torch.float32)
+
+
+def sparse_attention_paged(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ring: torch.Tensor,
+    ring_codec: "Codec",
+    window: torch.Tensor,
+    ring_dest: torch.Tensor,
+    ring_src: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
+    *,
+    pool: torch.Tensor | None = None,
+    pool_codec: "Codec | None" = None,
+    topk: torch.Tensor | None = None,
+    block_tables: torch.Tensor | None = None,
+    row_seg: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One attention layer over every row of a step: window keys from the SWA ring (or this step's
+    keys, encoded like cached ones) + selected compressed entries from the paged pool + sink; then
+    this step's keys are stored in the ring (ring[ring_dest] = encode(kv)[ring_src]).
+    Same contract as the reference op (deepinfer.ops.reference.attention.sparse_attention_paged)."""
+    if (pool is None) != (topk is None) or (topk is not None and (block_tables is None or row_seg is None)):
+        raise ValueError("sparse_attention_paged: give pool, pool_codec, topk, block_tables, row_seg or none")
+    encoded = ring_codec.encode(kv, _QUANT_OPS)
+    current = _segment(encoded.unsqueeze(0), ring_codec.format, ring_codec.dtype)
+    ring_seg = _segment(ring, ring_codec.format, ring_codec.dtype)
+    fp32 = ring_codec.format == "raw" and ring_codec.dtype == torch.float32
+    pool_seg = None
+    if pool is not None:
+        pool_seg = _segment(pool, pool_codec.format, pool_codec.dtype)
+        fp32 |= pool_codec.format == "raw" and pool_codec.dtype == torch.float32
+    out = _attention(q, sink, scale, window, ring_seg, ring.shape[1], ring.shape[0] * ring.shape[1],
+                     current.data[0], topk, pool_seg, block_tables, row_seg, fp32)
+    ring[ring_dest // ring.shape[1], ring_dest % ring.shape[1]] = encoded[ring_src]
     return out

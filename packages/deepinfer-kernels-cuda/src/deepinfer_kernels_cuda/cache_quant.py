@@ -31,7 +31,7 @@ def _ue8m0_ceil(v):
 
 
 @triton.jit
-def _pow2(byte):
+def ue8m0_value(byte):
     """UE8M0 byte -> 2^(byte-127) as float32 (0 -> 2^-127, 255 -> NaN)."""
     normal = (byte << 23).to(tl.float32, bitcast=True)
     special = tl.where(byte == 0, 5.877471754111438e-39, float("nan"))
@@ -55,7 +55,7 @@ def _e2m1_encode(y):
 
 
 @triton.jit
-def _e2m1_decode(code):
+def e2m1_decode(code):
     """E2M1 codes (int32 0..15) -> float32 values."""
     e = (code >> 1) & 3
     m = (code & 1).to(tl.float32)
@@ -107,7 +107,7 @@ def _fp8_dequantize_kernel(q_ptr, e_ptr, out_ptr, n_groups, GROUP: tl.constexpr,
     offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
     mask = (g < n_groups)[:, None]
     q = tl.load(q_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = _pow2(tl.load(e_ptr + g, mask=g < n_groups, other=127).to(tl.int32))
+    scale = ue8m0_value(tl.load(e_ptr + g, mask=g < n_groups, other=127).to(tl.int32))
     tl.store(out_ptr + offs, (q * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -122,8 +122,8 @@ def _fp4_dequantize_kernel(
     if NV:
         scale = tl.load(s_ptr + g, mask=g < n_groups, other=1.0).to(tl.float32)
     else:
-        scale = _pow2(tl.load(s_ptr + g, mask=g < n_groups, other=127).to(tl.int32))
-    vals = tl.reshape(tl.join(_e2m1_decode(b & 0xF), _e2m1_decode(b >> 4)), (BLOCK, GROUP))
+        scale = ue8m0_value(tl.load(s_ptr + g, mask=g < n_groups, other=127).to(tl.int32))
+    vals = tl.reshape(tl.join(e2m1_decode(b & 0xF), e2m1_decode(b >> 4)), (BLOCK, GROUP))
     offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
     tl.store(out_ptr + offs, (vals * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
