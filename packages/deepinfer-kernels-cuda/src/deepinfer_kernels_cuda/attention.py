@@ -29,14 +29,13 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels_cuda import cache_quant
-from deepinfer_kernels_cuda.cache_quant import e2m1_decode, ue8m0_value
+from deepinfer_kernels_cuda.cache_quant import FORMATS, CacheRegion, cache_region, decode_rows
 
 if TYPE_CHECKING:
     from deepinfer.cache.codecs import Codec
 
 _LOG2E = math.log2(math.e)
 _MAX_HEADS = 64  # heads per program (one warpgroup-sized MMA tile)
-_FORMATS = {"raw": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3}
 # the codec ops of this package, for Codec.encode of this step's keys
 _QUANT_OPS = SimpleNamespace(fp8_quantize=cache_quant.fp8_quantize, nvfp4_quantize=cache_quant.nvfp4_quantize,
                              mxfp4_quantize=cache_quant.mxfp4_quantize)
@@ -57,36 +56,10 @@ PREFILL_TILES = Tiles(dv_block=256, block_n=32, num_warps=4, num_stages=2)
 
 
 @triton.jit
-def _decode_rows(base, valid, cols, D, FMT: tl.constexpr, ty: tl.constexpr):
-    """Values [rows, cols] of cache rows starting at pointers `base` [rows, 1], in dtype `ty`.
-
-    FMT 0: raw (base points at the storage dtype); 1: FP8 E4M3 bytes then UE8M0 per 32; 2: packed E2M1
-    (even element in the low nibble) then E4M3 per 16; 3: packed E2M1 then UE8M0 per 32.
-    """
-    mask = valid[:, None] & (cols < D)[None, :]
-    c = cols[None, :]
-    if FMT == 0:
-        return tl.load(base + c, mask=mask, other=0.0).to(ty)
-    elif FMT == 1:
-        x = tl.load(base + c, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = tl.load(base + D + c // 32, mask=mask, other=127).to(tl.int32)
-        return (x * ue8m0_value(s)).to(ty)
-    else:
-        b = tl.load(base + c // 2, mask=mask, other=0).to(tl.int32)
-        x = e2m1_decode((b >> ((c & 1) * 4)) & 0xF)
-        if FMT == 2:
-            s = tl.load(base + D // 2 + c // 16, mask=mask, other=0).to(tl.float8e4nv, bitcast=True)
-            s = s.to(tl.float32)
-        else:
-            s = ue8m0_value(tl.load(base + D // 2 + c // 32, mask=mask, other=127).to(tl.int32))
-        return (x * s).to(ty)
-
-
-@triton.jit
 def _attend(q, base, valid, d, dv, D, m_i, l_i, acc, scale_log2,
             FMT: tl.constexpr, DV_BLOCKS: tl.constexpr, PRECISION: tl.constexpr):
     """One online-softmax step over a block of keys (rows at `base`, `valid` ones only)."""
-    k = _decode_rows(base, valid, d, D, FMT, q.dtype)
+    k = decode_rows(base, valid, d, D, FMT, q.dtype)
     logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     logits = tl.where(valid[None, :], logits, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
@@ -96,7 +69,7 @@ def _attend(q, base, valid, d, dv, D, m_i, l_i, acc, scale_log2,
     if DV_BLOCKS == 1:
         v = k
     else:
-        v = _decode_rows(base, valid, dv, D, FMT, q.dtype)
+        v = decode_rows(base, valid, dv, D, FMT, q.dtype)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc
 
@@ -187,26 +160,9 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """Where one segment's keys live: storage tensor (uint8 rows, or raw values), its format, strides."""
-
-    data: torch.Tensor
-    fmt: int
-    stride0: int
-    stride1: int
-
-
-def _segment(region: torch.Tensor, codec_format: str, dtype: torch.dtype) -> _Segment:
-    """A [A, E, nbytes] uint8 cache region as a kernel segment (raw regions viewed as their dtype)."""
-    if codec_format == "raw":
-        region = region.view(dtype)
-    return _Segment(region, _FORMATS[codec_format], region.stride(0), region.stride(1))
-
-
 def _attention(
-    q: torch.Tensor, sink: torch.Tensor, scale: float, window: torch.Tensor, ring: _Segment, ring_len: int,
-    ring_rows: int, current: torch.Tensor, topk: torch.Tensor | None = None, pool: _Segment | None = None,
+    q: torch.Tensor, sink: torch.Tensor, scale: float, window: torch.Tensor, ring: CacheRegion, ring_len: int,
+    ring_rows: int, current: torch.Tensor, topk: torch.Tensor | None = None, pool: CacheRegion | None = None,
     block_tables: torch.Tensor | None = None, row_seg: torch.Tensor | None = None, fp32: bool = False,
 ) -> torch.Tensor:
     t, heads, d = q.shape
@@ -274,7 +230,7 @@ def sparse_attention_sink(
                          f"{tuple(indices.shape)}, sink {tuple(sink.shape)} do not fit")
     if kv.stride(-1) != 1:
         kv = kv.contiguous()
-    ring = _Segment(kv, _FORMATS["raw"], 0, kv.stride(0))
+    ring = CacheRegion(kv, FORMATS["raw"], 0, kv.stride(0))
     n = max(1, kv.shape[0])
     return _attention(q, sink, scale, indices, ring, n, n, kv, fp32=kv.dtype == torch.float32)
 
@@ -303,12 +259,12 @@ def sparse_attention_paged(
     if (pool is None) != (topk is None) or (topk is not None and (block_tables is None or row_seg is None)):
         raise ValueError("sparse_attention_paged: give pool, pool_codec, topk, block_tables, row_seg or none")
     encoded = ring_codec.encode(kv, _QUANT_OPS)
-    current = _segment(encoded.unsqueeze(0), ring_codec.format, ring_codec.dtype)
-    ring_seg = _segment(ring, ring_codec.format, ring_codec.dtype)
+    current = cache_region(encoded.unsqueeze(0), ring_codec.format, ring_codec.dtype)
+    ring_seg = cache_region(ring, ring_codec.format, ring_codec.dtype)
     fp32 = ring_codec.format == "raw" and ring_codec.dtype == torch.float32
     pool_seg = None
     if pool is not None:
-        pool_seg = _segment(pool, pool_codec.format, pool_codec.dtype)
+        pool_seg = cache_region(pool, pool_codec.format, pool_codec.dtype)
         fp32 |= pool_codec.format == "raw" and pool_codec.dtype == torch.float32
     out = _attention(q, sink, scale, window, ring_seg, ring.shape[1], ring.shape[0] * ring.shape[1],
                      current.data[0], topk, pool_seg, block_tables, row_seg, fp32)

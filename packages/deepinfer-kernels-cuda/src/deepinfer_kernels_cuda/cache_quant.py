@@ -12,6 +12,8 @@ torch's cast may give NaN, depending on version and device) and denormal interme
 the device.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -19,6 +21,7 @@ import triton.language as tl
 from deepinfer.ops.reference.cache_quant import FP8_GROUP, MXFP4_GROUP, NVFP4_GROUP
 
 _BLOCK = 64  # groups per program
+FORMATS = {"raw": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3}  # codec format -> `decode_rows` FMT
 
 
 @triton.jit
@@ -198,3 +201,46 @@ def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def mxfp4_dequantize(packed: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _fp4_dequantize(packed, exp, dtype, MXFP4_GROUP, nv=False)
+
+
+@triton.jit
+def decode_rows(base, valid, cols, D, FMT: tl.constexpr, ty: tl.constexpr):
+    """Values [rows, cols] of cache rows starting at pointers `base` [rows, 1], in dtype `ty`.
+
+    FMT 0: raw (base points at the storage dtype); 1: FP8 E4M3 bytes then UE8M0 per 32; 2: packed E2M1
+    (even element in the low nibble) then E4M3 per 16; 3: packed E2M1 then UE8M0 per 32.
+    """
+    mask = valid[:, None] & (cols < D)[None, :]
+    c = cols[None, :]
+    if FMT == 0:
+        return tl.load(base + c, mask=mask, other=0.0).to(ty)
+    elif FMT == 1:
+        x = tl.load(base + c, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        s = tl.load(base + D + c // 32, mask=mask, other=127).to(tl.int32)
+        return (x * ue8m0_value(s)).to(ty)
+    else:
+        b = tl.load(base + c // 2, mask=mask, other=0).to(tl.int32)
+        x = e2m1_decode((b >> ((c & 1) * 4)) & 0xF)
+        if FMT == 2:
+            s = tl.load(base + D // 2 + c // 16, mask=mask, other=0).to(tl.float8e4nv, bitcast=True)
+            s = s.to(tl.float32)
+        else:
+            s = ue8m0_value(tl.load(base + D // 2 + c // 32, mask=mask, other=127).to(tl.int32))
+        return (x * s).to(ty)
+
+
+@dataclass(frozen=True)
+class CacheRegion:
+    """Rows of a cache region for `decode_rows`: storage (uint8 rows, or raw values), FMT, row strides."""
+
+    data: torch.Tensor
+    fmt: int
+    stride0: int
+    stride1: int
+
+
+def cache_region(region: torch.Tensor, codec_format: str, dtype: torch.dtype) -> CacheRegion:
+    """A [A, E, nbytes] uint8 cache region (paged pool or ring) for the kernels (raw: viewed as dtype)."""
+    if codec_format == "raw":
+        region = region.view(dtype)
+    return CacheRegion(region, FORMATS[codec_format], region.stride(0), region.stride(1))
