@@ -4,6 +4,8 @@ Decode: B sequences, each with its own compressed stream of ctx/2 entries (ratio
 window; every query row attends to its 128 window keys plus 512 distinct random entries (K = 640).
 Bandwidth counts the bytes the kernel must touch: the gathered KV rows, q and the output.
 Prefill: one 2048-token prompt (1024 compressed entries, causal window and visibility).
+Paged decode (sparse_attention_paged, release precision): per row its FP8 window ring (127 cached
+keys + its own new key) and 512 NVFP4 entries of a 64k context through its block table.
 Then a sweep of the kernel's tiles at ctx 64k (decode) and on the prefill, each checked against the
 reference (relative L2 error of the output).
 
@@ -18,6 +20,7 @@ import torch
 from common import backends, copy_bandwidth_gbs, eager_ms, emit, graph_ms, input_sets, parse_out, times_ms
 
 import deepinfer_kernels_cuda.attention as kernel
+from deepinfer.cache.codecs import Codec
 
 HEADS, DIM, WINDOW, TOPK = 64, 512, 128, 512
 SWEEP = [kernel.Tiles(256, 32, 4, 2, 1.0), kernel.Tiles(256, 32, 4, 2, 2.0), kernel.Tiles(256, 64, 4, 2, 2.0),
@@ -49,6 +52,30 @@ def prefill_inputs(t: int) -> tuple:
     return q, kv, torch.cat((window, chosen), dim=1).cuda(), torch.randn(HEADS, device="cuda"), DIM**-0.5
 
 
+def paged_inputs(batch: int, ctx: int, ops) -> tuple:
+    """Release-precision caches: FP8 ring of 128 per row, NVFP4 pool of ctx/2 entries per row."""
+    ring_codec, pool_codec = Codec("fp8", DIM, torch.bfloat16), Codec("nvfp4", DIM, torch.bfloat16)
+    per_block, entries = 64, ctx // 2
+    table = entries // per_block
+    ring = ring_codec.encode(torch.randn(batch * WINDOW, DIM, device="cuda"), ops).view(batch, WINDOW, -1)
+    distinct = pool_codec.encode(torch.randn(4096, DIM, device="cuda"), ops)
+    pool = distinct[torch.randint(0, 4096, (batch * table * per_block,), device="cuda")]
+    rows = torch.arange(batch, device="cuda")
+    window = torch.cat((rows[:, None] * WINDOW + torch.arange(WINDOW - 1, device="cuda"),
+                        batch * WINDOW + rows[:, None]), dim=1)  # 127 cached keys + this step's key
+    topk = torch.stack([torch.randperm(entries, device="cuda")[:TOPK].sort().values for _ in range(batch)])
+    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(batch, DIM, device="cuda", dtype=torch.bfloat16)
+    kwargs = dict(pool=pool.view(batch * table, per_block, -1), pool_codec=pool_codec, topk=topk,
+                  block_tables=torch.randperm(batch * table, device="cuda").view(batch, table), row_seg=rows)
+    sink = torch.randn(HEADS, device="cuda")
+    return q, kv, ring, ring_codec, window, rows * WINDOW + WINDOW - 1, rows, sink, DIM**-0.5, kwargs
+
+
+def paged_bytes(batch: int) -> int:
+    return batch * ((WINDOW + 1) * (DIM + DIM // 32) + TOPK * (DIM // 2 + DIM // 16) + 2 * HEADS * DIM * 2)
+
+
 def touched_bytes(batch: int) -> int:
     return batch * (WINDOW + TOPK) * DIM * 2 + 2 * batch * HEADS * DIM * 2
 
@@ -66,6 +93,15 @@ def main() -> None:
         pct = f"{100 * gbs / copy:.0f}%"
         case = f"decode ctx {ctx // 1024}k"
         rows.append([case, batch, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, pct])
+        del sets
+    for batch in (1, 64, 128):
+        sets = input_sets(lambda b=batch: paged_inputs(b, 65536, cuda), paged_bytes(batch))
+        g_ms, e_ms, r_ms = times_ms(lambda *a: cuda.sparse_attention_paged(*a[:-1], **a[-1]),
+                                    lambda *a: ref.sparse_attention_paged(*a[:-1], **a[-1]), sets)
+        gbs = paged_bytes(batch) / g_ms / 1e6
+        pct = f"{100 * gbs / copy:.0f}%"
+        rows.append(["paged FP8 ring + NVFP4 pool, ctx 64k", batch, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3,
+                     r_ms / e_ms, gbs, pct])
         del sets
     prefill = prefill_inputs(2048)
     k_ms = eager_ms(lambda: cuda.sparse_attention_sink(*prefill))

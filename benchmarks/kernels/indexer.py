@@ -1,6 +1,8 @@
 """Lightning-indexer scores at Flash width (32 heads x 128, bf16) against the reference op.
 
 N = compressed entries scored per query row: 4096 (8k context at ratio 2) and 32768 (64k context).
+Then indexer_topk (paged MXFP4 keys, scores + top-512 per row) at 64k context (capacity 32768), each
+row of a decode batch in its own sequence.
     python benchmarks/kernels/indexer.py [--out table.md]
 """
 
@@ -9,13 +11,28 @@ from __future__ import annotations
 import torch
 from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_out, times_ms
 
-HEADS, DIM = 32, 128
+from deepinfer.cache.codecs import Codec
+
+HEADS, DIM, TOPK, PER_BLOCK = 32, 128, 512, 64
 
 
 def make(t: int, n: int) -> tuple:
     q = torch.randn(t, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(n, DIM, device="cuda", dtype=torch.bfloat16)
     return q, k, torch.randn(t, HEADS, device="cuda", dtype=torch.bfloat16)
+
+
+def topk_inputs(t: int, capacity: int) -> tuple:
+    """t decode rows, each in its own sequence with `capacity` visible MXFP4 index keys."""
+    codec = Codec("mxfp4", DIM, torch.bfloat16)
+    table = capacity // PER_BLOCK
+    pool = torch.randint(0, 256, (t * table, PER_BLOCK, codec.nbytes), dtype=torch.uint8, device="cuda")
+    pool[..., codec.data_bytes :] = torch.randint(120, 130, (), dtype=torch.uint8)  # sane UE8M0 scales
+    q = torch.randn(t, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(t, HEADS, device="cuda", dtype=torch.bfloat16)
+    tables = torch.randperm(t * table, device="cuda").view(t, table)
+    visible = torch.full((t,), capacity, device="cuda")
+    return q, w, pool, codec, tables, torch.arange(t, device="cuda"), visible, capacity, TOPK
 
 
 def main() -> None:
@@ -35,6 +52,18 @@ def main() -> None:
     emit(f"indexer_logits, {HEADS} heads x {DIM}, bf16 (copy bandwidth {copy:.0f} GB/s)",
          ["N", "T", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup", "GB/s (graph)",
           "% of copy", "TFLOP/s (graph)"], rows, out)
+    rows = []
+    capacity = 32768
+    for t in (1, 8, 64):
+        nbytes = t * capacity * (DIM // 2 + DIM // 32)  # the keys read; scores stay in L2-sized buffers
+        sets = input_sets(lambda t=t: topk_inputs(t, capacity), nbytes)
+        g_ms, e_ms, r_ms = times_ms(cuda.indexer_topk, ref.indexer_topk, sets)
+        gbs = nbytes / g_ms / 1e6
+        rows.append([t, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, f"{100 * gbs / copy:.0f}%"])
+        del sets
+    emit(f"indexer_topk, 64k context (capacity {capacity}, MXFP4 keys), top-{TOPK}, one sequence per row",
+         ["T", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup", "key GB/s (graph)",
+          "% of copy"], rows, out)
 
 
 if __name__ == "__main__":

@@ -10,17 +10,17 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > 
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$out/gpu.txt"
 section() { echo "== $1 $(date -u +%T)"; }
 section tests
-timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --rootdir=../.. \
+timeout -s INT "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --rootdir=../.. \
     ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_cuda.py > "$out/tests.txt" 2>&1
 tail -4 "$out/tests.txt"
 section tune
-timeout "${TUNE_S:-130}" python3 tune.py --budget-s "${TUNE_BUDGET_S:-100}" > "$out/tune.txt" 2>&1
+timeout -s INT "${TUNE_S:-130}" python3 tune.py --budget-s "${TUNE_BUDGET_S:-100}" > "$out/tune.txt" 2>&1
 tail -2 "$out/tune.txt"
 cp "$(python3 -c 'from deepinfer_kernels_cuda import configs; print(configs.gpu_file())')" "$out/" || true
 section moe
-timeout "${MOE_S:-100}" python3 moe.py --out "$out" > "$out/moe.txt" 2>&1
+timeout -s INT "${MOE_S:-100}" python3 moe.py --out "$out" > "$out/moe.txt" 2>&1
 tail -12 "$out/moe.txt"
 section linear
-timeout "${LINEAR_S:-140}" python3 linear.py --out "$out" > "$out/linear.txt" 2>&1
+timeout -s INT "${LINEAR_S:-140}" python3 linear.py --out "$out" > "$out/linear.txt" 2>&1
 tail -3 "$out/linear.txt"
 section done

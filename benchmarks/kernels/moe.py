@@ -45,13 +45,13 @@ def flash_layers(experts: int, topk: int, hidden: int, inter: int) -> tuple[MoEW
     return ours, build(ref_moe.prepare_experts, ref_linear.prepare_linear)
 
 
-def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int]) -> list[dict]:
+def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
+          header: dict) -> None:
     ours, ref = flash_layers(**dims)
     rows = []
     for t in tokens:
         rows.append(_point(t, ours, ref, roof, dims))
-        print(rows[-1], flush=True)
-    return rows
+        write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 
 
 def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], dims: dict[str, int]) -> dict:
@@ -94,8 +94,7 @@ def main() -> None:
     header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **roof, **dims,
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(header, flush=True)
-    rows = bench(tuple(int(t) for t in args.tokens.split(",")), roof, dims)
-    write(args.out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)
+    bench(tuple(int(t) for t in args.tokens.split(",")), roof, dims, args.out, header)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def tune_linears(table: dict, deadline: float) -> None:
         seen.add((n, k, groups))
         weight, scale = make_weight(n, k, groups, kind)
         prepared = linear.prepare_linear(kind, weight, scale, groups)
-        for m in TOKENS:
+        for m in sorted(TOKENS, key=lambda m: (m not in (1, 4096), m)):  # the target points first
             if time.time() > deadline:
                 return
             x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
@@ -109,10 +109,12 @@ def main() -> None:
     path = args.out or configs.gpu_file()
     deadline = time.time() + args.budget_s
     table: dict[str, TileConfig] = {}
-    tune_moe(table, time.time() + args.budget_s * 0.4)
-    tune_linears(table, deadline)
-    configs.save(path, table)
-    print(f"wrote {len(table)} configs to {path}", flush=True)
+    try:
+        tune_moe(table, time.time() + args.budget_s * 0.4)
+        tune_linears(table, deadline)
+    finally:  # also on SIGINT (timeout -s INT): keep what was tuned
+        configs.save(path, table)
+        print(f"wrote {len(table)} configs to {path}", flush=True)
 
 
 if __name__ == "__main__":
