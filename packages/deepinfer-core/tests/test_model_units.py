@@ -13,6 +13,7 @@ from deepinfer.models.deepseek_v41.mhc import HyperConnection, initial_streams
 from deepinfer.models.deepseek_v41.moe import MoE
 from deepinfer.models.deepseek_v41.weights import WeightError, Weights
 from deepinfer.ops import get_ops
+from deepinfer.ops.reference.moe import route
 from deepinfer.testing.flash import FLASH_TEXT_CONFIG
 
 OPS = get_ops("reference")
@@ -108,18 +109,18 @@ def _moe(cfg: TextConfig, g: torch.Generator) -> MoE:
 def test_moe_routing_uses_bias_for_selection_only():
     cfg = _cfg(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3)
     g = torch.Generator().manual_seed(3)
-    moe = _moe(cfg, g)
+    layer = _moe(cfg, g).weights
     x = torch.randn(6, 64, generator=g)
-    weights, ids = moe.route(x, None)
-    scores = torch.sqrt(torch.nn.functional.softplus(x @ moe.gate.float().T))
-    assert torch.equal(ids, (scores + moe.bias).topk(3).indices)
+    weights, ids = route(x, layer, None)
+    scores = torch.sqrt(torch.nn.functional.softplus(x @ layer.gate.float().T))
+    assert torch.equal(ids, (scores + layer.bias).topk(3).indices)
     torch.testing.assert_close(weights.sum(-1), torch.full((6,), 1.5))
     torch.testing.assert_close(
         weights, 1.5 * scores.gather(1, ids) / scores.gather(1, ids).sum(-1, keepdim=True)
     )
     image = torch.tensor([True, False] * 3)
-    _, ids_vl = moe.route(x, image)
-    assert torch.equal(ids_vl[0], (scores[0] + moe.bias_vl).topk(3).indices)
+    _, ids_vl = route(x, layer, image)
+    assert torch.equal(ids_vl[0], (scores[0] + layer.bias_vl).topk(3).indices)
     assert torch.equal(ids_vl[1], ids[1])
 
 
@@ -127,20 +128,24 @@ def test_moe_output_equals_dense_expert_sum():
     cfg = _cfg(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3)
     g = torch.Generator().manual_seed(4)
     moe = _moe(cfg, g)
+    layer = moe.weights
     x = torch.randn(5, 64, generator=g) * 3
-    weights, ids = moe.route(x, None)
+    weights, ids = route(x, layer, None)
 
     def ffn(w1, w3, w2, v):
         return w2(torch.nn.functional.silu((w1(v)).clamp(max=10)) * w3(v).clamp(-10, 10))
 
-    e = moe.experts
-    ref = ffn(moe.shared_w1, moe.shared_w3, moe.shared_w2, x)
+    def shared(name):
+        return lambda v: OPS.linear(v, getattr(layer, f"shared_{name}"), torch.float32)
+
+    e = layer.experts
+    ref = ffn(shared("w1"), shared("w3"), shared("w2"), x)
     for t in range(5):
         for s in range(3):
             k = int(ids[t, s])
             lin = [
                 make_linear(
-                    Weights({"w.weight": e.__dict__[n][k], "w.scale": e.__dict__[f"{n}_scale"][k]}),
+                    Weights({"w.weight": getattr(e, n)[k], "w.scale": getattr(e, f"{n}_scale")[k]}),
                     "w",
                     OPS,
                     torch.float32,

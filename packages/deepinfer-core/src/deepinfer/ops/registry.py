@@ -19,6 +19,10 @@ ENTRY_POINT_GROUP = "deepinfer.backends"
 BACKEND_ENV_VAR = "DEEPINFER_BACKEND"
 REFERENCE = "reference"
 
+# Ops that exchange backend-prepared objects: a backend provides all of a group or none of it, since
+# one backend's `linear` cannot read another's `prepare_linear` result.
+OP_GROUPS: tuple[frozenset[str], ...] = (frozenset({"prepare_linear", "linear", "prepare_experts", "moe"}),)
+
 # Backends we know of, so that asking for one that is not installed names the package to install.
 KNOWN_PACKAGES = {
     "reference": "deepinfer-core",
@@ -105,6 +109,13 @@ def _resolve(backend_name: str, device_type: str) -> Ops:
     unknown = sorted(set(own) - set(reference))
     if unknown:
         raise BackendError(f"backend {backend_name!r} provides ops outside the op set: {unknown}")
+    for group in OP_GROUPS:
+        partial = sorted(group & set(own))
+        if partial and len(partial) < len(group):
+            raise BackendError(
+                f"backend {backend_name!r} provides {partial} but not {sorted(group - set(own))}: "
+                f"the ops {sorted(group)} share prepared weights, so a backend provides all of them or none"
+            )
     table.update(own)
     fallbacks = tuple(sorted(set(reference) - set(own)))
     if fallbacks:

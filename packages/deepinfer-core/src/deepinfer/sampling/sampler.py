@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.sampling import rng
+from deepinfer.ops import Ops, get_ops
+from deepinfer.ops.sampling import SamplingMetadata
 from deepinfer.sampling.params import SamplingParams
 
 
@@ -72,20 +73,27 @@ class HostCopy:
 class PendingLogprobs:
     """`token_logprobs` computed on the device now; the `TokenLogprob` objects built on the host later."""
 
-    def __init__(self, logits: torch.Tensor, token_ids: torch.Tensor, ks: list[int | None]):
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        token_ids: torch.Tensor,
+        ks: list[int | None],
+        rows: torch.Tensor | None = None,
+        ops: Ops | None = None,
+    ):
+        """`rows`: the device indices of the rows whose k is not None, when already there."""
         self.ks = ks
         self.wanted = [i for i, k in enumerate(ks) if k is not None]
         self._result: list[TokenLogprob | None] | None = None
         self._host = None
         if not self.wanted:
             return
-        idx = to_device(self.wanted, logits.device)
-        lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)
-        tok = token_ids.to(logits.device).index_select(0, idx)
-        chosen = lp.gather(1, tok[:, None])[:, 0]
+        ops = ops or get_ops(device=logits.device)
+        rows = to_device(self.wanted, logits.device) if rows is None else rows
         kmax = max(ks[i] for i in self.wanted)
-        top_v, top_i = (lp.topk(kmax, dim=-1) if kmax else (lp[:, :0], lp[:, :0].long()))
-        self._host = HostCopy(tok, chosen, top_v, top_i)
+        token_ids = token_ids.to(logits.device)
+        chosen, top_v, top_i = ops.compute_logprobs(logits, token_ids, rows, kmax)
+        self._host = HostCopy(token_ids.index_select(0, rows), chosen, top_v, top_i)
 
     def get(self) -> list[TokenLogprob | None]:
         if self._result is None:
@@ -127,74 +135,97 @@ class SampleOutput:
 
 
 class Sampler:
-    def __init__(self, eos_token_id: int | None):
+    """Logits rows -> `SampleOutput`, through the sampling ops of `ops` (default: the best installed
+    backend of the logits' device)."""
+
+    def __init__(self, eos_token_id: int | None, ops: Ops | None = None):
         self.eos_token_id = eos_token_id
+        self.ops = ops
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
         raw = logits.float()
-        x = self._process(raw.clone(), rows)
-        tokens = x.argmax(dim=-1)  # greedy rows keep this
-        drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if drawn:
-            tokens[drawn] = self._draw(x[drawn], [rows[i] for i in drawn])
-        logprobs = PendingLogprobs(raw, tokens, [r.params.logprobs for r in rows])
+        ops = self.ops or get_ops(device=raw.device)
+        meta, logprob_rows = sampling_metadata(rows, raw.shape[-1], self.eos_token_id, raw.device)
+        tokens = ops.sample_tokens(ops.apply_penalties(raw, meta), meta)
+        logprobs = PendingLogprobs(raw, tokens, [r.params.logprobs for r in rows], logprob_rows, ops)
         return SampleOutput(tokens, logprobs)
 
-    def _process(self, x: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        for i, r in enumerate(rows):
-            p = r.params
-            if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias), device=x.device)
-                x[i].index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), device=x.device))
-            if r.num_outputs < p.min_tokens:
-                banned = list(p.stop_token_ids)
-                if not p.ignore_eos and self.eos_token_id is not None:
-                    banned.append(self.eos_token_id)
-                x[i, banned] = float("-inf")
-            if p.has_penalties:
-                self._penalize(x[i], r)
-        return x
 
-    @staticmethod
-    def _penalize(row: torch.Tensor, r: SampleRow) -> None:
+def sampling_metadata(
+    rows: Sequence[SampleRow], vocab: int, eos_token_id: int | None, device: torch.device
+) -> tuple[SamplingMetadata, torch.Tensor]:
+    """The step's `SamplingMetadata` and the device indices of the rows that want logprobs, built on
+    the host and moved in one copy."""
+    ints: dict[str, list[int]] = {k: [] for k in _INT_FIELDS}
+    floats: dict[str, list[float]] = {k: [] for k in _FLOAT_FIELDS}
+    flags: dict[str, list[bool]] = {"greedy": [], "filtered": []}
+    for i, r in enumerate(rows):
         p = r.params
-        if r.output_ids and (p.presence_penalty or p.frequency_penalty):
-            counts = torch.zeros_like(row)
-            counts.index_add_(0, torch.tensor(r.output_ids, device=row.device), torch.ones(
-                len(r.output_ids), device=row.device))
-            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted({*r.prompt_ids, *r.output_ids}), dtype=torch.long, device=row.device)
-            vals = row[seen]
-            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        drawn = not p.greedy
+        flags["greedy"].append(not drawn)
+        flags["filtered"].append(drawn and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0))
+        floats["temperature"].append(p.temperature if drawn else 1.0)
+        ints["top_k"].append(p.top_k if p.top_k > 0 else vocab)
+        floats["top_p"].append(p.top_p)
+        floats["min_p"].append(p.min_p)
+        ints["seeds"].append(r.seed)
+        ints["positions"].append(r.position)
+        for token, value in p.logit_bias.items():
+            ints["bias_rows"].append(i)
+            ints["bias_ids"].append(token)
+            floats["bias_values"].append(value)
+        if r.num_outputs < p.min_tokens:
+            banned = [*p.stop_token_ids]
+            if not p.ignore_eos and eos_token_id is not None:
+                banned.append(eos_token_id)
+            ints["ban_rows"] += [i] * len(banned)
+            ints["ban_ids"] += banned
+        counted = p.has_penalties and bool(r.output_ids) and bool(p.presence_penalty or p.frequency_penalty)
+        floats["presence"].append(p.presence_penalty if counted else 0.0)
+        floats["frequency"].append(p.frequency_penalty if counted else 0.0)
+        if counted:
+            ints["output_rows"] += [i] * len(r.output_ids)
+            ints["output_ids"] += r.output_ids
+        repeated = p.has_penalties and p.repetition_penalty != 1.0
+        floats["repetition"].append(p.repetition_penalty if repeated else 1.0)
+        if repeated:
+            seen = {*r.prompt_ids, *r.output_ids}
+            ints["seen_rows"] += [i] * len(seen)
+            ints["seen_ids"] += seen
+        if p.logprobs is not None:
+            ints["logprob_rows"].append(i)
+    host = [torch.tensor(v, dtype=torch.int64) for v in ints.values()]
+    host += [torch.tensor(v, dtype=torch.float32) for v in floats.values()]
+    host += [torch.tensor(v, dtype=torch.bool) for v in flags.values()]
+    names = [*ints, *floats, *flags]
+    fields = dict(zip(names, copy_to_device(host, device), strict=True))
+    logprob_rows = fields.pop("logprob_rows")
+    meta = SamplingMetadata(
+        **fields,
+        any_drawn=not all(flags["greedy"]),
+        any_filtered=any(flags["filtered"]),
+        any_adjusted=bool(ints["bias_rows"] or ints["ban_rows"] or ints["output_rows"] or ints["seen_rows"]),
+    )
+    return meta, logprob_rows
 
-    @staticmethod
-    def _draw(x: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        dev = x.device
-        temps = torch.tensor([r.params.temperature for r in rows], device=dev)
-        probs = torch.softmax(x / temps[:, None], dim=-1)
-        filtered = [j for j, r in enumerate(rows)
-                    if r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0]
-        if filtered:
-            probs[filtered] = _filter(probs[filtered], [rows[j].params for j in filtered])
-        cdf = probs.double().cumsum(dim=-1)
-        seeds = torch.tensor([r.seed for r in rows], dtype=torch.int64, device=dev)
-        positions = torch.tensor([r.position for r in rows], dtype=torch.int64, device=dev)
-        u = rng.uniform(seeds, positions, rng.PURPOSE_SAMPLE) * cdf[:, -1]
-        # first index whose cumulative mass exceeds u: always a token with non-zero probability
-        return torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp_(max=x.shape[-1] - 1)
+
+_INT_FIELDS = ("top_k", "seeds", "positions", "bias_rows", "bias_ids", "ban_rows", "ban_ids", "output_rows",
+               "output_ids", "seen_rows", "seen_ids", "logprob_rows")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition", "bias_values")
 
 
-def _filter(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Zero the tokens that top-k, top-p and min-p remove (decided on the sorted distribution)."""
-    dev, vocab = probs.device, probs.shape[-1]
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
-    min_p = torch.tensor([p.min_p for p in params], device=dev)
-    rank = torch.arange(vocab, device=dev)
-    keep = rank[None, :] < top_k[:, None]
-    keep &= (sorted_p.cumsum(dim=-1) - sorted_p) < top_p[:, None]  # mass before the token; keeps rank 0
-    keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
-    mask = torch.zeros_like(keep).scatter_(1, order, keep)
-    return probs * mask
+def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """1-D host tensors -> the same on `device`, moved as one byte buffer (pinned and non-blocking on
+    CUDA, so it does not wait for queued device work); each part starts 8-byte aligned."""
+    parts, spans, offset = [], [], 0
+    for t in tensors:
+        raw = t.view(torch.uint8)
+        pad = -raw.numel() % 8
+        parts += [raw, torch.zeros(pad, dtype=torch.uint8)]
+        spans.append((offset, raw.numel()))
+        offset += raw.numel() + pad
+    buf = torch.cat(parts)
+    if device.type == "cuda":
+        buf = buf.pin_memory()
+    buf = buf.to(device, non_blocking=True)
+    return [buf[o : o + n].view(t.dtype) for t, (o, n) in zip(tensors, spans, strict=True)]

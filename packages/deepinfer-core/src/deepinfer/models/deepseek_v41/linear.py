@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
@@ -30,13 +30,22 @@ def check_scale(weights: Weights, key: str, shape: tuple[int, ...]) -> torch.Ten
 
 @dataclass
 class Linear:
-    """y = x W^T in `dtype`; W stays in its storage form (see NOTES.md)."""
+    """y = x W^T in `dtype` through the backend's `linear` op on the weight it prepared at load.
+
+    `groups > 1`: the rows split into `groups` equal blocks and block g multiplies input chunk g, so
+    the input is `groups` times as wide as one block's columns.
+    """
 
     kind: Literal["fp8", "fp4", "dense"]
-    weight: torch.Tensor
+    weight: torch.Tensor  # release storage (see NOTES.md), as handed to prepare_linear
     scale: torch.Tensor | None
     ops: Ops
     dtype: torch.dtype
+    groups: int = 1
+    prepared: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prepared = self.ops.prepare_linear(self.kind, self.weight, self.scale, self.groups)
 
     @property
     def out_features(self) -> int:
@@ -44,39 +53,51 @@ class Linear:
 
     @property
     def in_features(self) -> int:
-        return self.weight.shape[1] * (2 if self.kind == "fp4" else 1)
+        return self.weight.shape[1] * (2 if self.kind == "fp4" else 1) * self.groups
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "fp8":
-            return self.ops.fp8_block_linear(x, self.weight, self.scale, self.dtype)
-        if self.kind == "fp4":
-            return self.ops.fp4_linear(x, self.weight, self.scale, self.dtype)
-        return self.ops.dense_linear(x, self.weight, self.dtype)
+        return self.ops.linear(x, self.prepared, self.dtype)
 
     def dense(self) -> torch.Tensor:
+        """The effective [out, in] matrix (block-diagonal when grouped), for tests and inspection."""
         eye = torch.eye(self.in_features, dtype=self.dtype, device=self.weight.device)
         return self(eye).T.contiguous()
 
 
 def make_linear(
-    weights: Weights, name: str, ops: Ops, dtype: torch.dtype, shape: tuple[int, int] | None = None
+    weights: Weights,
+    name: str,
+    ops: Ops,
+    dtype: torch.dtype,
+    shape: tuple[int, int] | None = None,
+    groups: int = 1,
 ) -> Linear:
-    """The linear stored as `<name>.weight` (+ `.scale`), of logical [out, in] `shape` when given."""
+    """The linear stored as `<name>.weight` (+ `.scale`), of stored [out, in] `shape` when given.
+
+    `groups > 1` makes it a grouped projection (see `Linear`); `shape` is still the stored matrix's.
+    """
     w = weights[f"{name}.weight"]
     if w.ndim != 2:
         raise WeightError(f"{weights.name(name)}.weight: rank {w.ndim}, expected a 2-D matrix")
+    scale = None
     if f"{name}.scale" not in weights:
         if w.dtype in (torch.float8_e4m3fn, torch.int8):
             raise WeightError(f"{weights.name(name)}.scale: missing from the checkpoint")
-        return Linear("dense", weights.get(f"{name}.weight", shape), None, ops, dtype)
-    if w.dtype == torch.float8_e4m3fn:
+        kind, w = "dense", weights.get(f"{name}.weight", shape)
+    elif w.dtype == torch.float8_e4m3fn:
         rows, cols = shape or tuple(w.shape)
         weights.get(f"{name}.weight", (rows, cols))
-        scale = check_scale(weights, f"{name}.scale", (_cdiv(rows, BLOCK), _cdiv(cols, BLOCK)))
-        return Linear("fp8", w, scale, ops, dtype)
-    if w.dtype in (torch.int8, torch.uint8):
+        kind, scale = "fp8", check_scale(weights, f"{name}.scale", (_cdiv(rows, BLOCK), _cdiv(cols, BLOCK)))
+    elif w.dtype in (torch.int8, torch.uint8):
         rows, cols = shape or (w.shape[0], w.shape[1] * 2)
         weights.get(f"{name}.weight", (rows, cols // 2))
-        scale = check_scale(weights, f"{name}.scale", (rows, _cdiv(cols, BLOCK)))
-        return Linear("fp4", w, scale, ops, dtype)
-    raise WeightError(f"{weights.name(name)}.weight: dtype {w.dtype} cannot carry a block scale")
+        kind, scale = "fp4", check_scale(weights, f"{name}.scale", (rows, _cdiv(cols, BLOCK)))
+    else:
+        raise WeightError(f"{weights.name(name)}.weight: dtype {w.dtype} cannot carry a block scale")
+    rows = w.shape[0]
+    if rows % groups or (kind == "fp8" and groups > 1 and (rows // groups) % BLOCK):
+        raise WeightError(
+            f"{weights.name(name)}.weight: {rows} rows do not split into {groups} groups"
+            + (f" of whole {BLOCK}-row FP8 scale blocks" if kind == "fp8" else "")
+        )
+    return Linear(kind, w, scale, ops, dtype, groups)

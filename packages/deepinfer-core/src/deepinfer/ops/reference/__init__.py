@@ -2,25 +2,38 @@
 
 from collections.abc import Callable
 
-from deepinfer.ops.reference import attention, cache_quant, engram, indexer, linear, mhc, moe, norm, rotary
+from deepinfer.ops.reference import (
+    attention,
+    cache_quant,
+    engram,
+    indexer,
+    linear,
+    mhc,
+    moe,
+    norm,
+    rotary,
+    sampling,
+)
 
 REFERENCE_OPS: dict[str, Callable] = {
     "rms_norm": norm.rms_norm,
-    "fp8_block_linear": linear.fp8_block_linear,
-    "fp4_linear": linear.fp4_linear,
+    "prepare_linear": linear.prepare_linear,
+    "linear": linear.linear,
     "dense_linear": linear.dense_linear,
     "hc_coefficients": mhc.hc_coefficients,
     "hc_collapse": mhc.hc_collapse,
     "hc_expand": mhc.hc_expand,
-    "moe_route": moe.moe_route,
-    "moe_experts_fp4": moe.moe_experts_fp4,
-    "swiglu_clamped": moe.swiglu_clamped,
+    "prepare_experts": moe.prepare_experts,
+    "moe": moe.moe,
     "engram_hash": engram.engram_hash,
     "engram_lookup": engram.engram_lookup,
     "engram_gate": engram.engram_gate,
     "rope_interleaved": rotary.rope_interleaved,
     "sparse_attention_sink": attention.sparse_attention_sink,
     "indexer_logits": indexer.indexer_logits,
+    "apply_penalties": sampling.apply_penalties,
+    "sample_tokens": sampling.sample_tokens,
+    "compute_logprobs": sampling.compute_logprobs,
     "fp8_quantize": cache_quant.fp8_quantize,
     "fp8_dequantize": cache_quant.fp8_dequantize,
     "nvfp4_quantize": cache_quant.nvfp4_quantize,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,14 +49,23 @@ class Case:
     compare: Compare | None = None
     result: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
     seed: int = 0
+    # ops taking backend-prepared weights: (op table of the backend under test, args, kwargs) -> the
+    # args with their raw checkpoint tensors replaced by that backend's prepared objects
+    prepare: Callable[[Mapping[str, Callable], tuple[Any, ...], dict[str, Any]], Args] | None = None
 
     @property
     def id(self) -> str:
         return f"{self.op}-{self.name}"
 
-    def inputs(self, device: torch.device | str) -> Args:
-        """Fresh inputs on `device` (random values drawn on the CPU, so every device sees the same)."""
-        return self.make(torch.device(device), torch.Generator().manual_seed(self.seed))
+    def inputs(self, device: torch.device | str, ops: Mapping[str, Callable] | None = None) -> Args:
+        """Fresh inputs on `device` (random values drawn on the CPU, so every device sees the same),
+        weights prepared by `ops` (default: the reference backend) when the case has `prepare`."""
+        args, kwargs = self.make(torch.device(device), torch.Generator().manual_seed(self.seed))
+        if self.prepare is None:
+            return args, kwargs
+        if ops is None:
+            from deepinfer.ops.reference import REFERENCE_OPS as ops
+        return self.prepare(ops, args, kwargs)
 
     def judged(self, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return out if self.result is None else self.result(out, args, kwargs)

@@ -1,0 +1,117 @@
+"""The batched sampling ops against the sampler's saved outputs from before they existed (random
+batches mixing every setting, fixtures/sampling_reference.json), and their device-path properties
+(one metadata copy, no host reads before the tokens exist).
+
+Regenerate the fixture only from a sampler known to be right:
+    python packages/deepinfer-core/tests/test_sampling_reference.py > \
+        packages/deepinfer-core/tests/fixtures/sampling_reference.json
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from deepinfer.ops import get_ops
+from deepinfer.sampling import Sampler, SampleRow, SamplingParams, rng
+from deepinfer.sampling.sampler import copy_to_device, sampling_metadata
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sampling_reference.json"
+VOCAB = 600
+EOS = 1
+BATCH_SIZES = (1, 5, 24, 40)
+
+
+def _params(r: random.Random) -> dict:
+    kw: dict = {"temperature": r.choice([0.0, 0.0, 0.4, 1.0, 1.0, 1.7])}
+    if r.random() < 0.5:
+        kw["top_k"] = r.choice([1, 3, 40, VOCAB + 10])
+    if r.random() < 0.5:
+        kw["top_p"] = r.choice([0.05, 0.5, 0.9, 1.0])
+    if r.random() < 0.4:
+        kw["min_p"] = r.choice([0.01, 0.1, 0.6])
+    if r.random() < 0.3:
+        kw["presence_penalty"] = r.choice([-1.0, 0.5, 2.0])
+    if r.random() < 0.3:
+        kw["frequency_penalty"] = r.choice([-0.7, 0.3, 1.5])
+    if r.random() < 0.3:
+        kw["repetition_penalty"] = r.choice([0.7, 1.0, 1.3, 3.0])
+    if r.random() < 0.3:
+        kw["logit_bias"] = {r.randrange(VOCAB): r.uniform(-100, 100) for _ in range(r.randint(1, 4))}
+    if r.random() < 0.3:
+        kw["min_tokens"] = r.randint(1, 8)
+        kw["stop_token_ids"] = [r.randrange(VOCAB) for _ in range(r.randint(0, 3))]
+        kw["ignore_eos"] = r.random() < 0.3
+    if r.random() < 0.4:
+        kw["logprobs"] = r.choice([0, 1, 5])
+    return kw
+
+
+def random_batch(seed: int, size: int) -> tuple[torch.Tensor, list[SampleRow]]:
+    """Logits [size, VOCAB] (with -inf and tied entries) and one random row per logit row."""
+    r = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(size, VOCAB, generator=g) * r.choice([0.5, 2.0, 6.0])
+    logits[:, r.randrange(VOCAB)] = float("-inf")
+    logits[:, 7] = logits[:, 8]  # ties
+    rows = []
+    for _ in range(size):
+        params = SamplingParams(**_params(r))
+        row = SampleRow(params, rng.as_int64(r.getrandbits(64)), r.randrange(1 << 20), r.randrange(12))
+        if params.has_penalties:
+            row.prompt_ids = [r.randrange(VOCAB) for _ in range(r.randint(0, 30))]
+            row.output_ids = [r.randrange(VOCAB) for _ in range(row.num_outputs)]
+        rows.append(row)
+    return logits, rows
+
+
+def outputs(sampler: Sampler, logits: torch.Tensor, rows: list[SampleRow]) -> dict:
+    out = sampler(logits, rows)
+    lps = [None if lp is None else [lp.token_id, lp.logprob, [list(t) for t in lp.top]]
+           for lp in out.logprobs]
+    return {"tokens": out.token_ids, "logprobs": lps}
+
+
+def all_outputs() -> list[dict]:
+    sampler = Sampler(EOS)
+    return [outputs(sampler, *random_batch(seed, size)) for seed, size in enumerate(BATCH_SIZES)]
+
+
+def test_outputs_equal_the_saved_per_row_sampler_bitwise():
+    saved = json.loads(FIXTURE.read_text())
+    assert [len(b["tokens"]) for b in saved] == list(BATCH_SIZES)
+    assert all_outputs() == saved
+
+
+def test_rows_sampled_alone_equal_their_batch():
+    logits, rows = random_batch(11, 24)
+    s = Sampler(EOS)
+    batch = s(logits, rows).token_ids
+    assert [s(logits[i : i + 1], [rows[i]]).token_ids[0] for i in range(24)] == batch
+
+
+def test_metadata_moves_in_one_aligned_buffer():
+    parts = [torch.tensor([1, -2**63], dtype=torch.int64), torch.tensor([0.5, -1.25, 3.0]),
+             torch.tensor([True, False, True]), torch.tensor([], dtype=torch.int64), torch.tensor([7])]
+    out = copy_to_device(parts, torch.device("cpu"))
+    assert [torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(out, parts)] == [True] * 5
+    assert len({t.untyped_storage().data_ptr() for t in out}) == 1  # views of one transfer
+
+
+def test_sampling_ops_read_no_device_values():
+    # meta tensors have no values: a host read (.item(), .tolist(), value-dependent shapes) raises
+    logits, rows = random_batch(3, 24)
+    ops = get_ops("reference")
+    meta, logprob_rows = sampling_metadata(rows, logits.shape[-1], EOS, torch.device("meta"))
+    assert meta.any_drawn and meta.any_filtered and meta.any_adjusted
+    tokens = ops.sample_tokens(ops.apply_penalties(logits.to("meta"), meta), meta)
+    assert tokens.shape == (24,) and tokens.dtype == torch.int64
+    chosen, top_v, top_i = ops.compute_logprobs(logits.to("meta"), tokens, logprob_rows, 5)
+    assert chosen.shape == logprob_rows.shape and top_v.shape == top_i.shape == (logprob_rows.shape[0], 5)
+
+
+if __name__ == "__main__":
+    print(json.dumps(all_outputs()))
