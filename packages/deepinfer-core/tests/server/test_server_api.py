@@ -234,3 +234,18 @@ def test_error_shapes(server, client):
         server.anthropic().messages.create(model="gpt-9", max_tokens=1, messages=HI)
     assert post("/v1/nowhere", json={}).status_code == 404
     server.wait_idle()
+
+
+def test_bench_serve(server, tmp_path, capsys):
+    from deepinfer.entrypoints.cli.main import main
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "serve", "--base-url", server.url, "--api-key", API_KEY, "--num-prompts", "6",
+            "--input-len", "8", "--output-len", "6", "--request-rate", "50", "--max-concurrency", "3",
+            "--goodput", "ttft:60000", "tpot:60000", "--json-out", str(out)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "TTFT" in table and "goodput" in table
+    results = json.loads(out.read_text())["results"]
+    assert results["completed"] == 6 and results["failed"] == 0 and results["goodput"] > 0
+    assert results["total_output_tokens"] == 36 and results["p99_tpot_ms"] >= results["p50_tpot_ms"] > 0

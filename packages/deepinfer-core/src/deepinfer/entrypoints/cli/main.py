@@ -31,6 +31,7 @@ SUBCOMMAND_MODULES = [
     "chat",
     "bench",
     "serve",
+    "bench_serve",
 ]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "serve"]:  # `deepinfer bench serve` is the bench-serve command
+        argv[:2] = ["bench-serve"]
     args = parser.parse_args(argv)
     debug = bool(args.debug) or os.environ.get("DEEPINFER_DEBUG", "") not in ("", "0")
     logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
