@@ -63,10 +63,14 @@ def backends() -> tuple[Ops, Ops]:
     return get_ops("cuda", "cuda"), get_ops("reference", "cuda")
 
 
-def parse_out(description: str) -> Path | None:
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
-    return parser.parse_args().out
+def parse_args(description: str, *flags: str) -> argparse.Namespace:
+    """--out (also write the tables, markdown, to this file) and the script's own boolean flags."""
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="also write the tables (markdown) here")
+    for flag in flags:
+        parser.add_argument(flag, action="store_true")
+    return parser.parse_args()
 
 
 def emit(title: str, header: list[str], rows: list[list[object]], out: Path | None) -> None:

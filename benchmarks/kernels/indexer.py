@@ -9,7 +9,7 @@ row of a decode batch in its own sequence.
 from __future__ import annotations
 
 import torch
-from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_out, times_ms
+from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_args, times_ms
 
 from deepinfer.cache.codecs import Codec
 
@@ -36,7 +36,7 @@ def topk_inputs(t: int, capacity: int) -> tuple:
 
 
 def main() -> None:
-    out = parse_out(__doc__)
+    out = parse_args(__doc__).out
     cuda, ref = backends()
     copy = copy_bandwidth_gbs()
     rows = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_out, times_ms
+from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_args, times_ms
 
 from deepinfer.ops import Ops
 
@@ -42,7 +42,7 @@ def cases(t: int) -> dict[str, tuple[Callable[[Ops], Callable], Callable[[], tup
 
 
 def main() -> None:
-    out = parse_out(__doc__)
+    out = parse_args(__doc__).out
     cuda, ref = backends()
     copy = copy_bandwidth_gbs()
     rows = []
