@@ -71,10 +71,8 @@ def tune_linears(table: dict, deadline: float) -> None:
                 except Exception as e:  # a config the compiler rejects (resources): skip it
                     print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
             best_t, best = min(results, key=lambda r: r[0])
-            default_t = next((t for t, c in results if c == configs.default(kind, n, k, m)), None)
             table[configs.key(kind, n, k, m)] = best
-            print(f"{name} M={m}: {best} {best_t * 1e3:.1f} us (default {default_t and default_t * 1e3:.1f})",
-                  flush=True)
+            print(f"{name} M={m}: {best} {best_t * 1e3:.1f} us", flush=True)
 
 
 def tune_moe(table: dict, deadline: float) -> None:

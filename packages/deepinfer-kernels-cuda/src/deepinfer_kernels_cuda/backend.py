@@ -18,7 +18,7 @@ class CudaBackend(Backend):
 
     def ops(self) -> dict[str, Callable]:
         # Imported here: the kernel modules import triton, which CPU-only machines may lack.
-        from deepinfer_kernels_cuda import attention, cache_quant, indexer, mhc, norm, rope
+        from deepinfer_kernels_cuda import attention, cache_quant, indexer, linear, mhc, moe, norm, rope
 
         return {
             "rms_norm": norm.rms_norm,
@@ -34,4 +34,8 @@ class CudaBackend(Backend):
             "nvfp4_dequantize": cache_quant.nvfp4_dequantize,
             "mxfp4_quantize": cache_quant.mxfp4_quantize,
             "mxfp4_dequantize": cache_quant.mxfp4_dequantize,
+            "prepare_linear": linear.prepare_linear,
+            "linear": linear.linear,
+            "prepare_experts": moe.prepare_experts,
+            "moe": moe.moe,
         }

@@ -1,0 +1,107 @@
+"""Tile configs per (kernel, weight shape, M bucket), stored as JSON per GPU name under configs/.
+
+`benchmarks/kernels/tune.py` writes the files on the device; at serve time a shape without an entry
+uses `default` (no autotuning). Keys: "<kernel>:<N>x<K>:<M bucket>", M bucket = next power of two.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+SM_COUNT_FALLBACK = 132
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_n: int  # weight rows per program (the MMA's M side: swap-AB)
+    block_m: int  # tokens per program
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+def m_bucket(m: int) -> int:
+    return 1 << max(m - 1, 0).bit_length()
+
+
+def key(kernel: str, n: int, k: int, m: int) -> str:
+    return f"{kernel}:{n}x{k}:{m_bucket(m)}"
+
+
+def gpu_file(device: torch.device | int | None = None) -> Path:
+    name = torch.cuda.get_device_name(device).replace(" ", "_")
+    return CONFIG_DIR / f"{name}.json"
+
+
+@cache
+def _table(path: Path) -> dict[str, TileConfig]:
+    if not path.exists():
+        return {}
+    return {k: TileConfig(**v) for k, v in json.loads(path.read_text()).items()}
+
+
+def save(path: Path, table: dict[str, TileConfig]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: asdict(v) for k, v in sorted(table.items())}, indent=1) + "\n")
+    _table.cache_clear()
+
+
+def block_k(k: int, want: int) -> int:
+    """The largest power-of-two divisor of k not above `want` (k is a multiple of 32)."""
+    bk = want
+    while k % bk:
+        bk //= 2
+    if bk < 32:
+        raise ValueError(f"reduction size {k} is not a multiple of 32")
+    return bk
+
+
+def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
+    """Shape heuristic: weight streaming with split-K for small M, 128-row tiles for large M."""
+    if m <= 64:
+        bm = max(16, m_bucket(m))
+        bn = 64
+        bk = block_k(k, 256 if kernel == "fp8" else 128)
+        tiles = -(-n // bn) * -(-m // bm)
+        split = 1
+        # enough programs to keep every SM streaming (about 2 per SM), each with >= 4 K steps
+        while tiles * split < 2 * sm_count and k // (bk * split * 2) >= 4:
+            split *= 2
+        return TileConfig(bn, bm, bk, split, 4, 4)
+    bm = 64 if m <= 256 else 128
+    return TileConfig(128, bm, block_k(k, 64), 1, 8, 3)
+
+
+def default_moe(assignments: int, n_experts: int) -> TileConfig:
+    """Rows per expert block follow the mean assignments per expert (padding wastes MMA rows)."""
+    per_expert = assignments / n_experts
+    if per_expert <= 16:
+        return TileConfig(64, 16, 128, 1, 4, 4)
+    if per_expert <= 32:
+        return TileConfig(64, 32, 128, 1, 4, 4)
+    return TileConfig(128, 64, 64, 1, 8, 3)
+
+
+def lookup_moe(assignments: int, n_experts: int, hidden: int, inter: int, device: torch.device) -> TileConfig:
+    """Config of the grouped expert GEMMs, keyed "moe:<H>x<I>:<assignments bucket>"."""
+    if device.type == "cuda":
+        found = _table(gpu_file(device)).get(key("moe", hidden, inter, assignments))
+        if found is not None:
+            return found
+    return default_moe(assignments, n_experts)
+
+
+def lookup(kernel: str, n: int, k: int, m: int, device: torch.device) -> TileConfig:
+    if device.type != "cuda":  # the Triton interpreter (TRITON_INTERPRET=1) on CPU tensors
+        return default(kernel, n, k, m)
+    found = _table(gpu_file(device)).get(key(kernel, n, k, m))
+    if found is not None:
+        return found
+    return default(kernel, n, k, m, torch.cuda.get_device_properties(device).multi_processor_count)

@@ -1,0 +1,66 @@
+"""In-register decoding of the release weight formats (checkpoint/formats.py) into float32 tiles.
+
+UE8M0 scales are powers of two, so a decoded FP8 (E4M3) or FP4 (E2M1) value times its scale is exact in
+BF16: kernels decode a tile, cast it to the MMA dtype and accumulate in float32, which matches the
+reference (dequantise, then multiply) up to summation order.
+"""
+
+import triton
+import triton.language as tl
+
+GROUP = 32  # columns per scale: 32x32 blocks for FP8, 1x32 row groups for FP4
+_G = tl.constexpr(GROUP)  # the same, readable inside kernels
+
+
+@triton.jit
+def pow2(s, bias: tl.constexpr):
+    """2^(s - 127 + bias) for UE8M0 bytes `s`, built from the float32 exponent field.
+
+    Valid for 1 <= s + bias <= 254; byte 0 with bias 0 would be the subnormal 2^-127, which no
+    quantiser writes (it reads as 0 here)."""
+    return ((s.to(tl.int32) + bias) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def scale_groups(w, s, BN: tl.constexpr, BK: tl.constexpr):
+    """w [BN, BK] times s [BN, BK // 32]: one scale per row per run of 32 columns."""
+    if BK == _G:
+        return w * s
+    w3 = tl.reshape(w, (BN, BK // _G, _G))
+    return tl.reshape(w3 * s[:, :, None], (BN, BK))
+
+
+@triton.jit
+def e2m1_times_2pow_m14(packed):
+    """Packed FP4 bytes [R, C/2] (even column in the low nibble) -> float32 [R, C] = E2M1 value * 2^-14.
+
+    The 3 magnitude bits go to the top of an fp16's exponent/mantissa field, giving value * 2^-14
+    exactly (code 1 = 0.5 lands on the fp16 subnormal 2^-15, which the conversion keeps); callers fold
+    the 2^14 back into the scale (`pow2(s, 14)`)."""
+    b = packed.to(tl.int16) & 0xFF
+    codes = tl.interleave(b & 0xF, b >> 4)
+    half_bits = ((codes & 7) << 9) | ((codes & 8) << 12)
+    return half_bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                   BN: tl.constexpr, BK: tl.constexpr):
+    """FP8 weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK) with 32x32 block scales."""
+    offs_k = tl.multiple_of(k0, BK) + tl.arange(0, BK)  # alignment hint for vector loads
+    # no `other`: rows past N only feed output rows that are never stored
+    wq = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None])
+    sk = k0 // _G + tl.arange(0, BK // _G)
+    s = tl.load(s_ptr + (offs_n // _G)[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    return scale_groups(wq.to(tl.float32), pow2(s, 0), BN, BK)
+
+
+@triton.jit
+def fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                   BN: tl.constexpr, BK: tl.constexpr):
+    """Packed FP4 weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK) with 1x32 row scales."""
+    kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
+    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
+    sk = k0 // _G + tl.arange(0, BK // _G)
+    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    return scale_groups(e2m1_times_2pow_m14(packed), pow2(s, 14), BN, BK)

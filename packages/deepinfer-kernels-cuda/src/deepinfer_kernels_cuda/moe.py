@@ -1,0 +1,317 @@
+"""The MoE sub-layer as a fixed sequence of launches with no host sync:
+
+1. router logits (float32, cuBLAS) and a routing kernel: sqrt(softplus), selection bias (bias_vl for
+   image rows), top-k, normalisation and routed scaling, one program per token;
+2. alignment (torch ops on the device): assignments sorted by expert into a padded layout whose size
+   depends only on (tokens, top-k, experts, block_m), so launch grids never wait on the device;
+3. FP4 grouped gate+up GEMM with the clamped SwiGLU and the routing weight in its epilogue;
+4. FP4 grouped down GEMM writing one row per (token, slot);
+5. the shared expert (block-scaled linears) and a combine kernel summing each token's slots in float32.
+
+Each GEMM program owns one expert block of tokens and one tile of weight rows, and programs of inactive
+blocks exit at once, so decode reads only the touched experts' bytes. Rounding points follow the
+reference (models/deepseek_v41/moe.py): gate/up products rounded to x's dtype before the SwiGLU, the
+weighted activation rounded before w2, each expert's w2 output rounded before the float32 sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from deepinfer_kernels_cuda import configs
+from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile
+from deepinfer_kernels_cuda.linear import linear, mm_out
+
+
+@dataclass(frozen=True)
+class PreparedExperts:
+    """Stacked routed experts, packed FP4 as uint8 and UE8M0 scales as uint8, contiguous."""
+
+    w1: torch.Tensor  # [E, I, H/2]
+    s1: torch.Tensor  # [E, I, H/32]
+    w3: torch.Tensor
+    s3: torch.Tensor
+    w2: torch.Tensor  # [E, H, I/2]
+    s2: torch.Tensor  # [E, H, I/32]
+
+    @property
+    def n_experts(self) -> int:
+        return self.w1.shape[0]
+
+    @property
+    def inter(self) -> int:
+        return self.w1.shape[1]
+
+    @property
+    def hidden(self) -> int:
+        return self.w2.shape[1]
+
+
+def _stack(t: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    return (torch.stack(list(t)) if isinstance(t, (list, tuple)) else t).contiguous().view(torch.uint8)
+
+
+def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale) -> PreparedExperts:
+    """Stack (lists of [I, H/2] or stacked [E, ...]) packed FP4 experts into the kernels' layout."""
+    p = PreparedExperts(*(_stack(t) for t in (w1, w1_scale, w3, w3_scale, w2, w2_scale)))
+    e, i, h = p.n_experts, p.inter, p.hidden
+    want = {"w1": (e, i, h // 2), "w1_scale": (e, i, h // GROUP), "w3": (e, i, h // 2),
+            "w3_scale": (e, i, h // GROUP), "w2": (e, h, i // 2), "w2_scale": (e, h, i // GROUP)}
+    got = {"w1": p.w1, "w1_scale": p.s1, "w3": p.w3, "w3_scale": p.s3, "w2": p.w2, "w2_scale": p.s2}
+    for name, shape in want.items():
+        if tuple(got[name].shape) != shape:
+            raise ValueError(f"experts {name}: shape {tuple(got[name].shape)}, expected {shape}")
+    if h % GROUP or i % GROUP:
+        raise ValueError(f"experts hidden {h} / intermediate {i}: must be multiples of {GROUP}")
+    return p
+
+
+# --- routing
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, w_out_ptr, id_out_ptr,
+    E, route_scale,
+    HAS_MASK: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    t = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    valid = e < E
+    logit = tl.load(logits_ptr + t * E + e, mask=valid, other=0.0)
+    # softplus as torch computes it (log1p(exp(x)), x itself above 20), then sqrt; log1p(y) through
+    # log(1 + y) corrected by the rounding of 1 + y, which keeps tiny exp(x) from vanishing
+    y = tl.exp(logit)
+    u = 1.0 + y
+    log1p = tl.where(u == 1.0, y, tl.log(u) - ((u - 1.0) - y) / u)
+    scores = tl.sqrt(tl.where(logit > 20.0, logit, log1p))
+    bias = tl.load(bias_ptr + e, mask=valid, other=0.0).to(tl.float32)
+    if HAS_MASK:
+        bias_vl = tl.load(bias_vl_ptr + e, mask=valid, other=0.0).to(tl.float32)
+        bias = tl.where(tl.load(mask_ptr + t) != 0, bias_vl, bias)
+    sel = tl.where(valid, scores + bias, float("-inf"))
+    slot = tl.arange(0, BLOCK_K)
+    picked_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    picked_id = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for j in tl.static_range(TOPK):
+        best = tl.max(sel, axis=0)
+        idx = tl.min(tl.where(sel == best, e, BLOCK_E), axis=0)  # lowest expert id on a tie
+        w = tl.sum(tl.where(e == idx, scores, 0.0), axis=0)
+        picked_w = tl.where(slot == j, w, picked_w)
+        picked_id = tl.where(slot == j, idx, picked_id)
+        sel = tl.where(e == idx, float("-inf"), sel)
+    picked_w = picked_w / (tl.sum(picked_w, axis=0) + 1e-20) * route_scale
+    keep = slot < TOPK
+    tl.store(w_out_ptr + t * TOPK + slot, picked_w, mask=keep)
+    tl.store(id_out_ptr + t * TOPK + slot, picked_id, mask=keep)
+
+
+def route(
+    logits: torch.Tensor, bias: torch.Tensor, bias_vl: torch.Tensor, image_mask: torch.Tensor | None,
+    topk: int, route_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] float32 -> (weights [T, k] float32, expert ids [T, k] int32)."""
+    t, e = logits.shape
+    weights = torch.empty((t, topk), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, topk), dtype=torch.int32, device=logits.device)
+    if t == 0:
+        return weights, ids
+    mask = image_mask if image_mask is not None else ids  # any pointer when unused
+    _route_kernel[(t,)](
+        logits.contiguous(), bias, bias_vl, mask, weights, ids, e, float(route_scale),
+        HAS_MASK=image_mask is not None, TOPK=topk, BLOCK_E=triton.next_power_of_2(e),
+        BLOCK_K=triton.next_power_of_2(topk), num_warps=4,
+    )
+    return weights, ids
+
+
+# --- alignment
+
+
+@dataclass(frozen=True)
+class Alignment:
+    row_assign: torch.Tensor  # [blocks * block_m] int32: flat assignment (token * k + slot) or -1
+    block_expert: torch.Tensor  # [blocks] int32: the expert of each block of rows, -1 past the end
+    block_m: int
+
+    @property
+    def blocks(self) -> int:
+        return self.block_expert.shape[0]
+
+
+def align(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
+    """Sort assignments by expert into rows padded to block_m per expert, without a host sync: the
+    capacity (every assignment plus up to block_m - 1 padding rows per touched expert) is known from
+    the shapes alone."""
+    flat = ids.reshape(-1).long()
+    a = flat.numel()
+    dev = flat.device
+    counts = torch.zeros(n_experts, dtype=torch.long, device=dev).index_add_(0, flat, torch.ones_like(flat))
+    order = torch.argsort(flat, stable=True)
+    sorted_e = flat[order]
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    padded_start = padded_end - padded
+    start = counts.cumsum(0) - counts
+    rows = padded_start[sorted_e] + torch.arange(a, device=dev) - start[sorted_e]
+    blocks = -(-(a + min(n_experts, a) * (block_m - 1)) // block_m)
+    row_assign = torch.full((blocks * block_m,), -1, dtype=torch.int32, device=dev)
+    row_assign[rows] = order.to(torch.int32)
+    block_start = torch.arange(blocks, device=dev) * block_m
+    block_expert = torch.searchsorted(padded_end, block_start, right=True)
+    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
+    return Alignment(row_assign, block_expert, block_m)
+
+
+# --- grouped FP4 GEMMs
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
+    inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
+    TOPK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_b)
+    if expert < 0:
+        return
+    rows = pid_b * BM + tl.arange(0, BM)
+    assign = tl.load(row_assign_ptr + rows)
+    valid = assign >= 0
+    token = tl.where(valid, assign // TOPK, 0)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_mask = offs_n < inter
+    w1_e = w1_ptr + expert.to(tl.int64) * stride_we
+    w3_e = w3_ptr + expert.to(tl.int64) * stride_we
+    s1_e = s1_ptr + expert.to(tl.int64) * stride_se
+    s3_e = s3_ptr + expert.to(tl.int64) * stride_se
+    acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        xt = tl.load(x_ptr + token[None, :] * stride_xm + offs_k[:, None], mask=valid[None, :], other=0.0)
+        g = fp4_group_tile(w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        acc_g = tl.dot(g.to(xt.dtype), xt, acc_g, input_precision="ieee" if IEEE else None)
+        u = fp4_group_tile(w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        acc_u = tl.dot(u.to(xt.dtype), xt, acc_u, input_precision="ieee" if IEEE else None)
+    out_ty = act_ptr.dtype.element_ty
+    gate = tl.minimum(acc_g.to(out_ty).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum(acc_u.to(out_ty).to(tl.float32), -limit), limit)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    rw = tl.load(route_w_ptr + assign, mask=valid, other=0.0)
+    ptrs = act_ptr + rows[None, :].to(tl.int64) * inter + offs_n[:, None]
+    tl.store(ptrs, (act * rw[None, :]).to(out_ty), mask=n_mask[:, None] & valid[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr, w2_ptr, s2_ptr, row_assign_ptr, block_expert_ptr, y_ptr,
+    H, inter, stride_we, stride_wn, stride_se, stride_sn,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_b)
+    if expert < 0:
+        return
+    rows = pid_b * BM + tl.arange(0, BM)
+    assign = tl.load(row_assign_ptr + rows)
+    valid = assign >= 0
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_mask = offs_n < H
+    w2_e = w2_ptr + expert.to(tl.int64) * stride_we
+    s2_e = s2_ptr + expert.to(tl.int64) * stride_se
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    act_rows = act_ptr + rows[None, :].to(tl.int64) * inter
+    for k0 in range(0, inter, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        at = tl.load(act_rows + offs_k[:, None], mask=valid[None, :], other=0.0)
+        w = fp4_group_tile(w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        acc = tl.dot(w.to(at.dtype), at, acc, input_precision="ieee" if IEEE else None)
+    ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
+    tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
+
+
+@triton.jit
+def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < H
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        acc += tl.load(y_ptr + (t * TOPK + j).to(tl.int64) * H + offs, mask=mask, other=0.0).to(tl.float32)
+    out_ty = out_ptr.dtype.element_ty
+    routed = acc.to(out_ty).to(tl.float32)
+    shared = tl.load(shared_ptr + t.to(tl.int64) * H + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * H + offs, (routed + shared).to(out_ty), mask=mask)
+
+
+def routed_experts(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PreparedExperts, swiglu_limit: float,
+    config: configs.TileConfig | None = None,
+) -> torch.Tensor:
+    """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token)."""
+    t, k = ids.shape
+    e, i, h = experts.n_experts, experts.inter, experts.hidden
+    cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
+    al = align(ids, e, cfg.block_m)
+    ieee = x.dtype == torch.float32
+    act = torch.empty((al.blocks * cfg.block_m, i), dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(al.blocks, triton.cdiv(i, cfg.block_n))](
+        x, experts.w1, experts.s1, experts.w3, experts.s3, al.row_assign, al.block_expert,
+        weights.reshape(-1), act,
+        i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
+        experts.s1.stride(0), experts.s1.stride(1),
+        float(swiglu_limit),
+        TOPK=k, BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(h, cfg.block_k), IEEE=ieee,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
+    _down_kernel[(al.blocks, triton.cdiv(h, cfg.block_n))](
+        act, experts.w2, experts.s2, al.row_assign, al.block_expert, y,
+        h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
+        BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(i, cfg.block_k), IEEE=ieee,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y
+
+
+def router_logits(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x gate^T in float32 (the reference's router precision)."""
+    return mm_out(x, gate, torch.float32)
+
+
+def moe(x: torch.Tensor, layer: Any, image_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The MoE sub-layer for `layer` (deepinfer.ops MoEWeights with cuda-prepared experts/linears)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    mask = image_mask.reshape(-1) if image_mask is not None else None
+    weights, ids = route(router_logits(x2, layer.gate), layer.bias, layer.bias_vl, mask, layer.topk,
+                         layer.route_scale)
+    xe = x2.to(layer.dtype)
+    if xe.stride(-1) != 1:
+        xe = xe.contiguous()
+    y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit)
+    shared = _shared_expert(x2, layer)
+    out = torch.empty((x2.shape[0], shape[-1]), dtype=layer.dtype, device=x.device)
+    if x2.shape[0]:
+        block = 1024
+        _combine_kernel[(x2.shape[0], triton.cdiv(shape[-1], block))](
+            y, shared, out, shape[-1], TOPK=layer.topk, BLOCK=block, num_warps=4,
+        )
+    return out.reshape(shape)
+
+
+def _shared_expert(x: torch.Tensor, layer: Any) -> torch.Tensor:
+    gate = linear(x, layer.shared_w1, layer.dtype).float().clamp(max=layer.swiglu_limit)
+    up = linear(x, layer.shared_w3, layer.dtype).float().clamp(-layer.swiglu_limit, layer.swiglu_limit)
+    act = (F.silu(gate) * up).to(layer.dtype)
+    return linear(act, layer.shared_w2, layer.dtype)

@@ -1,0 +1,133 @@
+"""The block-scaled linear and MoE kernels against the reference ops on the same weights.
+
+Tolerances: the kernels decode weights exactly and round at the reference's points, so the only
+difference is float32 summation order (plus, for bf16, a one-ulp flip where that order changes a
+rounding). Judged by relative Frobenius error: <= 1e-2 in bf16 (typically ~2e-3), <= 1e-5 in float32.
+"""
+
+import pytest
+import torch
+
+from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
+from deepinfer.ops.weights import MoEWeights
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.isfinite(got).all()
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+def _weight(kind: str, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    w = torch.randn(rows, cols, device="cuda") * 0.05
+    if kind == "fp8":
+        return quantize_fp8(w)
+    if kind == "fp4":
+        return quantize_fp4(w)
+    return w.bfloat16(), None
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp4", "dense"])
+@pytest.mark.parametrize("m", [1, 64, 300])
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_linear_matches_reference(cuda_ops, ref_ops, poison, kind, m, groups, out_dtype):
+    torch.manual_seed(m * 7 + groups)
+    n, k = 512, 384  # grouped: input chunk g (k / groups columns) feeds output rows block g
+    weight, scale = _weight(kind, n, k // groups)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    got = cuda_ops.linear(x, cuda_ops.prepare_linear(kind, weight, scale, groups), out_dtype)
+    want = ref_ops.linear(x, ref_ops.prepare_linear(kind, weight, scale, groups), out_dtype)
+    assert _rel_err(got, want) <= TOL[out_dtype]
+
+
+def test_backend_provides_the_linear_moe_group(cuda_ops):
+    assert not {"prepare_linear", "linear", "prepare_experts", "moe"} & set(cuda_ops.fallbacks)
+
+
+def test_linear_rejects_bad_input(cuda_ops):
+    weight, scale = _weight("fp8", 64, 64)
+    with pytest.raises(ValueError, match="scale"):
+        cuda_ops.prepare_linear("fp8", weight, scale[:1])
+    prepared = cuda_ops.prepare_linear("fp8", weight, scale)
+    with pytest.raises(ValueError, match="input width"):
+        cuda_ops.linear(torch.randn(2, 32, device="cuda"), prepared, torch.bfloat16)
+
+
+def _moe_layers(ours_ops, ref_ops, n_experts: int, hidden: int, inter: int, topk: int, dtype: torch.dtype):
+    def experts(rows, cols):
+        q = [quantize_fp4(torch.randn(rows, cols, device="cuda") * 0.05) for _ in range(n_experts)]
+        return torch.stack([w for w, _ in q]), torch.stack([s for _, s in q])
+
+    w1, w3, w2 = experts(inter, hidden), experts(inter, hidden), experts(hidden, inter)
+    shared = [_weight("fp8", *shape) for shape in ((inter, hidden), (inter, hidden), (hidden, inter))]
+    common = dict(
+        gate=(torch.randn(n_experts, hidden, device="cuda") * 0.05).bfloat16(),
+        bias=torch.randn(n_experts, device="cuda") * 0.1,
+        bias_vl=torch.randn(n_experts, device="cuda") * 0.1,
+        topk=topk, route_scale=2.5, swiglu_limit=10.0, dtype=dtype,
+    )
+
+    def build(prepare_experts, prepare_linear):
+        return MoEWeights(
+            experts=prepare_experts(*w1, *w3, *w2),
+            shared_w1=prepare_linear("fp8", *shared[0]),
+            shared_w3=prepare_linear("fp8", *shared[1]),
+            shared_w2=prepare_linear("fp8", *shared[2]),
+            **common,
+        )
+
+    return tuple(build(ops.prepare_experts, ops.prepare_linear) for ops in (ours_ops, ref_ops))
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64, 300])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("images", [False, True])
+def test_moe_matches_reference(cuda_ops, ref_ops, poison, tokens, dtype, images):
+    torch.manual_seed(tokens)
+    # 32 experts, top-4: at 1 and 5 tokens most experts receive no token
+    ours, ref = _moe_layers(cuda_ops, ref_ops, 32, 256, 128, 4, dtype)
+    x = torch.randn(tokens, 256, device="cuda", dtype=dtype)
+    mask = torch.rand(tokens, device="cuda") < 0.5 if images else None
+    got = cuda_ops.moe(x, ours, mask)
+    want = ref_ops.moe(x, ref, mask)
+    assert _rel_err(got, want) <= TOL[dtype]
+
+
+def test_route_matches_reference(cuda_ops, ref_ops):
+    from deepinfer.ops.reference import moe as ref_moe
+    from deepinfer_kernels_cuda import moe
+
+    torch.manual_seed(1)
+    ours, ref = _moe_layers(cuda_ops, ref_ops, 384, 64, 32, 6, torch.bfloat16)
+    x = torch.randn(257, 64, device="cuda", dtype=torch.bfloat16)
+    mask = torch.rand(257, device="cuda") < 0.3
+    want_w, want_ids = ref_moe.route(x, ref, mask)
+    got_w, got_ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, mask, 6, 2.5)
+    same = (got_ids.long() == want_ids).all(-1)
+    assert same.float().mean() > 0.99  # a near-tie may flip under a different logit summation order
+    torch.testing.assert_close(got_w[same], want_w[same], atol=1e-5, rtol=1e-5)
+
+
+def test_align_pads_each_expert_and_keeps_every_assignment():
+    from deepinfer_kernels_cuda import moe
+
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3]], device="cuda")
+    al = moe.align(ids, n_experts=5, block_m=4)
+    rows = al.row_assign.view(-1, 4)
+    assert al.blocks == rows.shape[0]
+    for b in range(al.blocks):
+        e = int(al.block_expert[b])
+        assigned = rows[b][rows[b] >= 0]
+        if e < 0:
+            assert assigned.numel() == 0
+        else:
+            assert (ids.flatten()[assigned.long()] == e).all()
+    assert sorted(al.row_assign[al.row_assign >= 0].tolist()) == list(range(6))
