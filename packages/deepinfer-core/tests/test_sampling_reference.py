@@ -10,62 +10,17 @@ Regenerate the fixture only from a sampler known to be right:
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import torch
 
 from deepinfer.ops import get_ops
-from deepinfer.sampling import Sampler, SampleRow, SamplingParams, rng
+from deepinfer.sampling import Sampler, SampleRow
 from deepinfer.sampling.sampler import copy_to_device, sampling_metadata
+from deepinfer.testing.conformance.sampling import EOS, random_batch
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sampling_reference.json"
-VOCAB = 600
-EOS = 1
 BATCH_SIZES = (1, 5, 24, 40)
-
-
-def _params(r: random.Random) -> dict:
-    kw: dict = {"temperature": r.choice([0.0, 0.0, 0.4, 1.0, 1.0, 1.7])}
-    if r.random() < 0.5:
-        kw["top_k"] = r.choice([1, 3, 40, VOCAB + 10])
-    if r.random() < 0.5:
-        kw["top_p"] = r.choice([0.05, 0.5, 0.9, 1.0])
-    if r.random() < 0.4:
-        kw["min_p"] = r.choice([0.01, 0.1, 0.6])
-    if r.random() < 0.3:
-        kw["presence_penalty"] = r.choice([-1.0, 0.5, 2.0])
-    if r.random() < 0.3:
-        kw["frequency_penalty"] = r.choice([-0.7, 0.3, 1.5])
-    if r.random() < 0.3:
-        kw["repetition_penalty"] = r.choice([0.7, 1.0, 1.3, 3.0])
-    if r.random() < 0.3:
-        kw["logit_bias"] = {r.randrange(VOCAB): r.uniform(-100, 100) for _ in range(r.randint(1, 4))}
-    if r.random() < 0.3:
-        kw["min_tokens"] = r.randint(1, 8)
-        kw["stop_token_ids"] = [r.randrange(VOCAB) for _ in range(r.randint(0, 3))]
-        kw["ignore_eos"] = r.random() < 0.3
-    if r.random() < 0.4:
-        kw["logprobs"] = r.choice([0, 1, 5])
-    return kw
-
-
-def random_batch(seed: int, size: int) -> tuple[torch.Tensor, list[SampleRow]]:
-    """Logits [size, VOCAB] (with -inf and tied entries) and one random row per logit row."""
-    r = random.Random(seed)
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(size, VOCAB, generator=g) * r.choice([0.5, 2.0, 6.0])
-    logits[:, r.randrange(VOCAB)] = float("-inf")
-    logits[:, 7] = logits[:, 8]  # ties
-    rows = []
-    for _ in range(size):
-        params = SamplingParams(**_params(r))
-        row = SampleRow(params, rng.as_int64(r.getrandbits(64)), r.randrange(1 << 20), r.randrange(12))
-        if params.has_penalties:
-            row.prompt_ids = [r.randrange(VOCAB) for _ in range(r.randint(0, 30))]
-            row.output_ids = [r.randrange(VOCAB) for _ in range(row.num_outputs)]
-        rows.append(row)
-    return logits, rows
 
 
 def outputs(sampler: Sampler, logits: torch.Tensor, rows: list[SampleRow]) -> dict:
