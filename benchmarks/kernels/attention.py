@@ -23,8 +23,9 @@ import deepinfer_kernels_cuda.attention as kernel
 from deepinfer.cache.codecs import Codec
 
 HEADS, DIM, WINDOW, TOPK = 64, 512, 128, 512
-SWEEP = [kernel.Tiles(256, 32, 4, 2, 2.0), kernel.Tiles(256, 64, 4, 2, 2.0), kernel.Tiles(512, 32, 8, 2, 2.0),
-         kernel.Tiles(512, 64, 8, 1, 2.0), kernel.Tiles(256, 32, 4, 3, 2.0), kernel.Tiles(256, 64, 8, 2, 4.0)]
+SWEEP = [kernel.Tiles(512, 32, 8, 2, 2.0), kernel.Tiles(512, 32, 8, 2, 1.0), kernel.Tiles(512, 32, 8, 2, 4.0),
+         kernel.Tiles(512, 64, 8, 1, 2.0), kernel.Tiles(512, 64, 8, 2, 2.0), kernel.Tiles(512, 32, 8, 3, 2.0),
+         kernel.Tiles(256, 32, 4, 2, 2.0)]
 
 
 def decode_inputs(batch: int, ctx: int) -> tuple:

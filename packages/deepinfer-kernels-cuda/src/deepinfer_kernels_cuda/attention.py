@@ -51,27 +51,32 @@ class Tiles:
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
 
 
-DECODE_TILES = Tiles(dv_block=256, block_n=32, num_warps=4, num_stages=2, programs_per_sm=2.0)
-PREFILL_TILES = Tiles(dv_block=256, block_n=32, num_warps=4, num_stages=2)
+# from the tile sweep of benchmarks/kernels/attention.py on an H200 (docs/performance.md)
+DECODE_TILES = Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=2, programs_per_sm=2.0)
+PREFILL_TILES = Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=2)
 
 
 @triton.jit
-def _attend(q, base, valid, d, dv, D, m_i, l_i, acc, scale_log2,
-            FMT: tl.constexpr, DV_BLOCKS: tl.constexpr, PRECISION: tl.constexpr):
-    """One online-softmax step over a block of keys (rows at `base`, `valid` ones only)."""
-    k = decode_rows(base, valid, d, D, FMT, q.dtype)
+def _attend(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr):
+    """One online-softmax step over a block of keys k (= values v; `valid` ones only)."""
     logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     logits = tl.where(valid[None, :], logits, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(logits - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if DV_BLOCKS == 1:
-        v = k
-    else:
-        v = decode_rows(base, valid, dv, D, FMT, q.dtype)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, col0, D, FMT: tl.constexpr,
+                 HAS_CURRENT: tl.constexpr, BLOCK_C: tl.constexpr, ty: tl.constexpr):
+    """Window keys: ring rows, plus (two masked loads, each contiguous) this step's encoded rows."""
+    x = decode_rows(ring_ptr, ring_off, in_ring, col0, D, FMT, BLOCK_C, ty)
+    if HAS_CURRENT:
+        x += decode_rows(cur_ptr, cur_off, is_cur, col0, D, FMT, BLOCK_C, ty)
+    return x
 
 
 @triton.jit
@@ -80,9 +85,9 @@ def _attention_kernel(
     q_stride_t, q_stride_h,
     win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr, cur_stride,
     topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr,
-    RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_POOL: tl.constexpr, SPLIT: tl.constexpr,
-    DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
+    RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
+    SPLIT: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
 ):
     t, s = tl.program_id(0), tl.program_id(1)
     hb, dvb = tl.program_id(2) // DV_BLOCKS, tl.program_id(2) % DV_BLOCKS
@@ -100,12 +105,19 @@ def _attention_kernel(
     for start in range(lo, win_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         r = tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int64)
-        in_ring = r < ring_rows
-        rr = tl.where(in_ring & (r >= 0), r, 0)
-        ring_row = ring_ptr + (rr // ring_len) * ring_s0 + (rr % ring_len) * ring_s1
-        base = tl.where(in_ring, ring_row, cur_ptr + tl.where(in_ring, 0, r - ring_rows) * cur_stride)
-        m_i, l_i, acc = _attend(q, base[:, None], r >= 0, d, dv, D, m_i, l_i, acc, scale_log2,
-                                RING_FMT, DV_BLOCKS, PRECISION)
+        in_ring = (r >= 0) & (r < ring_rows)
+        rr = tl.where(in_ring, r, 0)
+        ring_off = (rr // ring_len) * ring_s0 + (rr % ring_len) * ring_s1
+        is_cur = r >= ring_rows
+        cur_off = tl.where(is_cur, r - ring_rows, 0) * cur_stride
+        k = _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, 0, D, RING_FMT, HAS_CURRENT,
+                         BLOCK_D, TY)
+        if DV_BLOCKS == 1:
+            v = k
+        else:
+            v = _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, dvb * BLOCK_DV, D,
+                             RING_FMT, HAS_CURRENT, BLOCK_DV, TY)
+        m_i, l_i, acc = _attend(q, k, v, r >= 0, m_i, l_i, acc, scale_log2, PRECISION)
     if HAS_POOL:
         seq = tl.load(seg_ptr + t).to(tl.int64)
         for start in range(tl.maximum(lo, W), hi, BLOCK_N):
@@ -114,9 +126,13 @@ def _attention_kernel(
             j = j.to(tl.int64)
             jj = tl.where(j >= 0, j, 0)
             block = tl.load(bt_ptr + seq * bt_stride + jj // per_block, mask=j >= 0, other=0).to(tl.int64)
-            base = pool_ptr + block * pool_s0 + (jj % per_block) * pool_s1
-            m_i, l_i, acc = _attend(q, base[:, None], j >= 0, d, dv, D, m_i, l_i, acc, scale_log2,
-                                    POOL_FMT, DV_BLOCKS, PRECISION)
+            off = block * pool_s0 + (jj % per_block) * pool_s1
+            k = decode_rows(pool_ptr, off, j >= 0, 0, D, POOL_FMT, BLOCK_D, TY)
+            if DV_BLOCKS == 1:
+                v = k
+            else:
+                v = decode_rows(pool_ptr, off, j >= 0, dvb * BLOCK_DV, D, POOL_FMT, BLOCK_DV, TY)
+            m_i, l_i, acc = _attend(q, k, v, j >= 0, m_i, l_i, acc, scale_log2, PRECISION)
     hmask = h < heads
     omask = hmask[:, None] & (dv < D)[None, :]
     if SPLIT:
@@ -162,7 +178,8 @@ def _sm_count(device: torch.device) -> int:
 
 def _attention(
     q: torch.Tensor, sink: torch.Tensor, scale: float, window: torch.Tensor, ring: CacheRegion, ring_len: int,
-    ring_rows: int, current: torch.Tensor, topk: torch.Tensor | None = None, pool: CacheRegion | None = None,
+    ring_rows: int, current: torch.Tensor | None, topk: torch.Tensor | None = None,
+    pool: CacheRegion | None = None,
     block_tables: torch.Tensor | None = None, row_seg: torch.Tensor | None = None, fp32: bool = False,
 ) -> torch.Tensor:
     t, heads, d = q.shape
@@ -190,7 +207,9 @@ def _attention(
         lse = torch.empty(t, splits, heads, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
-    has_pool = topk is not None
+    has_current, has_pool = current is not None, topk is not None
+    if not has_current:
+        current = ring.data  # unused
     if has_pool:
         topk, block_tables, row_seg = topk.contiguous(), block_tables.contiguous(), row_seg.contiguous()
     else:
@@ -201,10 +220,11 @@ def _attention(
     _attention_kernel[grid](
         q, out, part, lse, sink, heads, d, keys_per_split, splits, scale * _LOG2E, q.stride(0), q.stride(1),
         window, window.stride(0), window.shape[1], ring.data, ring.stride0, ring.stride1, ring_len, ring_rows,
-        current, current.stride(0), topk, topk.stride(0), k - window.shape[1],
+        current, current.stride(-2), topk, topk.stride(0), k - window.shape[1],
         pool.data, pool.stride0, pool.stride1, pool.data.shape[1], block_tables, block_tables.stride(0),
         row_seg,
-        RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_POOL=has_pool, SPLIT=splits > 1, DV_BLOCKS=dv_blocks,
+        RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=splits > 1,
+        DV_BLOCKS=dv_blocks,
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
@@ -232,7 +252,7 @@ def sparse_attention_sink(
         kv = kv.contiguous()
     ring = CacheRegion(kv, FORMATS["raw"], 0, kv.stride(0))
     n = max(1, kv.shape[0])
-    return _attention(q, sink, scale, indices, ring, n, n, kv, fp32=kv.dtype == torch.float32)
+    return _attention(q, sink, scale, indices, ring, n, n, None, fp32=kv.dtype == torch.float32)
 
 
 def sparse_attention_paged(

@@ -204,29 +204,39 @@ def mxfp4_dequantize(packed: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype
 
 
 @triton.jit
-def decode_rows(base, valid, cols, D, FMT: tl.constexpr, ty: tl.constexpr):
-    """Values [rows, cols] of cache rows starting at pointers `base` [rows, 1], in dtype `ty`.
+def decode_rows(ptr, rows, valid, col0, D, FMT: tl.constexpr, BLOCK_C: tl.constexpr, ty: tl.constexpr):
+    """Columns [col0, col0 + BLOCK_C) of the cache rows at offsets `rows` [R] from `ptr`, in dtype `ty`
+    (0 where not `valid`). Whole-row tiles keep the loads contiguous (16-byte vectors); group scales
+    are loaded once per group and broadcast in registers.
 
-    FMT 0: raw (base points at the storage dtype); 1: FP8 E4M3 bytes then UE8M0 per 32; 2: packed E2M1
-    (even element in the low nibble) then E4M3 per 16; 3: packed E2M1 then UE8M0 per 32.
+    FMT 0: raw (ptr points at the storage dtype, offsets in elements); 1: FP8 E4M3 bytes then UE8M0
+    per 32; 2: packed E2M1 (even element in the low nibble) then E4M3 per 16; 3: packed E2M1 then
+    UE8M0 per 32 (offsets in bytes). BLOCK_C is a multiple of the group.
     """
-    mask = valid[:, None] & (cols < D)[None, :]
-    c = cols[None, :]
+    R: tl.constexpr = rows.shape[0]
+    r = rows[:, None]
     if FMT == 0:
-        return tl.load(base + c, mask=mask, other=0.0).to(ty)
-    elif FMT == 1:
-        x = tl.load(base + c, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = tl.load(base + D + c // 32, mask=mask, other=127).to(tl.int32)
-        return (x * ue8m0_value(s)).to(ty)
+        c = col0 + tl.arange(0, BLOCK_C)
+        return tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0.0).to(ty)
+    G: tl.constexpr = 16 if FMT == 2 else 32
+    g = col0 // G + tl.arange(0, BLOCK_C // G)
+    gmask = valid[:, None] & (g < D // G)[None, :]
+    if FMT == 1:
+        c = col0 + tl.arange(0, BLOCK_C)
+        x = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0)
+        x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        s = ue8m0_value(tl.load(ptr + r + D + g[None, :], mask=gmask, other=127).to(tl.int32))
     else:
-        b = tl.load(base + c // 2, mask=mask, other=0).to(tl.int32)
-        x = e2m1_decode((b >> ((c & 1) * 4)) & 0xF)
+        c = col0 // 2 + tl.arange(0, BLOCK_C // 2)
+        b = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D // 2)[None, :], other=0).to(tl.int32)
+        x = tl.reshape(tl.join(e2m1_decode(b & 0xF), e2m1_decode(b >> 4)), (R, BLOCK_C))
         if FMT == 2:
-            s = tl.load(base + D // 2 + c // 16, mask=mask, other=0).to(tl.float8e4nv, bitcast=True)
+            s = tl.load(ptr + r + D // 2 + g[None, :], mask=gmask, other=0).to(tl.float8e4nv, bitcast=True)
             s = s.to(tl.float32)
         else:
-            s = ue8m0_value(tl.load(base + D // 2 + c // 32, mask=mask, other=127).to(tl.int32))
-        return (x * s).to(ty)
+            s = ue8m0_value(tl.load(ptr + r + D // 2 + g[None, :], mask=gmask, other=127).to(tl.int32))
+    x = tl.reshape(tl.reshape(x, (R, BLOCK_C // G, G)) * s[:, :, None], (R, BLOCK_C))
+    return x.to(ty)
 
 
 @dataclass(frozen=True)

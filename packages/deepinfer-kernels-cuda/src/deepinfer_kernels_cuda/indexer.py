@@ -94,9 +94,8 @@ def _paged_scores_kernel(
     valid = n < tl.load(visible_ptr + t)
     j = tl.where(valid, n, 0).to(tl.int64)
     block = tl.load(bt_ptr + seq * bt_stride + j // per_block, mask=valid, other=0).to(tl.int64)
-    base = pool_ptr + block * pool_s0 + (j % per_block) * pool_s1
     ty = q_ptr.dtype.element_ty
-    k = decode_rows(base[:, None], valid, d, D, FMT, ty)
+    k = decode_rows(pool_ptr, block * pool_s0 + (j % per_block) * pool_s1, valid, 0, D, FMT, BLOCK_D, ty)
     q = tl.load(q_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + d[None, :],
                 mask=(h < heads)[:, None] & (d < D)[None, :], other=0.0)
     dots = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ty).to(tl.float32), 0.0)
@@ -126,7 +125,7 @@ def _topk_kernel(
     prefix = tl.zeros((), tl.uint32)
     remaining = tl.zeros((), tl.int32)
     for p in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * p
+        shift = 24 - 8 * p  # a compile-time constant: p is unrolled
         hist = tl.zeros((512,), tl.int32)
         for c0 in range(0, capacity, BLOCK):
             i = c0 + tl.arange(0, BLOCK)

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-_K_CHUNK = 1024  # columns of the projection per program in the first kernel
-_BLOCK_K = 64
+_K_CHUNK = 512  # columns of the projection per program in the first kernel (40 programs a row block at Flash)
+_BLOCK_K = 128
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def hc_coefficients(
     block_t = 16 if t <= 16 else 64
     _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
         x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out,
-        K_CHUNK=_K_CHUNK, BLOCK_T=block_t, BLOCK_K=_BLOCK_K, BLOCK_N=block_n, num_warps=4,
+        K_CHUNK=_K_CHUNK, BLOCK_T=block_t, BLOCK_K=_BLOCK_K, BLOCK_N=block_n, num_warps=4, num_stages=3,
     )
     _hc_finish_kernel[(triton.cdiv(t, 32),)](
         part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps,
