@@ -4,6 +4,7 @@ request whose engine step raises. Every case ends with the engine idle and all c
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 
@@ -96,6 +97,20 @@ def _flood_with_sdk(server) -> None:
             model=MODEL, messages=LONG["messages"], max_tokens=12, extra_body=NO_THINK) for _ in range(16)))
 
     asyncio.run(run())
+
+
+def test_sigterm_drains_in_flight_requests(server):
+    """Last test of the module (it stops the server): a stream in flight at SIGTERM still completes."""
+    body = {**LONG, "max_tokens": 40, "stream": True}
+    with server.http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        server.proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2].replace(" ", "")
+    assert server.proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
+    log = server.log.read_text()
+    assert "available routes" in log and "Traceback" not in log
 
 
 def test_engine_failure_and_deadline(tiny_checkpoint):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +22,7 @@ from deepinfer.entrypoints.server.state import ServerState
 logger = logging.getLogger("deepinfer.server")
 UNAUTHENTICATED = frozenset({"/health", "/ready"})  # probes: everything else needs the key
 ROUTERS = (routes_chat.router, routes_completions.router, routes_responses.router, routes_admin.router)
+_PATHS = frozenset(r.path for router in ROUTERS for r in router.routes)
 
 
 class ServerMiddleware:
@@ -32,8 +34,7 @@ class ServerMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path, status = scope["path"], 500
-        route = path if not path.startswith("/v1/responses/") else "/v1/responses/{id}"
+        path, status, start = scope["path"], 500, time.monotonic()
 
         async def counting_send(message: Message) -> None:
             nonlocal status
@@ -48,7 +49,10 @@ class ServerMiddleware:
                 return await error_response(path, err)(scope, receive, counting_send)
             await self.app(scope, receive, counting_send)
         finally:
-            self.state.metrics.http.labels(route, str(status)).inc()
+            self.state.metrics.http.labels(_route_label(path), str(status)).inc()
+            generation = scope.get("state", {}).get("generation")
+            logger.info("%s %s %d %.3fs%s", scope["method"], path, status, time.monotonic() - start,
+                        f" {generation.summary()}" if generation is not None else "")
 
     def _authorized(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])
@@ -58,6 +62,15 @@ class ServerMiddleware:
             key = auth[7:].strip()
         assert self.state.api_key is not None
         return hmac.compare_digest(key, self.state.api_key.encode())
+
+
+def _route_label(path: str) -> str:
+    """The route a path belongs to, so that ids and unknown paths do not each make a metric series."""
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{id}"
+    return path if path in _PATHS else "other"
 
 
 def build_app(state: ServerState) -> FastAPI:

@@ -183,7 +183,7 @@ class AsyncEngine:
         while self._commands:
             op, rid, prompt_ids, params = self._commands.popleft()
             if op == "abort":
-                self.engine.abort(rid)
+                self.engine.abort(rid, report=False)  # nobody listens for its final output
                 continue
             adds += 1
             try:

@@ -10,7 +10,6 @@ iteration early for any reason (client gone, deadline, error) aborts the engine 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from deepinfer.entrypoints.server.state import ServerState
 from deepinfer.sampling import SamplingParams
 from deepinfer.sampling.sampler import TokenLogprob
 
-logger = logging.getLogger("deepinfer.server")
 T = TypeVar("T")
 
 # sampler settings the protocols lack but clients send (vLLM's extensions), read from the raw body
@@ -97,6 +95,11 @@ class Generation:
     token_ids: list[list[int]] = field(default_factory=list)  # per choice, once generation ended
     finish_reason: str = "abort"
 
+    def summary(self) -> str:
+        ttft = "-" if self.first_token is None else f"{self.first_token - self.arrival:.3f}s"
+        return (f"{self.request_id}: {len(self.prompt_ids)} prompt + {self.output_tokens} output tokens, "
+                f"n={self.params.n}, finish={self.finish_reason}, ttft={ttft}")
+
 
 async def generate(state: ServerState, gen: Generation,
                    parser_factory: Callable[[], ChoiceParser]) -> AsyncIterator[tuple[int, list[Any]]]:
@@ -136,8 +139,6 @@ async def generate(state: ServerState, gen: Generation,
         state.engine.abort(gen.request_id)  # no-op if the engine already finished it
         gen.output_tokens = sum(len(p.token_ids) for p in parsers)
         gen.token_ids = [p.token_ids for p in parsers]
-        if gen.finish_reason == "abort":
-            logger.info("request %s aborted after %d output tokens", gen.request_id, gen.output_tokens)
         state.metrics.finished(gen.finish_reason, len(gen.prompt_ids), gen.output_tokens,
                                time.monotonic() - gen.arrival,
                                None if gen.first_token is None else gen.first_token - gen.arrival)

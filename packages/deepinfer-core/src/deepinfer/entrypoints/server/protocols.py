@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +24,6 @@ from deepinfer.entrypoints.server.http import read_json, sse, unless_disconnecte
 from deepinfer.entrypoints.server.pipeline import ChoiceParser, Generation, admit, generate, sampling_params
 from deepinfer.entrypoints.server.state import ServerState
 
-logger = logging.getLogger("deepinfer.server")
 MAX_N = 128
 
 
@@ -108,6 +106,7 @@ async def serve(request: Request, protocol: Protocol,
     body = await read_json(request, state.max_body_bytes)
     raw = dict(body)
     prep = prepare(state, protocol, body, arrival)
+    request.state.generation = prep.gen  # for the access log line
     events = generate(state, prep.gen, lambda: prep.parser(state))
     first = await anext(events)  # submits: a full queue raises here, before any header is sent
     if on_start is not None:
@@ -118,7 +117,6 @@ async def serve(request: Request, protocol: Protocol,
     final = await unless_disconnected(request, _collect(state, prep, first, events))
     if on_final is not None:
         on_final(prep, final)
-    _log(prep)
     return Response(json.dumps(final, ensure_ascii=False), media_type="application/json")
 
 
@@ -190,7 +188,6 @@ async def _sse_body(state: ServerState, prep: Prepared, first: tuple[int, list[A
         yield sse(done)
     if on_final is not None:
         on_final(prep, _merge(responses))
-    _log(prep)
 
 
 def _frame(response_cls: Any, event: Any, index: int, n: int, usages: list[dict[str, Any] | None]) -> str:
@@ -204,11 +201,3 @@ def _frame(response_cls: Any, event: Any, index: int, n: int, usages: list[dict[
             chunk["usage"] = None
         data = json.dumps(chunk, ensure_ascii=False)
     return sse(data, response_cls.sse_event_name(event))
-
-
-def _log(prep: Prepared) -> None:
-    g = prep.gen
-    ttft = "-" if g.first_token is None else f"{g.first_token - g.arrival:.3f}s"
-    logger.info("%s %s: %d prompt + %d output tokens, n=%d, finish=%s, ttft=%s, e2e=%.3fs",
-                prep.protocol.path, g.request_id, len(g.prompt_ids), g.output_tokens, g.params.n,
-                g.finish_reason, ttft, time.monotonic() - g.arrival)

@@ -106,7 +106,7 @@ async def completions(request: Request) -> Response:
     stream = bool(body.get("stream"))
     params, stops = _params(body), _stops(body)
     rid = f"cmpl-{uuid.uuid4().hex}"
-    gen = Generation(rid, prompt_ids, params, arrival=arrival)
+    gen = request.state.generation = Generation(rid, prompt_ids, params, arrival=arrival)
     options = state.recipe.ParsingOptions(parse_tool_calls=False, stop_sequences=stops)
     events = generate(state, gen, lambda: ChoiceParser(state, _plain_generator(state, rid, model), options,
                                                        len(prompt_ids)))
