@@ -111,9 +111,9 @@ class LLMEngine:
             text, ids = check_text(prompt, "the prompt"), self.tokenizer.encode(prompt)
         else:
             text, ids = None, token_ids(prompt, "prompt")
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token ids {bad[:8]} outside [0, vocab_size={self.vocab_size})")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]  # a tokenizer may know more ids, too
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:8]} outside [0, vocab_size={self.vocab_size})")
         if not ids:
             raise ValueError("the prompt is empty")
         if params.stop and self.tokenizer is None:

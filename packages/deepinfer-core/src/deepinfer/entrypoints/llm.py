@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -116,12 +117,16 @@ class LLM:
         self.engine = engine
         self.tokenizer = tokenizer
         self._recipe_encoding: Any = None
+        # request id -> the outputs queue of the call that submitted it: a call stepping the engine
+        # hands other live calls' outputs over instead of dropping them (interleaved streams)
+        self._routes: dict[str, deque[RequestOutput]] = {}
 
     # ---- generation -----------------------------------------------------------------------------
 
     def _submit(self, prompts: Prompt | Sequence[Prompt] | None, sampling_params: ParamsArg,
-                prompt_token_ids: Sequence[list[int]] | None, stream: bool) -> list[str]:
-        """Validate every request first (a malformed one raises before any is queued), then queue all."""
+                prompt_token_ids: Sequence[list[int]] | None, stream: bool, ids: list[str]) -> None:
+        """Validate every request first (a malformed one raises before any is queued), then queue all,
+        adding their ids to `ids` as they are queued (the caller aborts them if anything goes wrong)."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass exactly one of prompts and prompt_token_ids")
         items: list[Prompt] = (list(prompt_token_ids) if prompt_token_ids is not None
@@ -133,45 +138,56 @@ class LLM:
         else:
             params = [sampling_params] * len(items)
         prepared = [self.engine.prepare_request(item, p) for item, p in zip(items, params)]
-        ids: list[str] = []
-        try:
-            self.engine.add_prepared(prepared, stream=stream, added=ids)
-        except BaseException:
-            self.engine.abort(ids, report=False)
-            raise
-        return ids
+        self.engine.add_prepared(prepared, stream=stream, added=ids)
 
-    def _follow(self, pending: set[str]) -> Iterator[RequestOutput]:
-        """Step the engine until the requests in `pending` finish (removing each as it does), yielding
-        their outputs; others' outputs are not ours to take."""
-        while pending:
-            for out in self.engine.step():
-                if out.request_id in pending:
+    def _follow(self, ids: list[str], finished: set[str]) -> Iterator[RequestOutput]:
+        """Step the engine until the requests `ids` are all in `finished`, yielding their outputs in
+        step order."""
+        box: deque[RequestOutput] = deque()
+        self._routes.update(dict.fromkeys(ids, box))
+        try:
+            while len(finished) < len(ids):
+                while box:
+                    out = box.popleft()
                     if out.finished:
-                        pending.discard(out.request_id)
+                        finished.add(out.request_id)
                     yield out
-            if pending and not self.engine.has_unfinished_requests():
-                raise RuntimeError(f"the engine lost requests {sorted(pending)}")
+                if len(finished) == len(ids):
+                    break
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError(f"the engine lost requests {sorted(set(ids) - finished)}")
+                for out in self.engine.step():
+                    route = self._routes.get(out.request_id)
+                    if route is not None:  # not one of this LLM's calls: not ours to take
+                        route.append(out)
+        finally:
+            for i in ids:
+                self._routes.pop(i, None)
+
+    def _abort_unfinished(self, ids: list[str], finished: set[str]) -> None:
+        """A call ended early (an error, Ctrl-C, an abandoned iterator): its requests are unwanted."""
+        if len(finished) < len(ids):
+            self.engine.abort([i for i in ids if i not in finished], report=False)
 
     def generate(self, prompts: Prompt | Sequence[Prompt] | None = None, sampling_params: ParamsArg = None,
                  prompt_token_ids: Sequence[list[int]] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run to completion; one output per prompt, in submission order."""
-        ids = self._submit(prompts, sampling_params, prompt_token_ids, stream=False)
-        pending = set(ids)
+        ids: list[str] = []
+        finished: set[str] = set()
         done: dict[str, RequestOutput] = {}
-        start, generated = time.perf_counter(), 0
         try:
+            self._submit(prompts, sampling_params, prompt_token_ids, False, ids)
+            start, generated = time.perf_counter(), 0
             with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm,
                       dynamic_ncols=True) as bar:
-                for out in self._follow(pending):
+                for out in self._follow(ids, finished):
                     done[out.request_id] = out
                     generated += sum(len(c.token_ids) for c in out.outputs)
                     bar.update(1)
                     bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.1f} tok/s")
-        finally:  # an error or Ctrl-C: what is still running is no longer wanted
-            if pending:
-                self.engine.abort(pending, report=False)
+        finally:
+            self._abort_unfinished(ids, finished)
         return [done[i] for i in ids]
 
     def generate_stream(self, prompts: Prompt | Sequence[Prompt] | None = None,
@@ -181,12 +197,13 @@ class LLM:
 
         Requests are queued at the first `next()`; closing the iterator (or dropping it) aborts them.
         """
-        pending = set(self._submit(prompts, sampling_params, prompt_token_ids, stream=True))
+        ids: list[str] = []
+        finished: set[str] = set()
         try:
-            yield from self._follow(pending)
+            self._submit(prompts, sampling_params, prompt_token_ids, True, ids)
+            yield from self._follow(ids, finished)
         finally:
-            if pending:
-                self.engine.abort(pending, report=False)
+            self._abort_unfinished(ids, finished)
 
     # ---- chat -----------------------------------------------------------------------------------
 
