@@ -13,13 +13,19 @@ section tests
 timeout -s INT "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --rootdir=../.. \
     ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_cuda.py > "$out/tests.txt" 2>&1
 tail -4 "$out/tests.txt"
-section tune
-timeout -s INT "${TUNE_S:-130}" python3 tune.py --budget-s "${TUNE_BUDGET_S:-100}" > "$out/tune.txt" 2>&1
-tail -2 "$out/tune.txt"
-cp "$(python3 -c 'from deepinfer_kernels_cuda import configs; print(configs.gpu_file())')" "$out/" || true
+if [ "${TUNE_S:-130}" != 0 ]; then
+    section tune
+    timeout -s INT "${TUNE_S:-130}" python3 tune.py --budget-s "${TUNE_BUDGET_S:-100}" > "$out/tune.txt" 2>&1
+    tail -2 "$out/tune.txt"
+    cp "$(python3 -c 'from deepinfer_kernels_cuda import configs; print(configs.gpu_file())')" "$out/" || true
+fi
 section moe
 timeout -s INT "${MOE_S:-100}" python3 moe.py --out "$out" > "$out/moe.txt" 2>&1
 tail -12 "$out/moe.txt"
+section moe-triton-decode  # the same MoE with the plain-Triton FP4 decode instead of the inline PTX
+DEEPINFER_FP4_DECODE=triton timeout -s INT "${MOE_S:-100}" python3 moe.py --tokens 1,64,4096 --out "$out/triton_decode" \
+    > "$out/moe_triton_decode.txt" 2>&1
+tail -5 "$out/moe_triton_decode.txt"
 section linear
 timeout -s INT "${LINEAR_S:-140}" python3 linear.py --out "$out" > "$out/linear.txt" 2>&1
 tail -3 "$out/linear.txt"

@@ -64,19 +64,19 @@ def block_k(k: int, want: int) -> int:
 
 
 def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
-    """Shape heuristic: weight streaming with split-K for small M, 128-row tiles for large M."""
+    """Shape heuristic: weight streaming for small M, 128-row tiles for large M; split-K wherever the
+    output tiles alone leave SMs idle (about 2 programs per SM, each with >= 4 K steps)."""
     if m <= 64:
-        bm = max(16, m_bucket(m))
-        bn = 64
         bk = block_k(k, 256 if kernel == "fp8" else 128)
-        tiles = -(-n // bn) * -(-m // bm)
-        split = 1
-        # enough programs to keep every SM streaming (about 2 per SM), each with >= 4 K steps
-        while tiles * split < 2 * sm_count and k // (bk * split * 2) >= 4:
-            split *= 2
-        return TileConfig(bn, bm, bk, split, 4, 4)
-    bm = 64 if m <= 256 else 128
-    return TileConfig(128, bm, block_k(k, 64), 1, 8, 3)
+        bn, bm, warps, stages = 64, max(16, m_bucket(m)), 4, 4
+    else:
+        bk = block_k(k, 64)
+        bn, bm, warps, stages = 128, 64 if m <= 256 else 128, 8, 3
+    tiles = -(-n // bn) * -(-m // bm)
+    split = 1
+    while tiles * split < 2 * sm_count and k // (bk * split * 2) >= 4:
+        split *= 2
+    return TileConfig(bn, bm, bk, split, warps, stages)
 
 
 def default_moe(assignments: int, n_experts: int) -> TileConfig:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from deepinfer_kernels_cuda import configs
+from deepinfer_kernels_cuda import configs, dequant
 from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile, fp8_block_tile
 
 Kind = Literal["fp8", "fp4", "dense"]
@@ -91,6 +91,7 @@ def _block_linear_kernel(
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
     KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    FP4_ASM: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -110,7 +111,7 @@ def _block_linear_kernel(
         if KIND == 0:
             w = fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
         else:
-            w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+            w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, FP4_ASM)
         acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision="ieee" if IEEE else None)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
@@ -139,8 +140,10 @@ def block_linear(
     if x.dtype == torch.float32:  # float32 operands (tiny test configs) take 2x the shared memory per stage
         cfg = replace(cfg, block_k=min(cfg.block_k, 64), num_stages=min(cfg.num_stages, 2))
     rows_per_group = n // w.groups
-    if rows_per_group % cfg.block_n:
-        raise ValueError(f"block_n {cfg.block_n} does not divide the {rows_per_group} rows of a group")
+    if w.groups > 1 and rows_per_group % cfg.block_n:  # a tile must not straddle two groups
+        cfg = replace(cfg, block_n=rows_per_group & -rows_per_group)  # largest power of two dividing it
+    if cfg.block_n < 16:
+        raise ValueError(f"grouped linear: {rows_per_group} rows per group leave no tile of >= 16 rows")
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
@@ -155,7 +158,8 @@ def block_linear(
         m, n, k, rows_per_group, k_per_split,
         x.stride(0), w.weight.stride(0), w.scale.stride(0), n, m * n,
         KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m, BK=cfg.block_k,
-        IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        IEEE=x.dtype == torch.float32, FP4_ASM=dequant.FP4_ASM,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split > 1:
         block = 1024
