@@ -10,8 +10,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > 
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$out/gpu.txt"
 section() { echo "== $1 $(date -u +%T)"; }
 section tests
-timeout -s INT "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --rootdir=../.. \
-    ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_cuda.py > "$out/tests.txt" 2>&1
+timeout -s INT "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --rootdir=../.. --tb=line \
+    ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_cuda.py ../../tests/test_op_conformance.py \
+    -k "linear or moe or route or align" > "$out/tests.txt" 2>&1
 tail -4 "$out/tests.txt"
 if [ "${TUNE_S:-130}" != 0 ]; then
     section tune
@@ -22,10 +23,10 @@ fi
 section moe
 timeout -s INT "${MOE_S:-100}" python3 moe.py --out "$out" > "$out/moe.txt" 2>&1
 tail -12 "$out/moe.txt"
-section moe-triton-decode  # the same MoE with the plain-Triton FP4 decode instead of the inline PTX
-DEEPINFER_FP4_DECODE=triton timeout -s INT "${MOE_S:-100}" python3 moe.py --tokens 1,64,4096 --out "$out/triton_decode" \
-    > "$out/moe_triton_decode.txt" 2>&1
-tail -5 "$out/moe_triton_decode.txt"
+section moe-asm-decode  # the same MoE with the inline-PTX FP4 decode (DEEPINFER_FP4_DECODE=asm)
+DEEPINFER_FP4_DECODE=asm timeout -s INT "${MOE_S:-100}" python3 moe.py --tokens 1,64,4096 --out "$out/asm_decode" \
+    > "$out/moe_asm_decode.txt" 2>&1
+tail -5 "$out/moe_asm_decode.txt"
 section linear
 timeout -s INT "${LINEAR_S:-140}" python3 linear.py --out "$out" > "$out/linear.txt" 2>&1
 tail -3 "$out/linear.txt"

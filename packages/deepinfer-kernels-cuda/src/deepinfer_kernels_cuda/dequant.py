@@ -12,10 +12,11 @@ import triton.language as tl
 
 GROUP = 32  # columns per scale: 32x32 blocks for FP8, 1x32 row groups for FP4
 _G = tl.constexpr(GROUP)  # the same, readable inside kernels
-# FP4 decode through inline PTX (4 bytes -> 8 BF16 values in ~10 instructions) unless interpreting on
-# the CPU (TRITON_INTERPRET=1 has no PTX) or DEEPINFER_FP4_DECODE=triton asks for the plain-Triton decode.
-FP4_ASM = os.environ.get("TRITON_INTERPRET", "0") == "0"\
-    and os.environ.get("DEEPINFER_FP4_DECODE") != "triton"
+# FP4 decode: plain Triton ops (float32, validated on the H200) by default; DEEPINFER_FP4_DECODE=asm selects
+# the inline-PTX BF16x2 decode (~25% fewer instructions per tile, compiled for sm_90 but not yet run on a
+# GPU: tests/test_linear_moe_cuda.py::test_fp4_decode_paths_agree checks it). The CPU interpreter
+# (TRITON_INTERPRET=1) has no PTX.
+FP4_ASM = os.environ.get("TRITON_INTERPRET", "0") == "0" and os.environ.get("DEEPINFER_FP4_DECODE") == "asm"
 
 # Per 32-bit register of 4 packed bytes b0..b3 and BF16 scale pairs (s0,s1), (s2,s3): spread two bytes to
 # the low byte of each 16-bit half, move each nibble's sign to bit 15 and its 3 magnitude bits to bits 6..8
