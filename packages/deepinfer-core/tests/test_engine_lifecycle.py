@@ -34,7 +34,7 @@ def test_abort_frees_everything(make_engine, drain, async_scheduling):
 @pytest.mark.parametrize("bad", [
     {"temperature": -0.5}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -3}, {"bogus_key": 1},
     {"min_tokens": 9, "max_tokens": 4}, {"n": 0}, {"logit_bias": {5: 500.0}}, {"stop": [""]},
-    {"temperature": float("nan")},
+    {"temperature": float("nan")}, {"stop_token_ids": [2.0]}, {"stop_token_ids": [True]}, {"max_tokens": 1.5},
 ])
 def test_malformed_params_rejected_before_any_work(bad):
     with pytest.raises(pydantic.ValidationError):

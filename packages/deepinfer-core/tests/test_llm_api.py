@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
 
-from deepinfer.entrypoints.cli.main import main
-from deepinfer.entrypoints.llm import LLM
+from deepinfer.entrypoints.cli.main import build_parser, main
+from deepinfer.entrypoints.llm import LLM, SettingError
+from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
 from deepinfer.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -114,3 +116,57 @@ def test_cli_generate_stream_and_chat(tiny_checkpoint, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hi there\n/reset\nAgain\n/quit\nnever read\n"))
     assert main([*base, "chat", *engine, "--max-tokens", "4", "--thinking"]) == 0
     assert capsys.readouterr().out.count("assistant> ") == 2
+
+
+def test_runtime_options_reach_the_runtime(tiny_checkpoint):
+    argv = ["generate", "--model", tiny_checkpoint, "--prompt-ids", "1,2", "--cache-precision", "release",
+            "--replay-mode", "compact", "--replay-keep", "64", "--max-model-len", "64", "--cache-mb", "8"]
+    from deepinfer.entrypoints.cli.engine_args import llm_from_args
+
+    llm = llm_from_args(build_parser().parse_args(argv))
+    try:
+        assert llm.engine.model.options == RuntimeOptions(cache_precision="release", replay_mode="compact",
+                                                          replay_keep=64)
+        out = llm.generate(prompt_token_ids=[[0, 5, 9]], sampling_params=GREEDY, use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == 6
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"cache_precision": "fp4"}, "cache_precision"),
+    ({"replay_mode": "sometimes"}, "replay_mode"),
+    ({"replay_mode": "mask", "replay_keep": 0}, "replay_keep"),
+    ({"replay_keep": 200}, "replay_keep: needs replay_mode"),
+    ({"max_model_len": 10**6}, "max_position_embeddings"),
+    ({"dtype": "int8"}, "dtype"),
+    ({"max_num_seqs": 0}, "max_num_seqs"),
+    ({"gpu_memory_utilization": float("nan")}, "gpu_memory_utilization"),
+])
+def test_bad_settings_name_the_argument(tiny_checkpoint, kwargs, match):
+    with pytest.raises(SettingError, match=match):
+        LLM(tiny_checkpoint, **kwargs)
+
+
+def test_dtype_and_cache_precision_defaults():
+    from deepinfer.engine.loader import default_cache_precision, resolve_dtype
+
+    assert resolve_dtype("auto", "cuda", "bfloat16") == "bfloat16"
+    assert resolve_dtype("auto", "cpu", "bfloat16") == "float32"
+    assert resolve_dtype("float16", "cpu", "bfloat16") == "float16"
+    assert default_cache_precision("cuda") == "release" and default_cache_precision("cpu") == "exact"
+
+
+def test_help_shows_each_default_once_and_log_level_after_the_command(capsys):
+    texts = {}
+    for command in ("generate", "chat", "bench", "score"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        texts[command] = text = " ".join(capsys.readouterr().out.split())
+        assert "(default: None)" not in text and "(default: [])" not in text
+        assert not re.search(r"\(default: [^()]*\) \(default:", text)  # never twice for one option
+    assert "--top-k TOP_K keep the k most likely tokens; -1 or 0 disables (default: -1)" in texts["generate"]
+    assert "--dtype {auto,bfloat16,float16,float32}" in texts["chat"] and "(default: auto)" in texts["chat"]
+    args = build_parser().parse_args(["generate", "--model", "m", "--prompt", "x", "--log-level", "debug"])
+    assert args.log_level == "DEBUG" and build_parser().parse_args(
+        ["--log-level", "error", "generate", "--model", "m"]).log_level == "ERROR"
