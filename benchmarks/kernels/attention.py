@@ -23,9 +23,8 @@ import deepinfer_kernels_cuda.attention as kernel
 from deepinfer.cache.codecs import Codec
 
 HEADS, DIM, WINDOW, TOPK = 64, 512, 128, 512
-SWEEP = [kernel.Tiles(512, 32, 8, 2, 2.0), kernel.Tiles(512, 32, 8, 2, 1.0), kernel.Tiles(512, 32, 8, 2, 4.0),
-         kernel.Tiles(512, 64, 8, 1, 2.0), kernel.Tiles(512, 64, 8, 2, 2.0), kernel.Tiles(512, 32, 8, 3, 2.0),
-         kernel.Tiles(256, 32, 4, 2, 2.0)]
+SWEEP = [kernel.Tiles(512, 32, 8, 2, 2.0), kernel.Tiles(512, 32, 8, 2, 1.0), kernel.Tiles(512, 32, 8, 2, 0.5),
+         kernel.Tiles(512, 64, 8, 1, 0.5), kernel.Tiles(512, 32, 8, 3, 0.5), kernel.Tiles(512, 32, 8, 4, 0.5)]
 
 
 def decode_inputs(batch: int, ctx: int) -> tuple:

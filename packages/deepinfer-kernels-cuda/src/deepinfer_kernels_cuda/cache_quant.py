@@ -204,6 +204,13 @@ def mxfp4_dequantize(packed: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype
 
 
 @triton.jit
+def _scale_groups(x, s, G: tl.constexpr):
+    """x [R, C] times its group scales s [R, C / G] (each scale broadcast over G columns)."""
+    grouped = tl.reshape(x, (x.shape[0], x.shape[1] // G, G)) * s[:, :, None]
+    return tl.reshape(grouped, (x.shape[0], x.shape[1]))
+
+
+@triton.jit
 def decode_rows(ptr, rows, valid, col0, D, FMT: tl.constexpr, BLOCK_C: tl.constexpr, ty: tl.constexpr):
     """Columns [col0, col0 + BLOCK_C) of the cache rows at offsets `rows` [R] from `ptr`, in dtype `ty`
     (0 where not `valid`). Whole-row tiles keep the loads contiguous (16-byte vectors); group scales
@@ -213,30 +220,31 @@ def decode_rows(ptr, rows, valid, col0, D, FMT: tl.constexpr, BLOCK_C: tl.conste
     per 32; 2: packed E2M1 (even element in the low nibble) then E4M3 per 16; 3: packed E2M1 then
     UE8M0 per 32 (offsets in bytes). BLOCK_C is a multiple of the group.
     """
-    R: tl.constexpr = rows.shape[0]
     r = rows[:, None]
     if FMT == 0:
         c = col0 + tl.arange(0, BLOCK_C)
-        return tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0.0).to(ty)
-    G: tl.constexpr = 16 if FMT == 2 else 32
-    g = col0 // G + tl.arange(0, BLOCK_C // G)
-    gmask = valid[:, None] & (g < D // G)[None, :]
-    if FMT == 1:
+        out = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0.0).to(ty)
+    elif FMT == 1:
         c = col0 + tl.arange(0, BLOCK_C)
         x = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0)
         x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = ue8m0_value(tl.load(ptr + r + D + g[None, :], mask=gmask, other=127).to(tl.int32))
+        g = col0 // 32 + tl.arange(0, BLOCK_C // 32)
+        s = tl.load(ptr + r + D + g[None, :], mask=valid[:, None] & (g < D // 32)[None, :], other=127)
+        out = _scale_groups(x, ue8m0_value(s.to(tl.int32)), 32).to(ty)
     else:
         c = col0 // 2 + tl.arange(0, BLOCK_C // 2)
         b = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D // 2)[None, :], other=0).to(tl.int32)
-        x = tl.reshape(tl.join(e2m1_decode(b & 0xF), e2m1_decode(b >> 4)), (R, BLOCK_C))
+        x = tl.reshape(tl.join(e2m1_decode(b & 0xF), e2m1_decode(b >> 4)), (rows.shape[0], BLOCK_C))
         if FMT == 2:
-            s = tl.load(ptr + r + D // 2 + g[None, :], mask=gmask, other=0).to(tl.float8e4nv, bitcast=True)
-            s = s.to(tl.float32)
+            g = col0 // 16 + tl.arange(0, BLOCK_C // 16)
+            s = tl.load(ptr + r + D // 2 + g[None, :], mask=valid[:, None] & (g < D // 16)[None, :], other=0)
+            out = _scale_groups(x, s.to(tl.float8e4nv, bitcast=True).to(tl.float32), 16).to(ty)
         else:
-            s = ue8m0_value(tl.load(ptr + r + D // 2 + g[None, :], mask=gmask, other=127).to(tl.int32))
-    x = tl.reshape(tl.reshape(x, (R, BLOCK_C // G, G)) * s[:, :, None], (R, BLOCK_C))
-    return x.to(ty)
+            g = col0 // 32 + tl.arange(0, BLOCK_C // 32)
+            gmask = valid[:, None] & (g < D // 32)[None, :]
+            s = tl.load(ptr + r + D // 2 + g[None, :], mask=gmask, other=127)
+            out = _scale_groups(x, ue8m0_value(s.to(tl.int32)), 32).to(ty)
+    return out
 
 
 @dataclass(frozen=True)
