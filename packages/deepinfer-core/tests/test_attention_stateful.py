@@ -263,12 +263,12 @@ def test_topk_only_visible_entries_and_latest_candidate_block() -> None:
             step.enter_consumer_half(x[li])
         attn(x[li], step)
         if spec.owns_indexer_query:
-            sel = step.topk.per_segment[0]
+            sel = step.topk.value
             visible = (pos + 1) // spec.compress_ratio
             assert (sel < visible.unsqueeze(-1)).all()
             assert ((sel >= 0).sum(-1) == visible.clamp(max=cfg.index_topk)).all()  # full when enough visible
         if spec.is_candidate_source:
-            mask = step.candidates.per_segment[0]
+            mask = step.candidates.value
             block = cfg.candidate_block_size
             for t in range(length):
                 n = int(visible[t])
@@ -279,13 +279,13 @@ def test_topk_only_visible_entries_and_latest_candidate_block() -> None:
                 if kept is not None:
                     assert int(kept.sum()) == min(cfg.candidate_topk_blocks, n // block)
         if spec.restricted_to_candidates:
-            sel = step.topk.per_segment[0]
-            cand = step.candidates.per_segment[0]
+            sel = step.topk.value
+            cand = step.candidates.value
             assert cand.gather(1, sel.clamp(min=0))[sel >= 0].all()
 
 
 def test_candidate_blocks_keep_the_best_and_the_latest() -> None:
-    from deepinfer.models.deepseek_v41.indexer import candidate_blocks
+    from deepinfer.ops.reference.indexer import candidate_blocks
 
     inf = float("inf")
     scores = torch.tensor([[5.0, 1, 0, 0, 9, 0, -3, -4, -2, -inf, -inf, -inf]])

@@ -141,10 +141,8 @@ def test_bounded_replay_mask_equals_compact_and_large_keep_equals_off(checkpoint
 
 def test_bounded_replay_rejects_small_keep_and_dropped_rows(checkpoints) -> None:
     path = checkpoints["c1_yoco"]
-    rt = load_runtime(path, options=RuntimeOptions(max_backtrack=4, replay_mode="compact", replay_keep=11))
-    rt.allocate_cache(2, 2)
     with pytest.raises(ValueError, match=r"keep=11 .*sliding_window \+ max_backtrack = 12"):
-        rt.forward(ForwardBatch([SequenceSegment(1, [1], 0, [5, 6, 7])]))
+        load_runtime(path, options=RuntimeOptions(max_backtrack=4, replay_mode="compact", replay_keep=11))
     rt = load_runtime(path, options=RuntimeOptions(max_backtrack=4, replay_mode="compact", replay_keep=12))
     rt.allocate_cache(2, 2)
     with pytest.raises(ValueError, match="logits='all'"):

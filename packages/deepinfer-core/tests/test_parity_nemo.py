@@ -159,7 +159,7 @@ class _RecordingAttention:
         y = self._inner(x, step)
         sel = getattr(step, "topk", None)
         if sel is not None and sel.source == self._layer_id:
-            self._sink[self._layer_id] = torch.cat(sel.per_segment).clone()
+            self._sink[self._layer_id] = sel.value.clone()
         return y
 
 

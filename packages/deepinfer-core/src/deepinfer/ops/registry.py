@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from functools import cache
 from types import MappingProxyType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -53,12 +53,24 @@ class Backend:
         """Op name -> implementation; names must belong to the reference op set."""
         raise NotImplementedError
 
+    def plan(self, metadata: Any) -> None:
+        """Called once per forward with the step's metadata (e.g. deepseek_v41 StepMetadata), before
+        any op runs: derive the backend's own scheduling data (split sizes, tile maps) here. Must not
+        read device values on the host. Default: nothing to plan."""
+
 
 class Ops:
     """Read-only namespace of resolved ops: `ops.rms_norm(x, w, eps)`."""
 
-    def __init__(self, backend_name: str, table: dict[str, Callable], fallbacks: tuple[str, ...]):
+    def __init__(
+        self,
+        backend_name: str,
+        table: dict[str, Callable],
+        fallbacks: tuple[str, ...],
+        plan: Callable[[Any], None] | None = None,
+    ):
         self.backend_name = backend_name
+        self.plan = plan or (lambda metadata: None)  # the backend's per-step hook (Backend.plan)
         self.fallbacks = fallbacks  # ops served by the reference backend
         self._table = MappingProxyType(dict(table))
 
@@ -104,7 +116,7 @@ def _resolve(backend_name: str, device_type: str) -> Ops:
     reference = backends[REFERENCE].ops()
     table = dict(reference)
     if backend_name == REFERENCE:
-        return Ops(REFERENCE, table, ())
+        return Ops(REFERENCE, table, (), backends[REFERENCE].plan)
     own = backends[backend_name].ops()
     unknown = sorted(set(own) - set(reference))
     if unknown:
@@ -121,7 +133,7 @@ def _resolve(backend_name: str, device_type: str) -> Ops:
     if fallbacks:
         logger.info("backend %r lacks %d ops on %s; using reference for: %s",
                     backend_name, len(fallbacks), device_type, ", ".join(fallbacks))
-    return Ops(backend_name, table, fallbacks)
+    return Ops(backend_name, table, fallbacks, backends[backend_name].plan)
 
 
 def get_ops(backend: str | None = None, device: torch.device | str = "cpu") -> Ops:

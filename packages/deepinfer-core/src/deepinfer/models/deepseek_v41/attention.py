@@ -1,6 +1,6 @@
 """CSA2 attention of one DeepSeek-V4.1 layer (model spec §4-§6), stateful over the paged cache.
 
-Interface (full protocol in NOTES.md):
+Interface (the step protocol and the ops it calls: docs/architecture.md):
     attn = Attention(cfg, spec, weights, ops, dtype)    # weights: Weights view at "layers.{i}.attn."
     y = attn(x, step)                                    # x [rows, H] normed input -> [rows, H]
 `step` is the forward's StepState: it says which rows this layer computes, holds the cache and
@@ -17,13 +17,12 @@ from collections.abc import Mapping
 
 import torch
 
-from deepinfer.cache import Ring
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.compressor import Compressor
 from deepinfer.models.deepseek_v41.indexer import Indexer
 from deepinfer.models.deepseek_v41.linear import Linear, make_linear
 from deepinfer.models.deepseek_v41.rope import Rope
-from deepinfer.models.deepseek_v41.step_state import CompressedStream, Segment, StepState
+from deepinfer.models.deepseek_v41.step_state import StepState
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import Ops
 
@@ -74,7 +73,7 @@ class Attention:
         self.indexer = Indexer(cfg, spec, w.sub("indexer."), ops, dtype) if has_indexer else None
 
     def __call__(self, x: torch.Tensor, step: StepState) -> torch.Tensor:
-        spec, ops = self.spec, self.ops
+        spec, ops, meta = self.spec, self.ops, step.meta
         rows = step.rows(spec)
         if x.shape[0] != rows.count:
             raise ValueError(f"layer {spec.index}: {x.shape[0]} input rows, the step computes {rows.count}")
@@ -82,31 +81,21 @@ class Attention:
         q_latent, q = self.query(x, angles)
         kv = self.window_kv(x, angles)
         ring = step.cache.window(spec.index)
-        kv_bytes, kv = ring.codec.round_trip(kv, ops)  # current keys cross the same boundary as cached ones
-
-        stream, topk = None, None
+        compressed = {}
         if spec.compress_ratio:
             if self.compressor is not None:
                 self._compress(x, step)
             if spec.owns_indexer_query:
                 self.indexer.select(q_latent, x, angles, rows, step)
-            stream, topk = step.stream(spec), step.selection(spec).per_segment
-
-        out = torch.empty_like(q)
-        for i, (seg, (b, e)) in enumerate(zip(step.segments, rows.bounds, strict=True)):
-            # consumer layers under bounded replay see no window keys before the kept suffix
-            lo = seg.consumer_from if spec.is_yoco_consumer else 0
-            buf, idx = self._window(seg, rows.positions[b:e], kv[b:e], ring, lo)
-            if stream is not None:
-                sel = topk[i]
-                idx = torch.cat((idx, torch.where(sel >= 0, sel + buf.shape[0], -1)), dim=-1)
-                buf = torch.cat((buf, stream.kv[i]))
-            out[b:e] = ops.sparse_attention_sink(q[b:e], buf, idx, self.sink, self.dim**-0.5)
-            keep = rows.positions[b:e] >= lo
-            pos, enc = rows.positions[b:e][keep][-ring.length :], kv_bytes[b:e][keep][-ring.length :]
-            ring.write(seg.slot, pos, enc)
-
-        return self.project_output(out, angles)
+            step.check_stream(spec)
+            pool = step.cache.compressed_kv(spec.kv_source)
+            compressed = {"pool": pool.data, "pool_codec": pool.codec, "topk": step.selection(spec),
+                          "block_tables": meta.block_tables, "row_seg": rows.row_seg}
+        o = ops.sparse_attention_paged(
+            q, kv, ring.data, ring.codec, rows.window, rows.ring_dest, rows.ring_src, self.sink,
+            self.dim**-0.5, **compressed,
+        )
+        return self.project_output(o, angles)
 
     # The three projections are public so DSpark blocks (own key sources) reuse them.
     def query(self, x: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,41 +113,18 @@ class Attention:
         groups = self.ops.rope_interleaved(o, angles, inverse=True).flatten(1).chunk(len(self.wo_a), dim=-1)
         return self.wo_b(torch.cat([wo(g) for wo, g in zip(self.wo_a, groups, strict=True)], dim=-1))
 
-    def _window(
-        self, seg: Segment, pos: torch.Tensor, kv: torch.Tensor, ring: Ring, lo: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """KV buffer [ring history | current rows] and each row's window indices into it (-1 = none)."""
-        hist_start = min(max(seg.start - self.window + 1, lo, 0), seg.start)
-        hist = ring.load(seg.slot, torch.arange(hist_start, seg.start, device=kv.device))
-        first = int(pos[0])
-        keys = pos.unsqueeze(-1) - self.window + 1 + torch.arange(self.window, device=kv.device)  # [n, W]
-        from_ring = keys < seg.start
-        idx = torch.where(from_ring, keys - hist_start, hist.shape[0] + keys - first)
-        # rows skipped by compaction ([start, first)) lie before `lo`, so they are never visible
-        valid = (keys >= max(lo, 0)) & torch.where(from_ring, keys >= hist_start, keys >= first)
-        return torch.cat((hist, kv)), torch.where(valid, idx, -1)
-
     def _compress(self, x: torch.Tensor, step: StepState) -> None:
-        """Append this step's complete groups to the KV source's paged stream; publish the decoded stream."""
-        spec, ratio = self.spec, self.spec.compress_ratio
+        """Append this step's complete groups (KV and index keys) to the KV source's paged pool."""
+        spec, ops = self.spec, self.ops
         if spec.is_yoco_consumer:  # YOCO: consumer KV comes from the shared input of all rows
             if step.shared_input is None:
                 raise RuntimeError("call step.enter_consumer_half(x_all) at the first YOCO consumer layer")
-            x, rows = step.shared_input, step.all_rows
-        else:
-            rows = step.rows(spec)
+            x = step.shared_input
+        new = step.meta.compression[spec.compress_ratio]
+        state = step.cache.compressor_state(spec.index) if spec.compress_ratio > 1 else None
+        latent = self.compressor(x, new, state)
+        angles = self.rope.angles(new.entry_positions)  # entry j sits at its group's first token
         kv_pages, key_pages = step.cache.compressed_kv(spec.index), step.cache.index_keys(spec.index)
-        state = step.cache.compressor_state(spec.index) if ratio > 1 else None
-        kv_all, keys_all = [], []
-        for seg, (b, e) in zip(step.segments, rows.bounds, strict=True):
-            first, latent = self.compressor(x[b:e], seg, state)
-            if latent.shape[0]:
-                entries = torch.arange(first, first + latent.shape[0], device=x.device)
-                angles = self.rope.angles(entries * ratio)  # entry j sits at its group's first token
-                kc = self.ops.rope_interleaved(latent, angles)
-                kv_pages.write(seg.block_table, entries, kv_pages.codec.encode(kc, self.ops))
-                ik = self.indexer.keys(latent, angles)
-                key_pages.write(seg.block_table, entries, key_pages.codec.encode(ik, self.ops))
-            kv_all.append(kv_pages.load(seg.block_table, seg.end // ratio))
-            keys_all.append(key_pages.load(seg.block_table, seg.end // ratio))
-        step.compressed = CompressedStream(spec.index, kv_all, keys_all)
+        ops.cache_write(kv_pages.data, new.pool_dest, ops.rope_interleaved(latent, angles), kv_pages.codec)
+        ops.cache_write(key_pages.data, new.pool_dest, self.indexer.keys(latent, angles), key_pages.codec)
+        step.compressed_by = spec.index

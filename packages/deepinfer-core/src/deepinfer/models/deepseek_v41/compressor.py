@@ -1,9 +1,9 @@
 """KV compressor of a KV-source layer (model spec §6.4): ratio 2 softmax-gated pooling, ratio 1 projection.
 
-Works incrementally: a segment's tokens are appended to the partial group left in the slot's
-compressor ring, and only complete groups produce entries, so chunked prefill and decode give the
-same entries as one full pass. The ring keeps (gate, value) of the last ratio - 1 + max_backtrack
-tokens in float32, which also makes rollback free.
+Works incrementally (op `compressor_update`): a segment's tokens are appended to the partial group
+left in the slot's compressor ring, and only complete groups produce entries, so chunked prefill and
+decode give the same entries as one full pass. The ring keeps (gate, value) of the last
+ratio - 1 + max_backtrack tokens in float32, which also makes rollback free.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from deepinfer.cache import Ring
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.linear import make_linear
-from deepinfer.models.deepseek_v41.step_state import Segment
+from deepinfer.models.deepseek_v41.metadata import Compression
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import Ops
 
@@ -28,21 +28,15 @@ class Compressor:
         self.wgate = make_linear(weights, "wgate", ops, torch.float32, shape) if self.ratio > 1 else None
         self.norm = weights.get("norm.weight", (cfg.head_dim,))
 
-    def __call__(self, x: torch.Tensor, seg: Segment, state: Ring | None) -> tuple[int, torch.Tensor]:
-        """x [n, H]: inputs at positions [seg.start, seg.end) -> (first new entry, latents [m, head_dim]).
+    def __call__(self, x: torch.Tensor, new: Compression, state: Ring | None) -> torch.Tensor:
+        """x [T, H]: the step's rows -> latents [M, head_dim] of the groups this step completes.
 
-        The latents are the normed, pre-RoPE compressed vectors of the groups completed by this segment.
+        The latents are the normed, pre-RoPE compressed vectors, in `new`'s entry order.
         """
-        r = self.ratio
-        if r == 1:
-            return seg.start, self.ops.rms_norm(self.wkv(x), self.norm, self.eps)
-        gate_value = torch.cat((self.wgate(x), self.wkv(x)), dim=-1)  # [n, 2D] float32
-        group_start = seg.start // r * r
-        carried = state.load(seg.slot, torch.arange(group_start, seg.start, device=x.device))
-        pending = torch.cat((carried, gate_value))
-        state_pos = torch.arange(max(seg.start, seg.end - state.length), seg.end, device=x.device)
-        state.write(seg.slot, state_pos, state.codec.encode(gate_value[state_pos - seg.start], self.ops))
-        groups = pending.shape[0] // r
-        gate, value = pending[: groups * r].unflatten(0, (groups, r)).chunk(2, dim=-1)
-        pooled = (value * gate.softmax(dim=1)).sum(dim=1).to(self.dtype)
-        return group_start // r, self.ops.rms_norm(pooled, self.norm, self.eps)
+        if self.ratio == 1:
+            return self.ops.rms_norm(self.wkv(x), self.norm, self.eps)
+        gate_value = torch.cat((self.wgate(x), self.wkv(x)), dim=-1)  # [T, 2D] float32
+        pooled = self.ops.compressor_update(
+            gate_value, state.data, new.sources, new.state_dest, new.state_src
+        )
+        return self.ops.rms_norm(pooled.to(self.dtype), self.norm, self.eps)

@@ -15,18 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from deepinfer.cache import KVCache
 from deepinfer.config import LayerSpec, TextConfig
-from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.linear import Linear, make_linear
+from deepinfer.models.deepseek_v41.metadata import RowSet, Staging
 from deepinfer.models.deepseek_v41.mhc import initial_streams
 from deepinfer.models.deepseek_v41.model import AttentionFactory, Block, DeepseekV41Model
-from deepinfer.models.deepseek_v41.step_state import Rows
 from deepinfer.models.deepseek_v41.weights import Weights
-from deepinfer.models.interface import SequenceSegment
 from deepinfer.ops import Ops
 
 
@@ -35,11 +33,6 @@ class DraftOutput:
     hidden: torch.Tensor  # [n, B, H] collapsed output of the last block, before its norm
     normed: torch.Tensor  # [n, B, H] after mtp.{last}.norm
     base_logits: torch.Tensor  # [n, B, V] float32: head(normed)
-
-
-def _window_kv(attn: Attention, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Window key (= value) of a DSpark block's attention: RoPE(RMSNorm(wkv x; kv_norm)), before the codec."""
-    return attn.ops.rope_interleaved(attn.ops.rms_norm(attn.wkv(x), attn.kv_norm, attn.eps), angles)
 
 
 class DSpark:
@@ -74,6 +67,7 @@ class DSpark:
         self.block_size = cfg.dspark_block_size
         self.noise_id = cfg.dspark_noise_token_id
         self.window = cfg.sliding_window
+        self.staging = Staging(main.embed.device)
 
     # --- context keys, written on every main-model forward
 
@@ -81,18 +75,15 @@ class DSpark:
         """F = RMSNorm(main_proj T; main_norm): [n, n_targets * H] -> [n, H]."""
         return self.ops.rms_norm(self.main_proj(target_features), self.main_norm, self.cfg.rms_norm_eps)
 
-    def write_context(
-        self, cache: KVCache, segs: Sequence[SequenceSegment], rows: Rows, features: torch.Tensor
-    ) -> None:
-        """Key the target features of the output rows into every block's window ring."""
-        f = self.context_features(features)
+    def write_context(self, cache: KVCache, rows: RowSet, features: torch.Tensor) -> None:
+        """Key the target features of the output rows (`rows`: the last layer's row set) into every
+        block's window ring, at the ring rows that set's own keys go to."""
+        f = self.context_features(features)[rows.ring_src]
+        positions = rows.positions[rows.ring_src]
         for blk in self.blocks:
             ring = cache.window(blk.spec.index)
-            kv = _window_kv(blk.attn, f, blk.attn.rope.angles(rows.positions))
-            encoded = ring.codec.encode(kv, ring.ops)
-            for (begin, end), seg in zip(rows.bounds, segs):
-                begin = max(begin, end - ring.length)  # older rows would collide in the ring
-                ring.write(seg.slot, rows.positions[begin:end], encoded[begin:end])
+            kv = blk.attn.window_kv(f, blk.attn.rope.angles(positions))
+            self.ops.cache_write(ring.data, rows.ring_dest, kv, ring.codec)
 
     # --- draft forward
 
@@ -100,55 +91,51 @@ class DSpark:
         self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
     ) -> DraftOutput:
         """Run the draft blocks for n sequences: slot, golden-token position a and golden token id each."""
-        cfg, ops, dev = self.cfg, self.ops, self.main.embed.device
         n, bsz = len(slots), self.block_size
-        ids = torch.full((n, bsz), self.noise_id, dtype=torch.int64, device=dev)
-        ids[:, 0] = torch.tensor(list(golden), dtype=torch.int64, device=dev)
-        offs = torch.arange(bsz, device=dev)
-        positions = (torch.tensor(list(anchors), dtype=torch.int64, device=dev).unsqueeze(1) + offs).flatten()
-        streams, pre = initial_streams(self.main.embed_tokens(ids.flatten()), cfg.hc_mult)
-
+        ids, positions, window = self._draft_inputs(cache, slots, anchors, golden)
+        streams, pre = initial_streams(self.main.embed_tokens(ids), self.cfg.hc_mult)
         for blk in self.blocks:
-            mix = blk.attn_hc(streams)
-            x = ops.rms_norm(blk.attn_hc.collapse(streams, pre), blk.attn_norm, cfg.rms_norm_eps)
-            streams = blk.attn_hc.expand(self._attend(blk, cache, x, positions, slots, anchors), streams, mix)
-            pre = mix.pre
-            mix = blk.ffn_hc(streams)
-            x = ops.rms_norm(blk.ffn_hc.collapse(streams, pre), blk.ffn_norm, cfg.rms_norm_eps)
-            streams = blk.ffn_hc.expand(blk.moe(x), streams, mix)
-            pre = mix.pre
+            x = blk.attn_input(streams, pre)
+            streams, pre = blk.attn_residual(self._attend(blk, cache, x, positions, window), streams)
+            streams, pre = blk.ffn(streams, pre, None)
 
         hidden = self.blocks[-1].ffn_hc.collapse(streams, pre)
-        normed = ops.rms_norm(hidden, self.norm, cfg.rms_norm_eps)
+        normed = self.ops.rms_norm(hidden, self.norm, self.cfg.rms_norm_eps)
         logits = self.main.logits(normed)
         return DraftOutput(hidden.view(n, bsz, -1), normed.view(n, bsz, -1), logits.view(n, bsz, -1))
 
+    def _draft_inputs(
+        self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids [n*B], positions [n*B], window keys [n*B, W + B]) in one upload: each slot sees its
+        sequence's context keys [a - W, a - 1] (ring rows) and its whole draft block (step rows)."""
+        bsz, w = self.block_size, self.window
+        ring = cache.window(self.blocks[0].spec.index)
+        ring_len, ring_rows = ring.length, ring.data.shape[0] * ring.length
+        slot_arr, anchor = np.asarray(slots, dtype=np.int64), np.asarray(anchors, dtype=np.int64)
+        ids = np.full((len(slot_arr), bsz), self.noise_id, dtype=np.int64)
+        ids[:, 0] = golden
+        positions = anchor[:, None] + np.arange(bsz)
+        ctx = anchor[:, None] - w + np.arange(w)  # [n, W] context positions
+        ctx_rows = np.where(ctx >= 0, slot_arr[:, None] * ring_len + ctx % ring_len, -1)
+        block_rows = ring_rows + np.arange(len(slot_arr) * bsz).reshape(-1, bsz)
+        keys = np.concatenate((ctx_rows, block_rows), axis=1)  # [n, W + B]
+        window = np.repeat(keys, bsz, axis=0)
+        ids_t, pos_t, window_t = self.staging.upload([ids.ravel(), positions.ravel(), window])
+        return ids_t, pos_t, window_t
+
     def _attend(
-        self,
-        blk: Block,
-        cache: KVCache,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        slots: Sequence[int],
-        anchors: Sequence[int],
+        self, blk: Block, cache: KVCache, x: torch.Tensor, positions: torch.Tensor, window: torch.Tensor
     ) -> torch.Tensor:
-        """Each slot attends to its sequence's context keys [a - W, a - 1] and the whole draft block."""
-        attn, ops, bsz, dev = blk.attn, self.ops, self.block_size, x.device
-        ring = cache.window(blk.spec.index)
+        """The backbone's SWA attention path over the draft key set; drafts write no cache."""
+        attn, ring = blk.attn, cache.window(blk.spec.index)
         angles = attn.rope.angles(positions)
-        q_latent = ops.rms_norm(attn.wq_a(x), attn.q_norm, attn.eps)
-        q = ops.rope_interleaved(attn.wq_b(q_latent).unflatten(-1, (attn.heads, attn.dim)), angles)
-        in_block = ring.codec.round_trip(_window_kv(attn, x, angles), ops)[1]
-        buffers, index_rows, base = [], [], 0
-        for i, (slot, a) in enumerate(zip(slots, anchors)):
-            ctx_pos = torch.arange(max(a - self.window, 0), a, device=dev)
-            buffers += [ring.load(slot, ctx_pos), in_block[i * bsz : (i + 1) * bsz]]
-            keys = torch.arange(base, base + len(ctx_pos) + bsz, device=dev)
-            index_rows.append(F.pad(keys, (0, self.window - len(ctx_pos)), value=-1).expand(bsz, -1))
-            base += len(ctx_pos) + bsz
-        o = ops.sparse_attention_sink(q, torch.cat(buffers), torch.cat(index_rows), attn.sink, attn.dim**-0.5)
-        o = ops.rope_interleaved(o, angles, inverse=True).flatten(1).chunk(len(attn.wo_a), dim=-1)
-        return attn.wo_b(torch.cat([wo(og) for wo, og in zip(attn.wo_a, o)], dim=-1))
+        _, q = attn.query(x, angles)
+        none = window.new_empty(0)
+        o = self.ops.sparse_attention_paged(
+            q, attn.window_kv(x, angles), ring.data, ring.codec, window, none, none, attn.sink, attn.dim**-0.5
+        )
+        return attn.project_output(o, angles)
 
     # --- heads
 

@@ -7,26 +7,10 @@ import torch
 from deepinfer.cache import Codec
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.linear import make_linear
-from deepinfer.models.deepseek_v41.step_state import Rows, Selection, StepState
+from deepinfer.models.deepseek_v41.metadata import RowSet
+from deepinfer.models.deepseek_v41.step_state import Selection, StepState
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import Ops
-
-
-def candidate_blocks(
-    scores: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int
-) -> torch.Tensor:
-    """Entry mask of the `topk_blocks` best blocks (max-pooled scores), the latest visible block forced in.
-
-    scores [n, N] with -inf at invisible entries; visible [n] = visible entry count per row.
-    """
-    width = scores.shape[-1]
-    pooled = torch.nn.functional.pad(scores, (0, -width % block), value=-torch.inf)
-    pooled = pooled.unflatten(-1, (-1, block)).amax(-1)
-    latest = ((visible - 1) // block).unsqueeze(-1)  # -1 when nothing is visible: forces no block
-    pooled = pooled.masked_fill(torch.arange(pooled.shape[-1], device=scores.device) == latest, torch.inf)
-    best = pooled.topk(min(topk_blocks, pooled.shape[-1]), dim=-1)
-    keep = torch.zeros_like(pooled, dtype=torch.bool).scatter(-1, best.indices, best.values > -torch.inf)
-    return keep.repeat_interleave(block, dim=-1)[:, :width] & torch.isfinite(scores)
 
 
 class Indexer:
@@ -51,7 +35,7 @@ class Indexer:
         return self.ops.rope_interleaved(k, angles)
 
     def select(
-        self, q_latent: torch.Tensor, x: torch.Tensor, angles: torch.Tensor, rows: Rows, step: StepState
+        self, q_latent: torch.Tensor, x: torch.Tensor, angles: torch.Tensor, rows: RowSet, step: StepState
     ) -> None:
         """Score every visible entry for each row, publish top-k (and candidate blocks) on `step`."""
         spec, ratio = self.spec, self.spec.compress_ratio
@@ -60,22 +44,17 @@ class Indexer:
             _, q = Codec("mxfp4", self.dim, self.dtype).round_trip(q.flatten(0, 1), self.ops)
             q = q.unflatten(0, (-1, self.heads))
         w = self.weights_proj(x) * self.weight_scale
-        keys = step.stream(spec).index_keys
-        topk, cands = [], []
-        for i, (b, e) in enumerate(rows.bounds):
-            visible = (rows.positions[b:e] + 1) // ratio
-            scores = self.ops.indexer_logits(q[b:e], keys[i], w[b:e])
-            width = scores.shape[-1]
-            future = torch.arange(width, device=x.device) >= visible.unsqueeze(-1)
-            scores = scores.masked_fill(future, -torch.inf)
-            if spec.is_candidate_source:
-                cands.append(candidate_blocks(scores, visible, self.topk_blocks, self.block))
-            elif spec.restricted_to_candidates:
-                if step.candidates is None:
-                    raise RuntimeError(f"layer {spec.index} needs candidates, but no candidate source ran")
-                scores = scores.masked_fill(~step.candidates.per_segment[i], -torch.inf)
-            best = scores.topk(min(self.topk, width), dim=-1, sorted=False).indices.sort(dim=-1).values
-            topk.append(torch.where(torch.isfinite(scores.gather(-1, best)), best, -1))
-        step.topk = Selection(spec.index, topk)
-        if spec.is_candidate_source:
-            step.candidates = Selection(spec.index, cands)
+        allowed = None
+        if spec.restricted_to_candidates:
+            if step.candidates is None:
+                raise RuntimeError(f"layer {spec.index} needs candidates, but no candidate source ran")
+            allowed = step.candidates.value
+        keys = step.cache.index_keys(spec.kv_source)
+        top, mask = self.ops.indexer_topk(
+            q, w, keys.data, keys.codec, step.meta.block_tables, rows.row_seg, (rows.positions + 1) // ratio,
+            step.meta.compression[ratio].capacity, self.topk, allowed=allowed,
+            candidates=(self.topk_blocks, self.block) if spec.is_candidate_source else None,
+        )
+        step.topk = Selection(spec.index, top)
+        if mask is not None:
+            step.candidates = Selection(spec.index, mask)

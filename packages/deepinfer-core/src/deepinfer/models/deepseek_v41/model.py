@@ -10,7 +10,7 @@
     final collapse, norm, LM head
 
 Attention (all CSA2 layer kinds, the per-forward StepState and the caches) lives in attention.py /
-step.py; this file only wires the blocks together.
+step_state.py / metadata.py; this file only wires the blocks together.
 """
 
 from __future__ import annotations
@@ -45,6 +45,26 @@ class Block:
     moe: MoE
     engram: Engram | None
     engram_index: int | None  # position in cfg.engram_layer_ids
+    ops: Ops
+    eps: float
+
+    # The sub-layer sequence, shared by the backbone forward and the DSpark draft blocks.
+    def attn_input(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """Normed attention input [T, H]: RMSNorm(mHC collapse of the streams)."""
+        return self.ops.rms_norm(self.attn_hc.collapse(streams, pre), self.attn_norm, self.eps)
+
+    def attn_residual(self, y: torch.Tensor, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expand the attention output back into the streams -> (streams, carried pre)."""
+        mix = self.attn_hc(streams)
+        return self.attn_hc.expand(y, streams, mix), mix.pre
+
+    def ffn(
+        self, streams: torch.Tensor, pre: torch.Tensor, image_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MoE sub-layer wrapped in shifted mHC -> (streams, carried pre)."""
+        mix = self.ffn_hc(streams)
+        x = self.ops.rms_norm(self.ffn_hc.collapse(streams, pre), self.ffn_norm, self.eps)
+        return self.ffn_hc.expand(self.moe(x, image_mask), streams, mix), mix.pre
 
     @classmethod
     def load(
@@ -71,6 +91,8 @@ class Block:
             moe=MoE.load(w.sub("ffn."), cfg, n_experts, topk, ops, dtype),
             engram=Engram.load(w.sub("engram."), cfg, k, ops, dtype) if k is not None else None,
             engram_index=k,
+            ops=ops,
+            eps=cfg.rms_norm_eps,
         )
 
 
@@ -133,8 +155,7 @@ class DeepseekV41Model:
             if blk.spec.is_dspark_target:
                 targets.append(streams.mean(dim=1))
 
-            # attention sub-layer
-            x = ops.rms_norm(blk.attn_hc.collapse(streams, pre), blk.attn_norm, cfg.rms_norm_eps)
+            x = blk.attn_input(streams, pre)
             if blk.spec.index == self.consumer_start:
                 # YOCO: the consumer half's long-range KV comes from this input, for every row; with
                 # compact bounded replay the consumer half then runs on the kept rows only
@@ -143,15 +164,8 @@ class DeepseekV41Model:
                     streams, pre, x = streams[rows], pre[rows], x[rows]
                     image_mask = None if image_mask is None else image_mask[rows]
                     targets = [t[rows] for t in targets]
-            mix = blk.attn_hc(streams)
-            streams = blk.attn_hc.expand(blk.attn(x, step), streams, mix)
-            pre = mix.pre
-
-            # MoE sub-layer
-            mix = blk.ffn_hc(streams)
-            x = ops.rms_norm(blk.ffn_hc.collapse(streams, pre), blk.ffn_norm, cfg.rms_norm_eps)
-            streams = blk.ffn_hc.expand(blk.moe(x, image_mask), streams, mix)
-            pre = mix.pre
+            streams, pre = blk.attn_residual(blk.attn(x, step), streams)
+            streams, pre = blk.ffn(streams, pre, image_mask)
 
         hidden = ops.rms_norm(self.blocks[-1].ffn_hc.collapse(streams, pre), self.norm, cfg.rms_norm_eps)
         return ModelOutput(hidden, torch.cat(targets, dim=-1) if targets else None)

@@ -1,8 +1,10 @@
-"""The engine-facing runtime (CausalLM): ForwardBatch -> StepState -> layers -> ForwardOutput.
+"""The engine-facing runtime (CausalLM): ForwardBatch -> StepMetadata -> layers -> ForwardOutput.
 
-Besides the attention caches (deepinfer.cache, per-slot rings and paged blocks) the runtime keeps one
-small per-slot ring of recent token ids, so Engram n-grams can look back across forward calls and
-across rollbacks of up to `max_backtrack` tokens.
+Each forward builds its StepMetadata once (metadata.py: host index arithmetic, one copy to the
+device), calls the backend's `plan(metadata)` hook, then runs the model on tensors only. Besides the
+attention caches (deepinfer.cache, per-slot rings and paged blocks) the runtime keeps one small
+per-slot ring of recent token ids, so Engram n-grams can look back across forward calls and across
+rollbacks of up to `max_backtrack` tokens.
 """
 
 from __future__ import annotations
@@ -19,8 +21,15 @@ from deepinfer.checkpoint.loader import load_checkpoint
 from deepinfer.config import ModelConfig, TextConfig, load_model_config
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.dspark import DSpark
+from deepinfer.models.deepseek_v41.metadata import MetadataBuilder, StepMetadata
 from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
-from deepinfer.models.deepseek_v41.step_state import BoundedReplay, ReplayMode, StepState
+from deepinfer.models.deepseek_v41.step_state import (
+    BoundedReplay,
+    ReplayMode,
+    StepState,
+    check_replay,
+    step_geometry,
+)
 from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput, SequenceSegment
 from deepinfer.ops import Ops, get_ops
 from deepinfer.tokenizer import compressed_vocab
@@ -47,11 +56,14 @@ class DeepseekV41Runtime:
         self.eos_token_id = cfg.eos_token_id
         self.max_backtrack = options.max_backtrack or max((cfg.dspark_block_size or 0) + 1, 1)
         self.replay = BoundedReplay(options.replay_mode, options.replay_keep)
+        check_replay(cfg, self.replay, self.max_backtrack)
         # Engram look-back: the N-1 tokens before a segment, which may start max_backtrack tokens back
         self.history_len = self.max_backtrack + cfg.engram_max_ngram_size - 1 if cfg.has_engram else 0
         self.device = model.embed.device
         self.cache: KVCache | None = None
+        self.builder: MetadataBuilder | None = None
         self.history: torch.Tensor | None = None  # Engram: [slots, history_len] ids, position p at p % len
+        self.last_is_consumer = model.blocks[-1].spec.is_yoco_consumer
 
     # --- cache management (interface.CausalLM)
 
@@ -73,6 +85,9 @@ class DeepseekV41Runtime:
         )
         if self.history_len:
             self.history = torch.zeros(num_slots, self.history_len, dtype=torch.int64, device=self.device)
+        n = self.cfg.engram_max_ngram_size if self.history_len else 0
+        geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
+        self.builder = MetadataBuilder(geometry, self.device)
 
     def reset_slot(self, slot: int) -> None:
         self._require_cache().reset_slot(slot)
@@ -103,53 +118,37 @@ class DeepseekV41Runtime:
                 f"compact bounded replay computes only the last {keep} rows of a segment: "
                 "logits='all' is not available for longer segments"
             )
-        ids = batch.input_ids  # corrected on the device by the engine (async scheduling), or built here
-        total = sum(len(s.token_ids) for s in segs)
+        meta = self.builder.build(batch, self.last_is_consumer)
+        self.model.ops.plan(meta)
+        ids = batch.input_ids  # corrected on the device by the engine (async scheduling), or the lists'
         if ids is None:
-            ids = torch.tensor([t for s in segs for t in s.token_ids], dtype=torch.int64, device=self.device)
-        elif ids.shape != (total,):
-            raise ValueError(f"input_ids has shape {tuple(ids.shape)}, the segments hold {total} tokens")
+            ids = meta.input_ids
+        elif ids.shape != (meta.num_rows,):
+            raise ValueError(
+                f"input_ids has shape {tuple(ids.shape)}, the segments hold {meta.num_rows} tokens"
+            )
         ids = ids.to(self.device, torch.int64)
-        per_seg = ids.split([len(s.token_ids) for s in segs])
         engram = self.model.hasher is not None
-        inputs = TokenInputs(ids=ids, ngrams=self._ngrams(segs, per_seg) if engram else None)
-        step = StepState.build(batch, self.cfg, cache, replay=self.replay)
+        inputs = TokenInputs(ids=ids, ngrams=self._ngrams(ids, meta) if engram else None)
+        step = StepState(self.cfg, cache, meta)
         out = self.model.forward(inputs, step)
         if engram:
-            self._remember(segs, per_seg)
+            self.history.view(-1).index_put_((meta.history_dest,), ids[meta.history_src])
 
-        last = step.rows(self.model.blocks[-1].spec)
         if self.dspark is not None and out.target_features is not None:
-            self.dspark.write_context(cache, segs, last, out.target_features)
-        picks, offsets = [], [0]
-        for (begin, end), seg in zip(last.bounds, segs):
-            rows = range(begin, end) if seg.logits == "all" else [end - 1] if seg.logits == "last" else []
-            picks.extend(rows)
-            offsets.append(offsets[-1] + len(rows))
-        index = torch.tensor(picks, dtype=torch.int64, device=self.device)
-        logits = self.model.logits(out.hidden[index])
-        return ForwardOutput(logits=logits, row_offsets=offsets)
+            self.dspark.write_context(cache, step.rows(self.model.blocks[-1].spec), out.target_features)
+        logits = self.model.logits(out.hidden[meta.logits_rows])
+        return ForwardOutput(logits=logits, row_offsets=meta.row_offsets)
 
-    # --- Engram look-back across forwards
-
-    def _ngrams(self, segs: Sequence[SequenceSegment], ids: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Engram n-gram rows of each segment's tokens (`ids`, device values) after its slot's history."""
-        n = self.cfg.engram_max_ngram_size
-        out = []
-        for s, new in zip(segs, ids):
-            back = min(s.start_pos, n - 1)
-            past = torch.arange(s.start_pos - back, s.start_pos, device=self.device) % self.history_len
-            context = torch.cat((self.history[s.slot, past], new))
-            # image tokens block the look-back; this runtime has no vision tower, so there are none
-            blocked = torch.zeros_like(context, dtype=torch.bool)
-            out.append(self.model.hasher.ngrams(context, blocked, len(s.token_ids)))
-        return torch.cat(out)
-
-    def _remember(self, segs: Sequence[SequenceSegment], seg_ids: Sequence[torch.Tensor]) -> None:
-        for s, ids in zip(segs, seg_ids):
-            pos = torch.arange(s.start_pos, s.start_pos + len(s.token_ids), device=self.device)
-            keep = slice(-self.history_len, None)  # only the newest entries survive the ring anyway
-            self.history[s.slot, pos[keep] % self.history_len] = ids[keep]
+    def _ngrams(self, ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+        """Engram n-gram rows [T, N] (compressed ids): shift i is the token i positions back, read from
+        this step's ids or the slot's history ring; before the sequence start, the pad id."""
+        hasher = self.model.hasher
+        src = meta.engram_sources
+        tokens = torch.cat((self.history.view(-1), ids))[src.clamp_min(0)]
+        # image tokens would block the look-back too; this runtime has no vision tower, so there are none
+        comp = hasher.token_map[tokens.clamp(0, hasher.token_map.numel() - 1)]
+        return torch.where(src >= 0, comp, hasher.pad_id)
 
     # --- full-sequence scoring
 

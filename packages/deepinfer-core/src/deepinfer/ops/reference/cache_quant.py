@@ -11,6 +11,9 @@ differ from a division in the last bit, which decides pow2ceil when the quotient
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
 import torch
 
 from deepinfer.checkpoint.formats import (
@@ -23,6 +26,9 @@ from deepinfer.checkpoint.formats import (
     ue8m0_to_float,
     unpack_fp4_codes,
 )
+
+if TYPE_CHECKING:
+    from deepinfer.cache.codecs import Codec
 
 FP8_GROUP = 32
 NVFP4_GROUP = 16
@@ -77,3 +83,18 @@ def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def mxfp4_dequantize(packed: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     g = _e2m1_values(packed).unflatten(-1, (-1, MXFP4_GROUP)) * ue8m0_to_float(exp).unsqueeze(-1)
     return g.flatten(-2).to(dtype)
+
+
+def cache_write(pool: torch.Tensor, dest: torch.Tensor, values: torch.Tensor, codec: Codec) -> None:
+    """Encode values [n, dim] with `codec` and store them in pool [A, E, nbytes] uint8 (a paged region,
+    or a ring region of slots): flat row dest[i] = a * E + e (long [n]) receives row i at pool[a, e]."""
+    per = pool.shape[1]
+    pool.index_put_((dest // per, dest % per), codec.encode(values, QUANT_OPS))
+
+
+# The quantisation ops by name, for codecs used inside other reference ops (a kernel backend replaces
+# the whole outer op, so these inner calls stay reference).
+QUANT_OPS = SimpleNamespace(
+    fp8_quantize=fp8_quantize, fp8_dequantize=fp8_dequantize, nvfp4_quantize=nvfp4_quantize,
+    nvfp4_dequantize=nvfp4_dequantize, mxfp4_quantize=mxfp4_quantize, mxfp4_dequantize=mxfp4_dequantize,
+)

@@ -12,7 +12,9 @@ def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = Fals
     `inverse` applies the conjugate rotation (undoing RoPE on attention outputs).
     """
     rot = 2 * angles.shape[-1]
-    pairs = torch.view_as_complex(x[..., -rot:].float().unflatten(-1, (-1, 2)).contiguous())
+    # an unconditional copy (not .contiguous()) keeps the op sequence independent of the batch size
+    pairs = x[..., -rot:].float().unflatten(-1, (-1, 2)).clone(memory_format=torch.contiguous_format)
+    pairs = torch.view_as_complex(pairs)
     phase = torch.polar(torch.ones_like(angles), angles)
     phase = phase.view(phase.shape[0], *([1] * (pairs.ndim - 2)), phase.shape[-1])
     if inverse:
