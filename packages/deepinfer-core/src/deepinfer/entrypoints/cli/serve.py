@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deepinfer.entrypoints.cli.engine_args import add_engine_args, llm_from_args
-from deepinfer.entrypoints.cli.errors import UsageError
+from deepinfer.entrypoints.cli.errors import UsageError, finite_float, positive_int
 
 if TYPE_CHECKING:
     from deepinfer.entrypoints.server.state import ServerState
@@ -34,23 +34,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             action.required = False
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=os.environ.get("DEEPINFER_API_KEY"),
+    g.add_argument("--port", type=positive_int, default=8000)
+    g.add_argument("--api-key", default=None,
                    help="key required on EVERY route except /health and /ready (inference, admin, metrics, "
                    "tokenize); clients send 'Authorization: Bearer KEY' or 'x-api-key: KEY'. "
                    "Default: $DEEPINFER_API_KEY, else no key (bind to localhost then)")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="model names clients use (default: the checkpoint directory's name)")
-    g.add_argument("--max-num-queued-reqs", type=int, default=None,
+    g.add_argument("--max-num-queued-reqs", type=positive_int, default=None,
                    help="waiting requests beyond which new ones get 503 + Retry-After (default: unbounded)")
-    g.add_argument("--request-timeout", type=float, default=None,
+    g.add_argument("--request-timeout", type=positive_seconds, default=None,
                    help="per-request deadline in seconds (queue + generation); past it: 504, aborted")
-    g.add_argument("--max-request-body-bytes", type=int, default=16 << 20, help="larger bodies get 413")
-    g.add_argument("--response-store-size", type=int, default=1024,
+    g.add_argument("--max-request-body-bytes", type=positive_int, default=16 << 20,
+                   help="larger bodies get 413")
+    g.add_argument("--response-store-size", type=positive_int, default=1024,
                    help="Responses API results kept for GET/cancel (least recently used evicted)")
-    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+    g.add_argument("--shutdown-timeout", type=positive_seconds, default=30.0,
                    help="seconds to let in-flight requests finish on SIGINT/SIGTERM")
     parser.set_defaults(func=run, defaults={a.dest: a.default for a in parser._actions})
+
+
+def positive_seconds(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
 
 
 def make_state(args: argparse.Namespace) -> ServerState:
@@ -87,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from deepinfer.entrypoints.server.app import build_app, route_list
 
     args.model = args.model_tag or args.model
+    args.api_key = args.api_key or os.environ.get("DEEPINFER_API_KEY")  # not a default: --help shows those
     if not args.model:
         raise UsageError("give the checkpoint directory: deepinfer serve MODEL")
     changed = {k: v for k, v in vars(args).items()
