@@ -51,9 +51,11 @@ class Tiles:
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
 
 
-# from the tile sweep of benchmarks/kernels/attention.py on an H200 (docs/performance.md)
-DECODE_TILES = Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=2, programs_per_sm=2.0)
-PREFILL_TILES = Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=2)
+# best of the tile sweep of benchmarks/kernels/attention.py --sweep on an H200 (2026-12-01): decode at
+# ctx 64k B 1/64/128 16.9/60/95 µs, prefill of 2048 rows 1.19 ms; splitting the keys further costs more
+# in partial outputs than it gains in parallelism
+DECODE_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=0.5)
+PREFILL_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1)
 
 
 @triton.jit
