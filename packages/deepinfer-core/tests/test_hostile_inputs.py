@@ -558,3 +558,17 @@ def test_cli_errors_as_subprocesses(tiny_checkpoint, tmp_path, argv, code, needl
     err = proc.stderr.decode(errors="replace")
     assert proc.returncode == code and "Traceback" not in err, err
     assert needle in err.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_cli_ctrl_c_mid_generation(tiny_checkpoint):
+    """SIGINT while tokens stream: exit 130 with one line, no traceback."""
+    TRIED["cli (subprocess)"] += 1
+    argv = ["generate", "--model", tiny_checkpoint, "--prompt-ids", "1,2,3", "--max-tokens", "3000",
+            "--max-model-len", "4000", "--ignore-eos", "--stream", "--log-level", "ERROR"]
+    proc = subprocess.Popen([sys.executable, "-m", "deepinfer.entrypoints.cli.main", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.read(1)  # generation has started
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and b"Traceback" not in err and err.strip().endswith(b"interrupted"), err

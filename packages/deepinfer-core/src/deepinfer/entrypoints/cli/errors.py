@@ -1,17 +1,17 @@
 """How the CLI reports a failed command: one line on stderr, exit 2 for a bad option, 1 otherwise.
 
-`--debug` (or DEEPINFER_DEBUG=1) lets the exception through with its traceback instead.
+`--debug` (or DEEPINFER_DEBUG=1) lets the exception through with its traceback instead. This module is
+imported before anything heavy (pydantic, torch), so `main` can report a Ctrl-C during those imports.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import pydantic
-
-from deepinfer.config.errors import config_error_from
+if TYPE_CHECKING:
+    import pydantic
 
 N = TypeVar("N", int, float)
 
@@ -26,6 +26,10 @@ class UsageError(ValueError):
 
 def describe(exc: BaseException) -> str:
     """One line saying what went wrong, without Python internals."""
+    import pydantic
+
+    from deepinfer.config.errors import config_error_from
+
     if isinstance(exc, pydantic.ValidationError):
         return str(config_error_from(exc))
     if isinstance(exc, OSError) and exc.strerror:
@@ -33,10 +37,10 @@ def describe(exc: BaseException) -> str:
         return f"{exc.strerror}{where}"
     if isinstance(exc, RecursionError):
         return "input nested too deeply"
-    if isinstance(exc, MemoryError):
-        return f"out of memory{': ' + str(exc) if str(exc) else ''}"
+    if isinstance(exc, MemoryError) and not str(exc):
+        return "out of memory"
     text = " ".join(str(exc).split())  # one line
-    if isinstance(exc, (ValueError, TypeError, ImportError, LookupError)) and text:
+    if isinstance(exc, (ValueError, TypeError, ImportError, LookupError, MemoryError)) and text:
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

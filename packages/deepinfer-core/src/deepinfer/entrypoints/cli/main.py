@@ -82,15 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:2] == ["bench", "serve"]:  # `deepinfer bench serve` is the bench-serve command
-        argv[:2] = ["bench-serve"]
-    args = parser.parse_args(argv)
-    debug = bool(args.debug) or os.environ.get("DEEPINFER_DEBUG", "") not in ("", "0")
-    logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
-    prog = f"deepinfer {args.command}"
-    try:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv or os.environ.get("DEEPINFER_DEBUG", "") not in ("", "0")
+    prog = "deepinfer"
+    try:  # building the parser imports torch: a Ctrl-C there is an interrupt like any other
+        args = build_parser().parse_args(argv)
+        prog = f"deepinfer {args.command}"
+        logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
         return int(args.func(args) or 0)
     except UsageError as exc:
         if debug:
