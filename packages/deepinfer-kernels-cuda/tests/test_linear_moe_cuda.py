@@ -131,6 +131,20 @@ def test_route_matches_reference(cuda_ops, ref_ops):
     torch.testing.assert_close(got_w[same], want_w[same], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("tokens", "topk", "experts", "block_m"), [(1, 6, 384, 16), (10, 6, 384, 16), (7, 4, 20, 32)]
+)
+def test_align_one_program_equals_torch_path(monkeypatch, tokens, topk, experts, block_m):
+    from deepinfer_kernels_cuda import moe
+
+    torch.manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts)[:topk] for _ in range(tokens)]).int().cuda()
+    small = moe.align(ids, experts, block_m)
+    monkeypatch.setattr(moe, "SMALL_ALIGN", 0)
+    big = moe.align(ids, experts, block_m)
+    assert torch.equal(small.row_assign, big.row_assign) and torch.equal(small.block_expert, big.block_expert)
+
+
 def test_align_pads_each_expert_and_keeps_every_assignment():
     from deepinfer_kernels_cuda import moe
 

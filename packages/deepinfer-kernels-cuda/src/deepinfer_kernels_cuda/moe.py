@@ -145,13 +145,55 @@ class Alignment:
         return self.block_expert.shape[0]
 
 
+# assignments up to which one program aligns them (decode: one launch instead of ~10 torch ops); its
+# [experts x assignments] compare matrices grow with the count, and so does the compile time
+SMALL_ALIGN = 64
+
+
+@triton.jit
+def _align_small_kernel(
+    ids_ptr, row_assign_ptr, block_expert_ptr, A, E, rows, blocks,
+    BM: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    a = tl.arange(0, BLOCK_A)
+    e = tl.arange(0, BLOCK_E)
+    ids = tl.load(ids_ptr + a, mask=a < A, other=-1)
+    hit = ids[None, :] == e[:, None]  # [experts, assignments]
+    padded = (tl.sum(hit.to(tl.int32), axis=1) + BM - 1) // BM * BM
+    padded_end = tl.cumsum(padded, axis=0)
+    start = tl.sum(tl.where(hit, (padded_end - padded)[:, None], 0), axis=0)  # each assignment's expert
+    # stable rank among the same expert's assignments
+    rank = tl.sum(((ids[None, :] == ids[:, None]) & (a[None, :] < a[:, None])).to(tl.int32), axis=1)
+    r = tl.arange(0, BLOCK_R)
+    tl.store(row_assign_ptr + r, tl.full((BLOCK_R,), -1, tl.int32), mask=r < rows)
+    tl.debug_barrier()  # the padding fill lands before the rows (one program)
+    tl.store(row_assign_ptr + start + rank, a, mask=a < A)
+    b = tl.arange(0, BLOCK_B)
+    before = (padded_end[None, :] <= (b * BM)[:, None]) & (e[None, :] < E)  # experts ending before block b
+    expert = tl.sum(before.to(tl.int32), axis=1)
+    tl.store(block_expert_ptr + b, tl.where(expert < E, expert, -1), mask=b < blocks)
+
+
 def align(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
     """Sort assignments by expert into rows padded to block_m per expert, without a host sync: the
     capacity (every assignment plus up to block_m - 1 padding rows per touched expert) is known from
-    the shapes alone."""
-    flat = ids.reshape(-1).long()
+    the shapes alone. Within an expert, assignments keep their (token, slot) order."""
+    flat = ids.reshape(-1)
     a = flat.numel()
     dev = flat.device
+    blocks = -(-(a + min(n_experts, a) * (block_m - 1)) // block_m)
+    row_assign = torch.empty((blocks * block_m,), dtype=torch.int32, device=dev)
+    block_expert = torch.empty((blocks,), dtype=torch.int32, device=dev)
+    if 0 < a <= SMALL_ALIGN:
+        _align_small_kernel[(1,)](
+            flat.to(torch.int32), row_assign, block_expert, a, n_experts, blocks * block_m, blocks,
+            BM=block_m, BLOCK_A=triton.next_power_of_2(a), BLOCK_E=triton.next_power_of_2(n_experts),
+            BLOCK_R=triton.next_power_of_2(blocks * block_m), BLOCK_B=triton.next_power_of_2(blocks),
+            num_warps=4,
+        )
+        return Alignment(row_assign, block_expert, block_m)
+    flat = flat.long()
     counts = torch.zeros(n_experts, dtype=torch.long, device=dev).index_add_(0, flat, torch.ones_like(flat))
     order = torch.argsort(flat, stable=True)
     sorted_e = flat[order]
@@ -160,12 +202,11 @@ def align(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
     padded_start = padded_end - padded
     start = counts.cumsum(0) - counts
     rows = padded_start[sorted_e] + torch.arange(a, device=dev) - start[sorted_e]
-    blocks = -(-(a + min(n_experts, a) * (block_m - 1)) // block_m)
-    row_assign = torch.full((blocks * block_m,), -1, dtype=torch.int32, device=dev)
+    row_assign.fill_(-1)
     row_assign[rows] = order.to(torch.int32)
     block_start = torch.arange(blocks, device=dev) * block_m
-    block_expert = torch.searchsorted(padded_end, block_start, right=True)
-    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
+    block_expert.copy_(torch.searchsorted(padded_end, block_start, right=True).clamp_(max=n_experts))
+    block_expert.masked_fill_(block_expert == n_experts, -1)
     return Alignment(row_assign, block_expert, block_m)
 
 
