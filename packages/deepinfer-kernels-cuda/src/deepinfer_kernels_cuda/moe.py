@@ -303,6 +303,8 @@ def routed_experts(
     """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token)."""
     t, k = ids.shape
     e, i, h = experts.n_experts, experts.inter, experts.hidden
+    if t == 0:
+        return torch.empty((0, h), dtype=x.dtype, device=x.device)
     cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
     al = align(ids, e, cfg.block_m)
     ieee = x.dtype == torch.float32
