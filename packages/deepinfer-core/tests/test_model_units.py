@@ -31,7 +31,7 @@ def test_fp8_linear_keeps_storage_and_matches_dequantised_product():
     w = torch.randn(70, 96, generator=g)
     q, s = quantize_fp8(w)
     lin = make_linear(Weights({"a.weight": q, "a.scale": s}), "a", OPS, torch.float32, (70, 96))
-    assert lin.kind == "fp8" and lin.weight.dtype == torch.float8_e4m3fn
+    assert lin.kind == "fp8" and lin.prepared.weight.dtype == torch.float8_e4m3fn
     x = torch.randn(5, 96, generator=g)
     dense = q.float() * s.float().repeat_interleave(32, 0)[:70].repeat_interleave(32, 1)[:, :96]
     torch.testing.assert_close(lin(x), x @ dense.T, rtol=1e-5, atol=1e-5)
@@ -43,7 +43,7 @@ def test_fp4_linear_and_bad_scales_are_named():
     w = torch.randn(8, 64, generator=g)
     q, s = quantize_fp4(w)
     lin = make_linear(Weights({"e.weight": q, "e.scale": s}), "e", OPS, torch.float32, (8, 64))
-    assert lin.kind == "fp4" and lin.weight.dtype == torch.int8
+    assert lin.kind == "fp4" and lin.prepared.weight.dtype == torch.int8
     assert (lin.dense() - w).abs().max() < 0.5 * w.abs().max()
     bad = s.view(torch.uint8).clone()
     bad[0, 0] = 0xFF
@@ -89,6 +89,11 @@ def test_sinkhorn_is_doubly_stochastic_and_first_collapse_is_embedding():
 
 
 def _moe(cfg: TextConfig, g: torch.Generator) -> MoE:
+    return MoE.load(Weights(_moe_tensors(cfg, g)), cfg, cfg.n_routed_experts, cfg.num_experts_per_tok, OPS,
+                    torch.float32)
+
+
+def _moe_tensors(cfg: TextConfig, g: torch.Generator) -> dict[str, torch.Tensor]:
     h, i, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
     t: dict[str, torch.Tensor] = {
         "gate.weight": torch.randn(e, h, generator=g).bfloat16(),
@@ -103,7 +108,17 @@ def _moe(cfg: TextConfig, g: torch.Generator) -> MoE:
             t[f"experts.{x}.{name}.weight"], t[f"experts.{x}.{name}.scale"] = quantize_fp4(
                 torch.randn(r, c, generator=g) * 0.1
             )
-    return MoE.load(Weights(t), cfg, e, cfg.num_experts_per_tok, OPS, torch.float32)
+    return t
+
+
+def test_moe_load_stacks_the_experts_and_releases_the_per_expert_tensors():
+    cfg = _cfg(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3)
+    t = _moe_tensors(cfg, torch.Generator().manual_seed(6))
+    w2_5 = t["experts.5.w2.weight"]
+    experts = MoE.load(Weights(t), cfg, 8, 3, OPS, torch.float32).weights.experts
+    assert experts.w1.shape == (8, 32, 32) and experts.w2_scale.shape == (8, 64, 1)
+    assert torch.equal(experts.w2[5], w2_5)
+    assert not [k for k in t if k.startswith("experts.")] and "shared_experts.w1.weight" in t
 
 
 def test_moe_routing_uses_bias_for_selection_only():
@@ -182,15 +197,13 @@ def test_engram_constants_of_the_flash_config_match_the_spec():
     assert hasher.multipliers[1].tolist() == engram_multipliers(14, 4, cfg.engram_compressed_vocab_size)
 
 
-def test_engram_rows_follow_the_hash_rule_with_lookback_blocking():
+def test_engram_rows_follow_the_hash_rule():
     cfg = _cfg(engram_compressed_vocab_size=50)
     token_map = [i % 50 for i in range(80)]
     hasher = EngramHasher.build(cfg, token_map, OPS, torch.device("cpu"))
-    context = torch.tensor([5, 70, 9, 11, 3])
-    blocked = torch.tensor([False, False, True, False, False])
-    ngrams = hasher.ngrams(context, blocked, 3)  # tokens 9 (image), 11, 3
     pad = token_map[2]
-    assert ngrams.tolist() == [[pad, pad, pad, pad], [11, pad, pad, pad], [3, 11, pad, pad]]
+    assert hasher.pad_id == pad
+    ngrams = torch.tensor([[pad, pad, pad, pad], [11, pad, pad, pad], [3, 11, 20, 49]])
     rows = hasher.rows(0, ngrams)
     mu, primes = (
         hasher.multipliers[0].tolist(),

@@ -2,7 +2,9 @@
 
 Rows depend on the current token and up to N-1 previous tokens of the same sequence, mapped to the
 compressed vocabulary (the checkpoint tokenizer's normalised vocabulary). Image tokens, and the start
-of the sequence, block the look-back: that shift and every further one become the pad id.
+of the sequence, block the look-back: that shift and every further one become the pad id. The runtime
+builds those n-grams for all rows of a step at once; per Engram layer, one hash op gives their table
+rows and one lookup op gathers them for all rows.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from deepinfer.ops import Ops
 
 @dataclass
 class EngramHasher:
-    """Compressed-id n-grams and their table rows for every Engram layer."""
+    """The compressed vocabulary (n-grams are built from it by the runtime) and the table rows of an
+    n-gram for every Engram layer."""
 
     token_map: torch.Tensor  # [vocab] raw id -> compressed id
     pad_id: int  # compressed id of engram_pad_token_id
-    max_ngram: int
     multipliers: list[torch.Tensor]  # per Engram layer: [N] odd int64
     primes: list[torch.Tensor]  # per Engram layer: [N-1, heads]
     offsets: list[torch.Tensor]  # per Engram layer: [N-1, heads], running sums of the primes
@@ -50,24 +52,7 @@ class EngramHasher:
                 torch.tensor(engram_multipliers(layer_id, n, vocab), dtype=torch.int64, device=device)
             )
         tmap = torch.tensor(list(token_map), dtype=torch.int64, device=device)
-        return cls(tmap, int(tmap[cfg.engram_pad_token_id]), n, mults, ps, offs, ops)
-
-    def ngrams(self, context: torch.Tensor, blocked: torch.Tensor, n_new: int) -> torch.Tensor:
-        """N-gram ids [n_new, N] of the last `n_new` tokens of one sequence's `context`.
-
-        `context` [C] raw ids: up to N-1 tokens before the new ones (fewer at the sequence start),
-        then the new tokens; `blocked` [C] marks image tokens.
-        """
-        comp = torch.where(blocked, -1, self.token_map[context.clamp(0, self.token_map.numel() - 1)])
-        pos = torch.arange(context.numel() - n_new, context.numel(), device=context.device)
-        stop = torch.zeros(n_new, dtype=torch.bool, device=context.device)
-        cols = []
-        for shift in range(self.max_ngram):
-            src = pos - shift
-            x = comp[src.clamp_min(0)]
-            stop = stop | (src < 0) | (x < 0)
-            cols.append(torch.where(stop, self.pad_id, x))
-        return torch.stack(cols, dim=-1)
+        return cls(tmap, int(tmap[cfg.engram_pad_token_id]), mults, ps, offs, ops)
 
     def rows(self, k: int, ngrams: torch.Tensor) -> torch.Tensor:
         """Table rows [T, (N-1)*heads] of the k-th Engram layer."""

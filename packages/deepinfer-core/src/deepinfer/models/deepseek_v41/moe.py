@@ -21,7 +21,8 @@ _EXPERT_TENSORS = ("w1", "w3", "w2")
 
 
 def stacked_experts(w: Weights, n_experts: int, hidden: int, inter: int) -> dict[str, torch.Tensor]:
-    """`w1`, `w1_scale`, `w3`, ... as [E, ...] stacks of the checked per-expert packed FP4 tensors."""
+    """`w1`, `w1_scale`, `w3`, ... as [E, ...] stacks of the checked per-expert packed FP4 tensors; the
+    per-expert tensors are released from a mutable `w` (so the experts are not held twice)."""
     shapes = {"w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
     out: dict[str, torch.Tensor] = {}
     for key in _EXPERT_TENSORS:
@@ -35,6 +36,8 @@ def stacked_experts(w: Weights, n_experts: int, hidden: int, inter: int) -> dict
             packed.append(t)
             scales.append(check_scale(w, f"{name}.scale", (rows, cols // 32)))
         out[key], out[f"{key}_scale"] = torch.stack(packed), torch.stack(scales)
+        del packed, scales
+        w.release([f"experts.{e}.{key}.{part}" for e in range(n_experts) for part in ("weight", "scale")])
     return out
 
 

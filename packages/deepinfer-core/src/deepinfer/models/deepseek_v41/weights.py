@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 import torch
@@ -42,3 +42,10 @@ class Weights:
         if t.is_floating_point() and t.dtype.itemsize > 1 and not bool(torch.isfinite(t).all()):
             raise WeightError(f"{self.prefix + key}: contains NaN or infinite values")
         return t
+
+    def release(self, keys: list[str]) -> None:
+        """Drop `keys` from the underlying mapping when it is mutable (a loader's dict), so tensors
+        copied into another layout at load (stacked experts) are not held twice."""
+        if isinstance(self.tensors, MutableMapping):
+            for key in keys:
+                del self.tensors[self.prefix + key]
