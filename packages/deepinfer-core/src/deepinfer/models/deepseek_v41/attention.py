@@ -20,23 +20,11 @@ import torch
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.compressor import Compressor
 from deepinfer.models.deepseek_v41.indexer import Indexer
-from deepinfer.models.deepseek_v41.linear import Linear, make_linear
+from deepinfer.models.deepseek_v41.linear import make_linear
 from deepinfer.models.deepseek_v41.rope import Rope
 from deepinfer.models.deepseek_v41.step_state import StepState
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import Ops
-
-
-def _row_groups(lin: Linear, groups: int) -> list[Linear]:
-    """Split a linear into `groups` equal row blocks (views; FP8 scale rows follow their 32-row blocks)."""
-    rows = lin.out_features // groups
-    if lin.kind == "fp8" and rows % 32:
-        raise ValueError(f"grouped FP8 projection needs rows per group divisible by 32, got {rows}")
-    out = []
-    for g in range(groups):
-        scale = None if lin.scale is None else lin.scale[g * rows // 32 : (g + 1) * rows // 32]
-        out.append(Linear(lin.kind, lin.weight[g * rows : (g + 1) * rows], scale, lin.ops, lin.dtype))
-    return out
 
 
 class Attention:
@@ -61,8 +49,8 @@ class Attention:
         self.wq_b = make_linear(w, "wq_b", ops, dtype, (h * d, cfg.q_lora_rank))
         self.wkv = make_linear(w, "wkv", ops, dtype, (d, cfg.hidden_size))
         self.kv_norm = w.get("kv_norm.weight", (d,))
-        wo_a = make_linear(w, "wo_a", ops, dtype, (groups * cfg.o_lora_rank, h // groups * d))
-        self.wo_a = _row_groups(wo_a, groups)
+        # grouped: output group g (o_lora_rank rows) reads only head group g's h/groups*d channels
+        self.wo_a = make_linear(w, "wo_a", ops, dtype, (groups * cfg.o_lora_rank, h // groups * d), groups)
         self.wo_b = make_linear(w, "wo_b", ops, dtype, (cfg.hidden_size, groups * cfg.o_lora_rank))
         self.sink = w.get("attn_sink", (h,)).float()
         device = self.q_norm.device
@@ -110,8 +98,7 @@ class Attention:
 
     def project_output(self, o: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Attention output [n, heads, head_dim] -> [n, H]: undo RoPE, grouped wo_a, then wo_b."""
-        groups = self.ops.rope_interleaved(o, angles, inverse=True).flatten(1).chunk(len(self.wo_a), dim=-1)
-        return self.wo_b(torch.cat([wo(g) for wo, g in zip(self.wo_a, groups, strict=True)], dim=-1))
+        return self.wo_b(self.wo_a(self.ops.rope_interleaved(o, angles, inverse=True).flatten(1)))
 
     def _compress(self, x: torch.Tensor, step: StepState) -> None:
         """Append this step's complete groups (KV and index keys) to the KV source's paged pool."""
