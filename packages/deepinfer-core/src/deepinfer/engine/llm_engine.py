@@ -103,7 +103,8 @@ class LLMEngine:
     def prepare_request(self, prompt: str | list[int], params: SamplingParams | dict | None = None
                         ) -> PreparedRequest:
         """Validate and tokenize a request without touching the engine's state."""
-        params = params if isinstance(params, SamplingParams) else SamplingParams.model_validate(params or {})
+        if not isinstance(params, SamplingParams):
+            params = SamplingParams.model_validate({} if params is None else params)
         params.check_vocab(self.vocab_size)
         if isinstance(prompt, str):
             if self.tokenizer is None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import pydantic
 import torch
@@ -22,9 +22,10 @@ from deepinfer.config.errors import config_error_from
 from deepinfer.engine import EngineConfig, LLMEngine, RequestOutput
 from deepinfer.engine.llm_engine import check_text
 from deepinfer.engine.loader import TextTokenizer, default_cache_precision, load_model, resolve_dtype
-from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
-from deepinfer.models.deepseek_v41.step_state import ReplayMode
 from deepinfer.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -322,6 +323,9 @@ def request_json(body: dict[str, Any]) -> str:
 
 def runtime_options(cache_precision: str, replay_mode: str, replay_keep: int | None) -> RuntimeOptions:
     """The model runtime's options, each checked against its allowed values."""
+    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
+    from deepinfer.models.deepseek_v41.step_state import ReplayMode
+
     if cache_precision not in get_args(CachePrecision):
         raise SettingError(f"cache_precision: must be one of {get_args(CachePrecision)}, "
                            f"got {cache_precision!r}")
