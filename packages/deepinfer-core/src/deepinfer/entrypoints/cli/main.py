@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "serve"]:  # `deepinfer bench serve` is the bench-serve command
+        argv[:2] = ["bench-serve"]
     debug = "--debug" in argv or os.environ.get("DEEPINFER_DEBUG", "") not in ("", "0")
     prog = "deepinfer"
     try:  # building the parser imports torch: a Ctrl-C there is an interrupt like any other
