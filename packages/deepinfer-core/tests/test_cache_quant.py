@@ -81,11 +81,12 @@ def test_pool_round_trip_matches_codec() -> None:
 
     cfg = tiny_config("c2").text
     cache = KVCache(cfg, num_blocks=3, num_slots=2, precision="release", dtype=torch.float32, max_backtrack=2)
-    kv = cache.compressed_kv(1)
+    kv = cache.compressed_kv(1)  # 64 entries per block
     x = torch.randn(70, cfg.head_dim)
-    table = torch.tensor([2, 1])  # entries 0..63 in block 2, 64..69 in block 1
-    kv.write(table, torch.arange(70), kv.codec.encode(x, ops))
-    assert torch.equal(kv.load(table, 70), _round_trip("nvfp4", x))
+    entries, table = torch.arange(70), torch.tensor([2, 1])  # entries 0..63 in block 2, 64..69 in block 1
+    ops.cache_write(kv.data, table[entries // 64] * 64 + entries % 64, x, kv.codec)
+    stored = kv.data[table[entries // 64], entries % 64]
+    assert torch.equal(kv.codec.decode(stored, ops), _round_trip("nvfp4", x))
     assert cache.blocks[0].count_nonzero() == 0  # padding block untouched
 
 

@@ -1,8 +1,8 @@
 """The allocated cache: a paged block pool and per-sequence state slots, both raw bytes.
 
-Block 0 and slot 0 are padding and never hold a sequence. Layers read and write through typed
-views: `PagedEntries` (compressed KV / index keys, addressed by entry index through a block table)
-and `Ring` (per-slot rings addressed by absolute position modulo the ring length).
+Block 0 and slot 0 are padding and never hold a sequence. Layer ops read and write the typed region
+views: `PagedEntries` (compressed KV / index keys, entry j of a sequence at block_table[j // E], j % E)
+and `Ring` (per-slot rings, position p at entry p mod the ring length); docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch
 from deepinfer.cache.codecs import Codec
 from deepinfer.cache.layout import CachePrecision, CacheSpec, Region, RegionKind, cache_spec
 from deepinfer.config import TextConfig
-from deepinfer.ops import Ops, get_ops
 
 
 def _view(storage: torch.Tensor, region: Region) -> torch.Tensor:
@@ -29,19 +28,6 @@ class PagedEntries:
 
     data: torch.Tensor  # [num_blocks, E, nbytes] view into the pool
     codec: Codec
-    ops: Ops
-
-    def _where(self, block_table: torch.Tensor, entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        per_block = self.data.shape[1]
-        return block_table[entries // per_block], entries % per_block
-
-    def write(self, block_table: torch.Tensor, entries: torch.Tensor, encoded: torch.Tensor) -> None:
-        self.data[self._where(block_table, entries)] = encoded
-
-    def load(self, block_table: torch.Tensor, count: int) -> torch.Tensor:
-        """Decoded entries [0, count) of a sequence -> [count, dim]."""
-        entries = torch.arange(count, device=self.data.device)
-        return self.codec.decode(self.data[self._where(block_table, entries)], self.ops)
 
 
 @dataclass
@@ -50,17 +36,10 @@ class Ring:
 
     data: torch.Tensor  # [num_slots, len, nbytes] view into the slot storage
     codec: Codec
-    ops: Ops
 
     @property
     def length(self) -> int:
         return self.data.shape[1]
-
-    def write(self, slot: int, positions: torch.Tensor, encoded: torch.Tensor) -> None:
-        self.data[slot, positions % self.length] = encoded
-
-    def load(self, slot: int, positions: torch.Tensor) -> torch.Tensor:
-        return self.codec.decode(self.data[slot, positions % self.length], self.ops)
 
 
 class KVCache:
@@ -75,23 +54,27 @@ class KVCache:
         dtype: torch.dtype,
         max_backtrack: int,
         device: torch.device | str = "cpu",
-        ops: Ops | None = None,
     ):
         if num_blocks < 2 or num_slots < 2:
             raise ValueError("need at least one usable block and slot besides padding block 0 / slot 0")
         self.spec: CacheSpec = cache_spec(cfg, precision, dtype, max_backtrack)
         self.precision, self.dtype, self.max_backtrack = precision, dtype, max_backtrack
-        self.ops = ops or get_ops(device=device)
         self.blocks = torch.zeros(num_blocks, self.spec.bytes_per_block, dtype=torch.uint8, device=device)
         self.slots = torch.zeros(num_slots, self.spec.bytes_per_slot, dtype=torch.uint8, device=device)
+        # typed region views, built once (layers ask for theirs every step)
+        self._views: dict[tuple[RegionKind, int], PagedEntries | Ring] = {}
 
     def _block_region(self, kind: RegionKind, layer: int) -> PagedEntries:
-        region = self.spec.block_regions[(kind, layer)]
-        return PagedEntries(_view(self.blocks, region), region.codec, self.ops)
+        if (kind, layer) not in self._views:
+            region = self.spec.block_regions[(kind, layer)]
+            self._views[(kind, layer)] = PagedEntries(_view(self.blocks, region), region.codec)
+        return self._views[(kind, layer)]
 
     def _slot_region(self, kind: RegionKind, layer: int) -> Ring:
-        region = self.spec.slot_regions[(kind, layer)]
-        return Ring(_view(self.slots, region), region.codec, self.ops)
+        if (kind, layer) not in self._views:
+            region = self.spec.slot_regions[(kind, layer)]
+            self._views[(kind, layer)] = Ring(_view(self.slots, region), region.codec)
+        return self._views[(kind, layer)]
 
     def compressed_kv(self, layer: int) -> PagedEntries:
         return self._block_region("kv", layer)
@@ -114,6 +97,6 @@ class KVCache:
         self.slots[dst] = self.slots[src]
 
     def copy_blocks(self, src: list[int], dst: list[int]) -> None:
-        self.blocks[torch.tensor(dst, device=self.blocks.device)] = self.blocks[
-            torch.tensor(src, device=self.blocks.device)
-        ]
+        # non-blocking: a blocking host->device index copy would synchronise the step stream
+        dst_t, src_t = (torch.tensor(i).to(self.blocks.device, non_blocking=True) for i in (dst, src))
+        self.blocks.index_copy_(0, dst_t, self.blocks.index_select(0, src_t))

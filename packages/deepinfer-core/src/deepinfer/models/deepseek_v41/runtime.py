@@ -81,7 +81,6 @@ class DeepseekV41Runtime:
             self.model.dtype,
             self.max_backtrack,
             self.device,
-            ops=self.model.ops,
         )
         if self.history_len:
             self.history = torch.zeros(num_slots, self.history_len, dtype=torch.int64, device=self.device)

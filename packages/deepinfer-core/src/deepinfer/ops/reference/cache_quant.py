@@ -11,6 +11,7 @@ differ from a division in the last bit, which decides pow2ceil when the quotient
 
 from __future__ import annotations
 
+from functools import cache
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -41,9 +42,14 @@ def _groups(x: torch.Tensor, group: int) -> torch.Tensor:
     return x.float().unflatten(-1, (-1, group))
 
 
+@cache
+def _e2m1_table(device: torch.device) -> torch.Tensor:
+    """The E2M1 value table, built once per device (a host->device copy on every decode would sync)."""
+    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+
+
 def _e2m1_values(packed: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
-    return table[unpack_fp4_codes(packed).long()]
+    return _e2m1_table(packed.device)[unpack_fp4_codes(packed).long()]
 
 
 def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
