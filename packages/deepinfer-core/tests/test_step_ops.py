@@ -82,3 +82,40 @@ def test_decode_step_never_syncs(checkpoint: Path, precision: str) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.logits.shape[0] == 8 and torch.isfinite(out.logits).all()
+
+
+@pytest.mark.parametrize(
+    ("segments", "error"),
+    [
+        ([SequenceSegment(1, [1], 0, [5]), SequenceSegment(1, [2], 0, [6])], "each slot once"),
+        ([SequenceSegment(3, [1], 0, [5])], r"slots must lie in \[1, 3\)"),
+        ([SequenceSegment(1, [1], 127, [5, 6])], "block tables of slots \\[1\\] do not cover"),
+        ([SequenceSegment(1, [1], 0, [])], "slot 1 has no tokens"),
+    ],
+)
+def test_metadata_rejects_bad_batches(checkpoint: Path, segments: list, error: str) -> None:
+    rt = load_runtime(checkpoint)
+    rt.allocate_cache(num_blocks=3, num_slots=3)
+    with pytest.raises(ValueError, match=error):
+        rt.forward(ForwardBatch(segments))
+
+
+def test_metadata_indices_of_a_mixed_step(checkpoint: Path) -> None:
+    """A prefill chunk after cached tokens and a decode: window keys, ring writes, new entries."""
+    rt = load_runtime(checkpoint)
+    rt.allocate_cache(num_blocks=3, num_slots=3)
+    w, ring = rt.cfg.sliding_window, rt.cfg.sliding_window + rt.max_backtrack
+    rows_before = 3 * ring  # window index values >= 3 slots * ring are rows of this step
+    batch = ForwardBatch([SequenceSegment(2, [2], 10, [5] * 3), SequenceSegment(1, [1], 4, [6])])
+    meta = rt.builder.build(batch, last_layer_is_consumer=False)
+    rows = meta.all_rows
+    assert rows.positions.tolist() == [10, 11, 12, 4] and rows.row_seg.tolist() == [0, 0, 0, 1]
+    assert meta.query_start_loc.tolist() == [0, 3, 4]
+    # row 1 (position 11): keys 11-w+1 .. 11; those before 10 from slot 2's ring, 10 and 11 from this step
+    want = [2 * ring + k % ring if k < 10 else rows_before + (k - 10) for k in range(11 - w + 1, 12)]
+    assert rows.window[1].tolist() == want
+    assert rows.window[3].tolist() == [-1] * (w - 5) + [ring + k % ring for k in range(4)] + [rows_before + 3]
+    assert sorted(rows.ring_dest.tolist()) == sorted([2 * ring + p % ring for p in (10, 11, 12)] + [ring + 4])
+    c2 = meta.compression[2]  # ratio 2: entries completed: seq 0 groups 5 (10, 11); seq 1 none
+    assert c2.entry_positions.tolist() == [10] and c2.capacity == 6
+    assert c2.pool_dest.tolist() == [2 * (128 // 2) + 5]
