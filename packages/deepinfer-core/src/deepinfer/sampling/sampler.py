@@ -4,6 +4,9 @@ Pipeline per row: logit bias -> min_tokens ban (EOS, stop ids) -> presence/frequ
 penalties -> greedy argmax, or temperature -> top-k -> top-p -> min-p -> inverse-CDF draw with the
 counter-based uniform of (seed, position). Every operation is row-wise, so a row's result does not
 depend on the other rows. Reported log-probabilities are those of the raw model distribution.
+
+The rows become one `SamplingMetadata` per step (host lists, one copy to the device); the pipeline runs
+as the ops `apply_penalties`, `sample_tokens` and `compute_logprobs` over the whole batch.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Linear layers that keep their release storage (FP8 blocks, packed FP4, BF16/F32) and dequantise per use."""
+"""Linears over backend-prepared weights: `make_linear` checks a checkpoint linear (FP8 blocks, packed
+FP4, BF16/F32) and hands it to the backend's `prepare_linear` once; `Linear` calls `linear` on it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -28,7 +29,7 @@ def check_scale(weights: Weights, key: str, shape: tuple[int, ...]) -> torch.Ten
     return s
 
 
-@dataclass
+@dataclass(frozen=True)
 class Linear:
     """y = x W^T in `dtype` through the backend's `linear` op on the weight it prepared at load.
 
@@ -37,31 +38,19 @@ class Linear:
     """
 
     kind: Literal["fp8", "fp4", "dense"]
-    weight: torch.Tensor  # release storage (see NOTES.md), as handed to prepare_linear
-    scale: torch.Tensor | None
+    prepared: Any  # ops.prepare_linear(kind, release weight, scale, groups)
+    out_features: int
+    in_features: int
     ops: Ops
     dtype: torch.dtype
-    groups: int = 1
-    prepared: Any = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.prepared = self.ops.prepare_linear(self.kind, self.weight, self.scale, self.groups)
-
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.weight.shape[1] * (2 if self.kind == "fp4" else 1) * self.groups
+    device: torch.device
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(x, self.prepared, self.dtype)
 
     def dense(self) -> torch.Tensor:
         """The effective [out, in] matrix (block-diagonal when grouped), for tests and inspection."""
-        eye = torch.eye(self.in_features, dtype=self.dtype, device=self.weight.device)
-        return self(eye).T.contiguous()
+        return self(torch.eye(self.in_features, dtype=self.dtype, device=self.device)).T.contiguous()
 
 
 def make_linear(
@@ -100,4 +89,6 @@ def make_linear(
             f"{weights.name(name)}.weight: {rows} rows do not split into {groups} groups"
             + (f" of whole {BLOCK}-row FP8 scale blocks" if kind == "fp8" else "")
         )
-    return Linear(kind, w, scale, ops, dtype, groups)
+    cols = w.shape[1] * (2 if kind == "fp4" else 1)
+    prepared = ops.prepare_linear(kind, w, scale, groups)
+    return Linear(kind, prepared, rows, cols * groups, ops, dtype, w.device)
