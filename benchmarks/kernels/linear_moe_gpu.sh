@@ -23,10 +23,6 @@ fi
 section moe
 timeout -s INT "${MOE_S:-100}" python3 moe.py --out "$out" > "$out/moe.txt" 2>&1
 tail -12 "$out/moe.txt"
-section moe-asm-decode  # the same MoE with the inline-PTX FP4 decode (DEEPINFER_FP4_DECODE=asm)
-DEEPINFER_FP4_DECODE=asm timeout -s INT "${MOE_S:-100}" python3 moe.py --tokens 1,64,4096 --out "$out/asm_decode" \
-    > "$out/moe_asm_decode.txt" 2>&1
-tail -5 "$out/moe_asm_decode.txt"
 section linear
 timeout -s INT "${LINEAR_S:-140}" python3 linear.py --out "$out" > "$out/linear.txt" 2>&1
 tail -3 "$out/linear.txt"

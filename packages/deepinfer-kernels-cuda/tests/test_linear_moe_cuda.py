@@ -48,21 +48,6 @@ def test_linear_matches_reference(cuda_ops, ref_ops, poison, kind, m, groups, ou
     assert _rel_err(got, want) <= TOL[out_dtype]
 
 
-def test_fp4_decode_paths_agree(cuda_ops, monkeypatch):
-    """The inline-PTX FP4 decode gives the same bits as the Triton-ops decode (both exact in BF16)."""
-    from deepinfer_kernels_cuda import dequant
-
-    torch.manual_seed(3)
-    weight, scale = _weight("fp4", 256, 512)
-    prepared = cuda_ops.prepare_linear("fp4", weight, scale)
-    x = torch.randn(20, 512, device="cuda", dtype=torch.bfloat16)
-    outs = []
-    for asm in (False, True):
-        monkeypatch.setattr(dequant, "FP4_ASM", asm)
-        outs.append(cuda_ops.linear(x, prepared, torch.float32))
-    torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0)
-
-
 def test_backend_provides_the_linear_moe_group(cuda_ops):
     assert not {"prepare_linear", "linear", "prepare_experts", "moe"} & set(cuda_ops.fallbacks)
 

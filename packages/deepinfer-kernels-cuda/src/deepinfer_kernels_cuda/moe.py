@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from deepinfer_kernels_cuda import configs, dequant
+from deepinfer_kernels_cuda import configs
 from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile
 from deepinfer_kernels_cuda.linear import linear, mm_out
 
@@ -218,7 +218,6 @@ def _gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-    FP4_ASM: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -240,9 +239,9 @@ def _gate_up_kernel(
     for k0 in range(0, H, BK):
         offs_k = k0 + tl.arange(0, BK)
         xt = tl.load(x_ptr + token[None, :] * stride_xm + offs_k[:, None], mask=valid[None, :], other=0.0)
-        g = fp4_group_tile(w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, FP4_ASM)
+        g = fp4_group_tile(w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
         acc_g = tl.dot(g.to(xt.dtype), xt, acc_g, input_precision="ieee" if IEEE else None)
-        u = fp4_group_tile(w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, FP4_ASM)
+        u = fp4_group_tile(w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
         acc_u = tl.dot(u.to(xt.dtype), xt, acc_u, input_precision="ieee" if IEEE else None)
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(acc_g.to(out_ty).to(tl.float32), limit)
@@ -257,7 +256,7 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, w2_ptr, s2_ptr, row_assign_ptr, block_expert_ptr, y_ptr,
     H, inter, stride_we, stride_wn, stride_se, stride_sn,
-    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, FP4_ASM: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -276,7 +275,7 @@ def _down_kernel(
     for k0 in range(0, inter, BK):
         offs_k = k0 + tl.arange(0, BK)
         at = tl.load(act_rows + offs_k[:, None], mask=valid[None, :], other=0.0)
-        w = fp4_group_tile(w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, FP4_ASM)
+        w = fp4_group_tile(w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
         acc = tl.dot(w.to(at.dtype), at, acc, input_precision="ieee" if IEEE else None)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
     tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
@@ -316,14 +315,14 @@ def routed_experts(
         experts.s1.stride(0), experts.s1.stride(1),
         float(swiglu_limit),
         TOPK=k, BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(h, cfg.block_k), IEEE=ieee,
-        FP4_ASM=dequant.FP4_ASM, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
     _down_kernel[(al.blocks, triton.cdiv(h, cfg.block_n))](
         act, experts.w2, experts.s2, al.row_assign, al.block_expert, y,
         h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
         BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(i, cfg.block_k), IEEE=ieee,
-        FP4_ASM=dequant.FP4_ASM, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 

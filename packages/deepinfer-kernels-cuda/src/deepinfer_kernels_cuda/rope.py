@@ -39,13 +39,13 @@ def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = Fals
     n, d, rot_pairs = x.shape[0], x.shape[-1], angles.shape[-1]
     if d % 2 or 2 * rot_pairs > d or angles.shape[0] != n:
         raise ValueError(f"rope: x {tuple(x.shape)} cannot take angles {tuple(angles.shape)}")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:  # e.g. a step that completes no compressor group
+        return out
     x3 = x.reshape(n, -1, d)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows, pairs = x3.shape[1], d // 2
-    if out.numel() == 0:
-        return out
     angles = angles.float()
     block_p = triton.next_power_of_2(pairs)
     block_r = max(1, min(triton.next_power_of_2(rows), 4096 // block_p))

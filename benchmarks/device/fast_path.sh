@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One GPU call for the fast-path issues (8, 9, 10): every GPU test (kernels, op conformance cuda vs
+# reference, sync-free forward), then the Flash-width 5-layer slice on the cuda and reference backends and
+# the HF transformers peer, all in the same run. Usage, on the device after benchmarks/device/install.sh:
+#   benchmarks/device/fast_path.sh OUT_DIR        (SKIP_TESTS=1 / SKIP_PEER=1 / SKIP_REF=1 to shorten)
+set -uo pipefail
+out=${1:?usage: $0 OUT_DIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+section() { echo "== $1 $(date -u +%T)"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+if [ -z "${SKIP_TESTS:-}" ]; then
+    section gpu-tests
+    timeout -s INT "${TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider --tb=short -m "not slow" \
+        packages/deepinfer-kernels-cuda/tests tests/test_op_conformance.py \
+        packages/deepinfer-core/tests/test_step_ops.py > "$out/gpu_tests.txt" 2>&1
+    grep -E "passed|failed|error" "$out/gpu_tests.txt" | tail -3
+    grep -E "^(FAILED|ERROR)" "$out/gpu_tests.txt" | head -20
+fi
+slice=(--device cuda --layers 5 --prefill "${PREFILL:-2048}" --decode 8 --dtype bfloat16)
+section slice-cuda
+timeout -s INT "${SLICE_S:-150}" python3 benchmarks/reference_forward.py "${slice[@]}" --backend cuda \
+    --json "$out/slice_cuda.json" > "$out/slice_cuda.txt" 2>&1
+tail -25 "$out/slice_cuda.txt"
+if [ -z "${SKIP_REF:-}" ]; then
+    section slice-reference
+    timeout -s INT "${SLICE_S:-150}" python3 benchmarks/reference_forward.py "${slice[@]}" --backend reference \
+        --json "$out/slice_reference.json" > "$out/slice_reference.txt" 2>&1
+    tail -25 "$out/slice_reference.txt"
+fi
+if [ -z "${SKIP_PEER:-}" ]; then
+    section hf-peer
+    timeout -s INT "${PEER_S:-150}" python3 benchmarks/hf_peer.py --layers 5 --prefill "${PREFILL:-2048}" \
+        --decode 8 --batch 1 --json "$out/hf_peer.json" > "$out/hf_peer.txt" 2>&1
+    tail -15 "$out/hf_peer.txt"
+fi
+section done
