@@ -21,6 +21,7 @@ from deepinfer.entrypoints.server.state import ServerState
 
 logger = logging.getLogger("deepinfer.server")
 UNAUTHENTICATED = frozenset({"/health", "/ready"})  # probes: everything else needs the key
+QUIET = frozenset({"/health", "/ready", "/metrics"})
 ROUTERS = (routes_chat.router, routes_completions.router, routes_responses.router, routes_admin.router)
 _PATHS = frozenset(r.path for router in ROUTERS for r in router.routes)
 
@@ -51,8 +52,9 @@ class ServerMiddleware:
         finally:
             self.state.metrics.http.labels(_route_label(path), str(status)).inc()
             generation = scope.get("state", {}).get("generation")
-            logger.info("%s %s %d %.3fs%s", scope["method"], path, status, time.monotonic() - start,
-                        f" {generation.summary()}" if generation is not None else "")
+            level = logging.DEBUG if path in QUIET else logging.INFO  # probes and scrapes every few seconds
+            logger.log(level, "%s %s %d %.3fs%s", scope["method"], path, status, time.monotonic() - start,
+                       f" {generation.summary()}" if generation is not None else "")
 
     def _authorized(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])
