@@ -249,3 +249,17 @@ def test_bench_serve(server, tmp_path, capsys):
     results = json.loads(out.read_text())["results"]
     assert results["completed"] == 6 and results["failed"] == 0 and results["goodput"] > 0
     assert results["total_output_tokens"] == 36 and results["p99_tpot_ms"] >= results["p50_tpot_ms"] > 0
+
+
+def test_responses_cancel_in_progress(client, server):
+    stream = client.responses.create(model=MODEL, input="Hi", max_output_tokens=400, stream=True,
+                                     extra_body={"ignore_eos": True})
+    events = iter(stream)
+    created = next(events)
+    assert created.type == "response.created"
+    rid = created.response.id
+    assert client.responses.retrieve(rid).status == "in_progress"
+    assert client.responses.cancel(rid).status == "cancelled"
+    rest = list(events)  # the stream ends once the generation is aborted
+    assert len(rest) < 400 and client.responses.retrieve(rid).status == "cancelled"
+    server.wait_idle()
