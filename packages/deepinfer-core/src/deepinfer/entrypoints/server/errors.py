@@ -8,7 +8,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                413: "invalid_request_error", 499: "client_closed_request", 500: "internal_server_error",
+                413: "invalid_request_error", 500: "internal_server_error",
                 503: "service_unavailable", 504: "timeout"}
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                    413: "request_too_large", 500: "api_error", 503: "overloaded_error", 504: "timeout_error"}
