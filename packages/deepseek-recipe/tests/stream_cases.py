@@ -543,6 +543,87 @@ def stream_cases(dr):
                 "finish": finish,
             }
         )
+    cases += _divergence_stream_cases(tok)
+    return cases
+
+
+def _divergence_stream_cases(tok):
+    """Continued (prefix) Chat answers, Responses log-probabilities, `ready()` without usage."""
+    cases = []
+    ready = {"prompt_tokens": 7, "prompt_cache_hit_tokens": 2, "system_fingerprint": None}
+    prefixes = {
+        "content": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Sure", "prefix": True},
+        ],
+        "reasoning": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "reasoning_content": "hmm", "prefix": True},
+        ],
+    }
+    for (name, messages), thinking in itertools.product(prefixes.items(), ("enabled", "disabled")):
+        for stage, text in (
+            ("ContentContinuation", " and more"),
+            ("ReasoningContinuation", " more</think>done"),
+        ):
+            body = {"messages": messages, "thinking": {"type": thinking}, "stream": True}
+            cases.append(
+                {
+                    "id": f"prefix/{name}/{thinking}/{stage}",
+                    "protocol": "chat",
+                    "generator": {"kind": "request", "body": body},
+                    "options": {"thinking_initial_stage": stage},
+                    "ready": ready,
+                    "inputs": [{"text": text[i : i + 4], "token_count": 1} for i in range(0, len(text), 4)],
+                    "finish": "Stop",
+                }
+            )
+    for text, body in (
+        ("Hello world, logprobs", {"top_logprobs": 2}),
+        ("r\n</think>\n\nanswer 🎉", {"reasoning": {"effort": "high"}}),
+        ("Hi" + _block([("get_weather", [("city", "Paris", True)])]), {}),
+    ):
+        ids = tok.encode(text)
+        lp = [[-0.5 * (j + 1), [[ids[j], -0.5 * (j + 1)], [1, -3.25]]] for j in range(len(ids))]
+        stage = "ReasoningStart" if "</think>" in text else None
+        cases.append(
+            {
+                "id": f"resp_logprobs/{text[:8]}",
+                "protocol": "responses",
+                "generator": {"kind": "request", "body": body},
+                "options": {"thinking_initial_stage": stage},
+                "ready": ready,
+                "inputs": [
+                    {"tokens": ids[i : i + 3], "logprobs": lp[i : i + 3]} for i in range(0, len(ids), 3)
+                ],
+                "finish": "Stop",
+            }
+        )
+    # A bare `ready()` means zero prompt tokens; only the stream's first chunk decides the usage.
+    sequences = {
+        "bare_then_usage": [{"ready": True}, {"ready_usage": [5, 2]}, {"text": "a", "token_count": 1}],
+        "usage_then_other": [
+            {"ready_usage": [5, 2]},
+            {"ready_usage": [9, 0]},
+            {"text": "a", "token_count": 1},
+        ],
+        "text_then_usage": [{"text": "a", "token_count": 1}, {"ready_usage": [5, 2]}],
+        "only_bare": [{"ready": True}],
+    }
+    for name, inputs in sequences.items():
+        for protocol, gen in (_generator_specs()[1], _generator_specs()[6], _generator_specs()[9]):
+            cases.append(
+                {
+                    "id": f"ready/{name}/{protocol}",
+                    "protocol": protocol,
+                    "generator": gen,
+                    "options": {"thinking_initial_stage": None},
+                    "ready": None,
+                    "inputs": inputs,
+                    "finish": "Stop",
+                    "chunk_usage": True,
+                }
+            )
     return cases
 
 
@@ -657,8 +738,15 @@ def run_stream_case(dr, case):
             chunk = dr.InferenceChunk.tokens(item["tokens"], lp)
         elif "ready" in item:
             chunk = dr.InferenceChunk.ready()
+        elif "ready_usage" in item:
+            tokens, hits = item["ready_usage"]
+            usage = dr.PromptUsage(prompt_tokens=tokens, prompt_cache_hit_tokens=hits)
+            chunk = dr.InferenceChunk.ready(prompt_usage=usage)
         else:
             chunk = dr.InferenceChunk.finish(getattr(dr.InferenceFinishReason, item["finish"]))
+        if case.get("chunk_usage"):
+            usage = chunk.prompt_usage
+            steps.append(["chunk_usage", usage and [usage.prompt_tokens, usage.prompt_cache_hit_tokens]])
         step("push", lambda chunk=chunk: proc.push(chunk))
     if case.get("finish"):
         step(
@@ -805,6 +893,14 @@ def image_cases(dr):
     for url in ["ftp://example.com/a.png", "not a url"]:
         cases.append({"id": f"url/{url}", "kind": "resolve_url", "url": url})
     cases.append({"id": "fetch/rejected", "kind": "fetch_rejected", "url": "http://127.0.0.1:9/a.png"})
+    # The quota counts the images' received bytes (decoded data URL / given bytes), not the WebP output.
+    for sources in (
+        [["bytes", 40, 30]],
+        [["data_url", 40, 30]],
+        [["bytes", 64, 48], ["data_url", 3, 2], ["bytes", 900, 700]],
+        [["bytes", 17, 300], ["bytes", 0, 0]],
+    ):
+        cases.append({"id": f"quota/{sources}", "kind": "quota", "sources": sources})
     return cases
 
 
@@ -822,6 +918,24 @@ def run_image_case(dr, case):
         if kind == "fetch_rejected":
             dr.ReqwestImageFetcher().with_destination_filter(lambda host, address: False).fetch(case["url"])
             return {"value": None}
+        if kind == "quota":
+            quota = dr.ImageQuota()
+            srcs = []
+            for source_kind, w, h in case["sources"]:
+                data = png_bytes(w, h, seed=w + h) if w else b"not an image"
+                if source_kind == "bytes":
+                    srcs.append(dr.BytesImageSource(data))
+                else:
+                    srcs.append(
+                        dr.DataUrlImageSource("data:image/png;base64," + base64.b64encode(data).decode())
+                    )
+            resolver = dr.ImageResolver(dr.ReqwestImageFetcher(), dr.OpenCvImagePreprocessor())
+            try:
+                mm = resolver.resolve(srcs, quota)
+                sizes = [[i.width, i.height] for i in mm.images]
+            except Exception as exc:
+                sizes = _err(exc)
+            return {"sizes": sizes, "count": quota.image_count(), "bytes": quota.byte_size()}
         if kind == "detail":
             dr.DataUrlImageSource("data:image/png;base64,", case["detail"])
             return {"value": None}

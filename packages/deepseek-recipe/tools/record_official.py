@@ -1978,6 +1978,334 @@ def fuzz_convert_cases(count=150, seed=99):
     return cases
 
 
+def divergence_cases():
+    """Issue 17's independent-corpus divergences: numbers in tool-call arguments, namespace descriptions,
+    hosted tool choices, error precedence, parse-error texts and image URL forms."""
+    import random
+    import struct
+
+    cases = []
+
+    def add(protocol, body, body_kind="dict", options=()):
+        cases.append({"protocol": protocol, "body": body, "options": list(options), "body_kind": body_kind})
+
+    # Numbers in history tool-call arguments, rendered as DSML parameters (V4: serde layout with `e+`,
+    # V4.1: Python repr): shortest round-trip digits of the parsed double.
+    rng = random.Random(17)
+    numbers = [
+        "0.9305948696218223",
+        "1e-7",
+        "1E400",
+        "-0",
+        "-0.0",
+        "1e16",
+        "0.00001",
+        "5e-324",
+        "1.7976931348623157e308",
+        "9007199254740993",
+        "12345678901234567890",
+        "18446744073709551616",
+        "123456789012345678901234567890",
+        "-9223372036854775809",
+        "2.5E+3",
+        "1.0e-4",
+        '[1.5e-7, {"a": 1e22}]',
+    ]
+    numbers += [repr(struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]) for _ in range(40)]
+    numbers += [f"{rng.randint(1, 9)}.{rng.randint(0, 10**15)}e{rng.randint(-330, 310)}" for _ in range(20)]
+    numbers = [n for n in numbers if n not in ("nan", "inf", "-inf")]
+    for model in MODELS:
+        for chunk in range(0, len(numbers), 8):
+            args = "{" + ", ".join(f'"n{i}": {n}' for i, n in enumerate(numbers[chunk : chunk + 8])) + "}"
+            call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
+            messages = [
+                *USER,
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ]
+            add("chat", {"model": model, "messages": messages})
+        # Numbers parsed from the body text itself (Messages tool_use input, a JSON schema bound).
+        text = (
+            '{"model": "MODEL", "max_tokens": 5, "messages": [{"role": "user", "content": "q"}, {"role": '
+            '"assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"x": '
+            '0.9305948696218223, "y": 1e16, "z": 18446744073709551616}}]}, {"role": "user", "content": '
+            '[{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]}], "tools": [{"name": "f", '
+            '"input_schema": {"type": "object", "properties": {"x": {"type": "number", "maximum": '
+            "0.1000000000000000055511151231257827}}}}]}"
+        ).replace("MODEL", model)
+        add("messages", text, body_kind="str")
+
+    # Responses namespaces with their own description.
+    for model in MODELS:
+        for ns_desc in (None, "", "Files on disk."):
+            for fn_desc in (None, "", "Read one file."):
+                function = {
+                    "type": "function",
+                    "name": "read",
+                    "parameters": {"type": "object", "properties": {}},
+                }
+                if fn_desc is not None:
+                    function["description"] = fn_desc
+                namespace = {"type": "namespace", "name": "files", "tools": [function]}
+                if ns_desc is not None:
+                    namespace["description"] = ns_desc
+                add(
+                    "responses",
+                    {"model": model, "input": "hi", "tools": [namespace], "reasoning": {"effort": "none"}},
+                )
+        add(
+            "responses",
+            {
+                "model": model,
+                "input": "hi",
+                "text": {"format": {"type": "json_object"}},
+                "tools": [
+                    {
+                        "type": "namespace",
+                        "name": "ns",
+                        "description": "N",
+                        "tools": [
+                            {
+                                "type": "function",
+                                "name": "f",
+                                "description": "F",
+                                "strict": True,
+                                "parameters": {"type": "object", "properties": {"a": {"type": "string"}}},
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
+
+    # Responses tool choices: hosted tools, custom, malformed objects; thinking on and off.
+    fn = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    choices = [
+        {"type": "web_search"},
+        {"type": "web_search_2025_08_26"},
+        {"type": "web_search_preview"},
+        {"type": "file_search"},
+        {"type": "function"},
+        {"type": "function", "name": "g"},
+        {"type": "custom", "name": "apply_patch"},
+        {"type": "custom"},
+        {"type": "allowed_tools"},
+        {},
+        {"name": "f"},
+        {"type": 5},
+        {"type": None},
+        {"type": "web_search", "name": "f"},
+    ]
+    for tools in ([fn, {"type": "web_search"}], [fn], [], [{"type": "custom", "name": "apply_patch"}, fn]):
+        for effort in ("none", "high"):
+            for choice in choices:
+                add(
+                    "responses",
+                    {
+                        "model": V4,
+                        "input": "hi",
+                        "tools": tools,
+                        "tool_choice": choice,
+                        "reasoning": {"effort": effort},
+                    },
+                )
+
+    # A named function that is not declared is reported before the thinking-mode restriction.
+    chat_fn = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {}}},
+    }
+    for thinking in ("enabled", "disabled"):
+        for choice in (
+            {"type": "function", "function": {"name": "g"}},
+            {"type": "function", "function": {"name": "f"}},
+            "required",
+        ):
+            add(
+                "chat",
+                {
+                    "model": V4,
+                    "messages": USER,
+                    "tools": [chat_fn],
+                    "tool_choice": choice,
+                    "thinking": {"type": thinking},
+                },
+            )
+        for choice in ({"type": "tool", "name": "g"}, {"type": "tool", "name": "f"}, {"type": "any"}):
+            add(
+                "messages",
+                {
+                    "model": V4,
+                    "max_tokens": 5,
+                    "messages": USER,
+                    "tool_choice": choice,
+                    "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                    "thinking": {"type": thinking}
+                    if thinking == "disabled"
+                    else {"type": "enabled", "budget_tokens": 1024},
+                },
+            )
+
+    # Parse-error texts: serde type names of wrongly typed fields, invalid UTF-8 positions.
+    chat_base = {"model": V4, "messages": USER}
+    msg_base = {"model": V4, "max_tokens": 5, "messages": USER}
+    resp_base = {"model": V4, "input": "hi"}
+    wrong = [
+        True,
+        "x",
+        1,
+        [],
+        ["enabled"],
+        ["enabled", 5],
+        ["enabled", 5, 6],
+        {"type": "enabled", "budget_tokens": "x"},
+    ]
+    for value in wrong:
+        add("chat", {**chat_base, "thinking": value})
+        add("messages", {**msg_base, "thinking": value})
+    for field in ("response_format", "stream_options", "tools", "tool_choice", "messages"):
+        add("chat", {**chat_base, field: True})
+    add("chat", {**chat_base, "messages": [True]})
+    add("chat", {**chat_base, "messages": [{"role": "user", "content": [True]}]})
+    add("chat", {**chat_base, "tools": [True]})
+    add("chat", {**chat_base, "tools": [[]]})
+    add("chat", {**chat_base, "tools": [{"type": True, "function": {"name": "f"}}]})
+    add("chat", {**chat_base, "tools": [{"type": "function", "function": True}]})
+    add("chat", {**chat_base, "logprobs": True, "top_logprobs": 300})
+    add("chat", {**chat_base, "max_completion_tokens": True})
+    for field in ("system", "tool_choice", "output_config", "top_k"):
+        add("messages", {**msg_base, field: True})
+    add("messages", {**msg_base, "messages": [{"role": "user", "content": [True]}]})
+    add(
+        "messages",
+        {
+            **msg_base,
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": True}]},
+            ],
+        },
+    )
+    for field in ("reasoning", "text", "top_logprobs"):
+        add("responses", {**resp_base, field: True})
+    add("responses", {**resp_base, "input": [{"role": "user", "content": [True]}]})
+    add("responses", {**resp_base, "input": [{"type": "reasoning", "content": [True]}]})
+    for raw in (
+        b'{"model":"\xff"}',
+        b'{"model":"ab\xc3"}',
+        b'{"a":1,\n "model":"x\xffy"}',
+        b'{"mo\xffdel":1}',
+        b'{"model":"DeepSeek-V4-Pro","messages":[{"role":"user","content":"h\xe9llo"}]}',
+        b'{"model":"\xed\xa0\x80"}',
+        b"\xff{}",
+        b'{"model":"a\\n\xff"}',
+    ):
+        add("chat", raw.hex(), body_kind="hex")
+
+    # Image URL forms (V4.1 checks them at conversion; V4 renders a marker) and placeholder text next
+    # to a real image.
+    image_urls = [
+        "ftp://x/a.png",
+        "file:///a.png",
+        "HTTP://x/a.png",
+        "httpx://x",
+        "http",
+        " http://x",
+        "DATA:image/png;base64,iVBORw0KGgo=",
+        "data:",
+        "data:image/png,abc",
+        "data:image/png;BASE64,",
+        "data:image/bmp;base64,",
+        "data:;base64,xx",
+        "data:IMAGE/PNG;charset=x;base64,",
+        " data:image/png;base64,",
+        "data:image/jpg;base64,ab\ncd",
+        "data:image/png;base64,x",
+        "data:image/png;base64,xx=",
+        "data:image/png;base64,xxx=",
+        "data:image/png;base64,-_-_",
+        "",
+        "//x/a.png",
+        "blob:x",
+    ]
+    for model in MODELS:
+        for url in image_urls:
+            add(
+                "chat",
+                {
+                    "model": model,
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "text", "text": "a"},
+                                {"type": "image_url", "image_url": {"url": url}},
+                            ],
+                        }
+                    ],
+                },
+            )
+            add(
+                "responses",
+                {
+                    "model": model,
+                    "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}],
+                },
+            )
+            add(
+                "messages",
+                {
+                    "model": model,
+                    "max_tokens": 5,
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "image", "source": {"type": "url", "url": url}}],
+                        }
+                    ],
+                },
+            )
+        for image in (
+            {"type": "input_image"},
+            {"type": "input_image", "image_url": None},
+            {"type": "input_image", "image_url": "", "file_id": "f"},
+            {"type": "input_image", "file_id": ""},
+            {"type": "input_image", "image_url": "http://x", "file_id": "f"},
+        ):
+            add(
+                "responses",
+                {
+                    "model": model,
+                    "input": [{"role": "user", "content": [{"type": "input_text", "text": "t"}, image]}],
+                },
+            )
+        img = {"type": "image_url", "image_url": {"url": cc.PNG_DATA_URL}}
+        for parts in (
+            [{"type": "text", "text": f"see {cc.IMG} here"}, img],
+            [img, {"type": "text", "text": f"see {cc.IMG} here"}],
+            [{"type": "text", "text": cc.IMG * 2}, img, {"type": "text", "text": f"x{cc.IMG}"}, img],
+        ):
+            add("chat", {"model": model, "messages": [{"role": "user", "content": parts}]})
+            add(
+                "responses",
+                {
+                    "model": model,
+                    "input": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "input_text", "text": p["text"]}
+                                if p["type"] == "text"
+                                else {"type": "input_image", "image_url": p["image_url"]["url"]}
+                                for p in parts
+                            ],
+                        }
+                    ],
+                },
+            )
+    return cases
+
+
 def all_cases():
     out = []
     for family, kind, cases in (
@@ -1992,6 +2320,7 @@ def all_cases():
         ("fuzz2", "render", fuzz_render_cases(count=240, seed=7)),
         ("tokenize", "tokenize", tokenize_cases()),
         ("api", "api", api_cases()),
+        ("divergences", "convert", divergence_cases()),
     ):
         for i, case in enumerate(cases):
             out.append({"id": f"{family}/{i:03d}", "kind": kind, **case})

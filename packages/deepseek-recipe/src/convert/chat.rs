@@ -12,7 +12,7 @@ use super::sampling::MaxTokensPolicy;
 use super::tools::{
     apply_tool_choice, check_tool_choice, validate_tools, RequestedToolChoice,
 };
-use super::{assemble, bad, checked_response_format, Converted, EffortName, Sampling, Target, ThinkingSwitch};
+use super::{assemble, bad, checked_response_format, Converted, EffortName, Sampling, Target, ThinkingType};
 use crate::conversation::{ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
@@ -22,42 +22,39 @@ use crate::tokens::SpecialToken;
 
 #[derive(Debug, Deserialize)]
 pub struct ChatCompletionRequest {
-    pub messages: Vec<ChatMessage>,
+    pub messages: Vec<ChatCompletionRequestMessage>,
     pub model: String,
     #[serde(default)]
-    pub tools: Option<Vec<ChatTool>>,
+    pub tools: Option<Vec<ChatCompletionTool>>,
     #[serde(default)]
     pub tool_choice: Option<ChatToolChoice>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub max_tokens: Option<u32>,
-    /// Parsed for compatibility; only `max_tokens` limits the output.
-    #[allow(dead_code)]
-    pub max_completion_tokens: Option<u32>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub n: Option<u8>,
     pub seed: Option<u64>,
     pub logprobs: Option<bool>,
-    pub top_logprobs: Option<u32>,
+    pub top_logprobs: Option<u8>,
     pub stop: Option<StopSequences>,
     pub stream: Option<bool>,
-    pub stream_options: Option<StreamOptions>,
-    pub response_format: Option<ChatResponseFormat>,
-    pub thinking: Option<ThinkingSwitch>,
+    pub stream_options: Option<ChatCompletionStreamOptions>,
+    pub response_format: Option<ChatCompletionResponseFormat>,
+    pub thinking: Option<ChatCompletionThinking>,
     pub reasoning_effort: Option<EffortName>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
-pub enum ChatMessage {
+pub enum ChatCompletionRequestMessage {
     System { content: ChatContent },
     User { content: ChatContent },
     Assistant {
         #[serde(default)]
         content: Option<ChatContent>,
         reasoning_content: Option<String>,
-        tool_calls: Option<Vec<ChatToolCall>>,
+        tool_calls: Option<Vec<ChatCompletionRequestToolCall>>,
         #[serde(default)]
         prefix: bool,
     },
@@ -68,7 +65,7 @@ pub enum ChatMessage {
 #[derive(Debug)]
 pub enum ChatContent {
     Text(String),
-    Parts(Vec<ChatPart>),
+    Parts(Vec<ChatCompletionRequestContentBlock>),
 }
 
 impl<'de> Deserialize<'de> for ChatContent {
@@ -79,7 +76,7 @@ impl<'de> Deserialize<'de> for ChatContent {
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ChatPart {
+pub enum ChatCompletionRequestContentBlock {
     Text { text: String },
     ImageUrl { image_url: ChatCompletionImageUrl },
     File { file: Option<Value> },
@@ -112,11 +109,11 @@ impl From<DetailName> for ImageDetail {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct ChatToolCall {
+pub struct ChatCompletionRequestToolCall {
     pub id: String,
     #[serde(rename = "type")]
     pub kind: FunctionKind,
-    pub function: ChatFunctionCall,
+    pub function: ChatCompletionRequestFunctionCall,
 }
 
 #[derive(Debug, Deserialize)]
@@ -126,19 +123,22 @@ pub enum FunctionKind {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct ChatFunctionCall {
+pub struct ChatCompletionRequestFunctionCall {
     pub name: String,
     pub arguments: String,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ChatTool {
-    Function { function: ChatFunctionDefinition },
+pub struct ChatCompletionTool {
+    /// Always `function`; checked by its type.
+    #[serde(rename = "type")]
+    #[allow(dead_code)]
+    pub kind: FunctionKind,
+    pub function: ChatCompletionFunctionDefinition,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct ChatFunctionDefinition {
+pub struct ChatCompletionFunctionDefinition {
     pub name: String,
     pub description: Option<String>,
     pub parameters: Option<Value>,
@@ -161,7 +161,7 @@ impl<'de> Deserialize<'de> for ChatToolChoice {
             let function = map.remove("function").unwrap_or(Value::Null);
             let function: ChatCompletionToolChoiceFunction = serde_json::from_value(function)
                 .map_err(|e| de::Error::custom(format!("field `function`: {e}")))?;
-            Ok(function.name)
+            Ok(Some(RequestedToolChoice::Named(function.name)))
         };
         openai_tool_choice(deserializer, named, "expected one of `none`, `auto`, `required` or a tool").map(Self)
     }
@@ -189,22 +189,31 @@ impl<'de> Deserialize<'de> for StopSequences {
     }
 }
 
+/// `thinking`: its type, and `budget_tokens`, which is checked but not used.
 #[derive(Debug, Deserialize)]
-pub struct StreamOptions {
+pub struct ChatCompletionThinking {
+    #[serde(rename = "type")]
+    pub kind: ThinkingType,
+    #[allow(dead_code)]
+    pub budget_tokens: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatCompletionStreamOptions {
     pub include_usage: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ChatResponseFormat {
+pub enum ChatCompletionResponseFormat {
     JsonObject,
-    JsonSchema { json_schema: JsonSchemaFormat },
+    JsonSchema { json_schema: ChatCompletionResponseFormatJsonSchema },
     Regex { regex: String },
     Text,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct JsonSchemaFormat {
+pub struct ChatCompletionResponseFormatJsonSchema {
     #[allow(dead_code)]
     pub name: Option<String>,
     pub schema: Value,
@@ -213,7 +222,7 @@ pub struct JsonSchemaFormat {
 
 impl ChatCompletionRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
-        let switch = self.thinking.map(ThinkingSwitch::enabled);
+        let switch = self.thinking.as_ref().map(|t| t.kind.enabled());
         let target = Target::resolve(options, &self.model, switch, self.reasoning_effort)?;
         let Target { model_version, thinking_mode, .. } = target;
         if self.messages.is_empty() {
@@ -225,7 +234,7 @@ impl ChatCompletionRequest {
             .tools
             .unwrap_or_default()
             .into_iter()
-            .map(|ChatTool::Function { function: f }| ToolDefinition {
+            .map(|ChatCompletionTool { function: f, .. }| ToolDefinition {
                 name: f.name,
                 description: f.description,
                 parameters: f.parameters.unwrap_or(Value::Null),
@@ -244,12 +253,12 @@ impl ChatCompletionRequest {
             options.reasoning_content_behavior,
         )?;
         let requested_format = match self.response_format {
-            None | Some(ChatResponseFormat::Text) => (ResponseFormat::Text, false),
-            Some(ChatResponseFormat::JsonObject) => (ResponseFormat::JsonObject, false),
-            Some(ChatResponseFormat::JsonSchema { json_schema: format }) => {
+            None | Some(ChatCompletionResponseFormat::Text) => (ResponseFormat::Text, false),
+            Some(ChatCompletionResponseFormat::JsonObject) => (ResponseFormat::JsonObject, false),
+            Some(ChatCompletionResponseFormat::JsonSchema { json_schema: format }) => {
                 (ResponseFormat::JsonSchema(format.schema), format.strict == Some(true))
             }
-            Some(ChatResponseFormat::Regex { regex }) => (ResponseFormat::Regex(regex), false),
+            Some(ChatCompletionResponseFormat::Regex { regex }) => (ResponseFormat::Regex(regex), false),
         };
         let response_format = checked_response_format(
             requested_format,
@@ -276,7 +285,7 @@ impl ChatCompletionRequest {
             n: self.n.map(u32::from),
             seed: self.seed,
             logprobs: self.logprobs.unwrap_or(false),
-            top_logprobs: self.top_logprobs,
+            top_logprobs: self.top_logprobs.map(u32::from),
             stop: Vec::new(),
         };
         if let Some(StopSequences::One(stop)) = &self.stop {
@@ -314,22 +323,18 @@ fn content_of(
             let path = format!(".messages[{index}]");
             for part in parts {
                 match part {
-                    ChatPart::Text { text } => out.text(text),
-                    ChatPart::ImageUrl { image_url } => {
+                    ChatCompletionRequestContentBlock::Text { text } => out.text(text),
+                    ChatCompletionRequestContentBlock::ImageUrl { image_url } => {
                         let url = image_url.url;
-                        let data = if url.starts_with("data:") {
-                            ImageData::DataUrl(url)
-                        } else if url.starts_with("http://") || url.starts_with("https://") {
-                            ImageData::Url(url)
-                        } else if out.supports_images() {
-                            return Err(bad(format!("{path}: Unsupported image_url format")));
+                        let data = if out.supports_images() {
+                            ImageData::from_image_url(url).map_err(|e| bad(format!("{path}: {e}")))?
                         } else {
                             ImageData::Url(url)
                         };
                         let detail = image_url.detail.map_or(ImageDetail::High, ImageDetail::from);
                         out.image(data, detail, path.clone());
                     }
-                    ChatPart::File { .. } => {
+                    ChatCompletionRequestContentBlock::File { .. } => {
                         if out.supports_images() {
                             return Err(bad(format!("{path}: file must have a file_id or file_data")));
                         }
@@ -350,7 +355,7 @@ struct ConvertedMessages {
 }
 
 fn convert_messages(
-    raw: Vec<ChatMessage>,
+    raw: Vec<ChatCompletionRequestMessage>,
     model_version: ModelVersion,
     image_token: &str,
     thinking_mode: bool,
@@ -358,16 +363,16 @@ fn convert_messages(
     reasoning_behavior: ReasoningContentBehavior,
 ) -> Result<ConvertedMessages, ConversionError> {
     let count = raw.len();
-    let last_user = raw.iter().rposition(|m| matches!(m, ChatMessage::User { .. }));
+    let last_user = raw.iter().rposition(|m| matches!(m, ChatCompletionRequestMessage::User { .. }));
     let calls_in_history =
-        raw.iter().any(|m| matches!(m, ChatMessage::Assistant { tool_calls: Some(c), .. } if !c.is_empty()));
+        raw.iter().any(|m| matches!(m, ChatCompletionRequestMessage::Assistant { tool_calls: Some(c), .. } if !c.is_empty()));
     let mut messages = Vec::with_capacity(count);
     // Checked after the structure of the whole list, as the reference does.
     let (mut missing_reasoning, mut prefix_with_calls) = (false, false);
     // Tool-call ids of the latest assistant turn still waiting for their results.
     let mut pending: Option<HashSet<String>> = None;
     for (index, message) in raw.into_iter().enumerate() {
-        let is_tool = matches!(message, ChatMessage::Tool { .. });
+        let is_tool = matches!(message, ChatCompletionRequestMessage::Tool { .. });
         if !is_tool {
             if let Some(ids) = &pending {
                 if !ids.is_empty() {
@@ -377,18 +382,18 @@ fn convert_messages(
             pending = None;
         }
         let converted = match message {
-            ChatMessage::System { content } => {
+            ChatCompletionRequestMessage::System { content } => {
                 let content = content_of(content, index, model_version, image_token)?;
                 if content.text.is_empty() {
                     continue;
                 }
                 Message::System { content, tools: None }
             }
-            ChatMessage::User { content } => {
+            ChatCompletionRequestMessage::User { content } => {
                 Message::User { content: content_of(content, index, model_version, image_token)? }
             }
-            ChatMessage::LatestReminder { content } => Message::LatestReminder { content },
-            ChatMessage::Tool { content, tool_call_id } => {
+            ChatCompletionRequestMessage::LatestReminder { content } => Message::LatestReminder { content },
+            ChatCompletionRequestMessage::Tool { content, tool_call_id } => {
                 let Some(ids) = pending.as_mut() else {
                     return Err(bad(
                         "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'",
@@ -407,7 +412,7 @@ fn convert_messages(
                     tool_call_id: Some(tool_call_id),
                 }
             }
-            ChatMessage::Assistant { content, reasoning_content, tool_calls, prefix } => {
+            ChatCompletionRequestMessage::Assistant { content, reasoning_content, tool_calls, prefix } => {
                 let current_turn = last_user.is_none_or(|u| index > u);
                 let reasoning_content = match (thinking_mode, reasoning_content) {
                     (false, _) => None,

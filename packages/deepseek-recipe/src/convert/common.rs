@@ -25,18 +25,19 @@ where
     }
 }
 
-/// An OpenAI tool choice: `none`, `auto`, `required`, or an object whose function name `named` reads;
-/// anything else is an error saying `expected`.
+/// An OpenAI tool choice: `none`, `auto`, `required`, or an object that `object` reads (given `None`
+/// when the object is not one it accepts); anything else is an error saying `expected`.
 pub fn openai_tool_choice<'de, D: Deserializer<'de>>(
     deserializer: D,
-    named: impl FnOnce(Map<String, Value>) -> Result<String, D::Error>,
+    object: impl FnOnce(Map<String, Value>) -> Result<Option<RequestedToolChoice>, D::Error>,
     expected: &str,
 ) -> Result<RequestedToolChoice, D::Error> {
-    Ok(match Value::deserialize(deserializer)? {
-        Value::String(s) if s == "none" => RequestedToolChoice::None,
-        Value::String(s) if s == "auto" => RequestedToolChoice::Auto,
-        Value::String(s) if s == "required" => RequestedToolChoice::Required,
-        Value::Object(map) => RequestedToolChoice::Named(named(map)?),
-        _ => return Err(de::Error::custom(expected)),
-    })
+    let choice = match Value::deserialize(deserializer)? {
+        Value::String(s) if s == "none" => Some(RequestedToolChoice::None),
+        Value::String(s) if s == "auto" => Some(RequestedToolChoice::Auto),
+        Value::String(s) if s == "required" => Some(RequestedToolChoice::Required),
+        Value::Object(map) => object(map)?,
+        _ => None,
+    };
+    choice.ok_or_else(|| de::Error::custom(expected))
 }

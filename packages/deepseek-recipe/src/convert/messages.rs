@@ -8,10 +8,10 @@ use super::common::string_or_list;
 use super::content::ContentBuilder;
 use super::sampling::MaxTokensPolicy;
 use super::tools::{apply_tool_choice, validate_tools, RequestedToolChoice};
-use super::{assemble, bad, Converted, EffortName, Sampling, Target};
+use super::{assemble, bad, Converted, EffortName, Sampling, Target, ThinkingType};
 use crate::conversation::{ConversationRequest, ModelVersion, ResponseFormat};
 use crate::error::ConversionError;
-use crate::image_source::{ImageData, ImageDetail};
+use crate::image_source::{starts_with_ignore_case, ImageData, ImageDetail};
 use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
 use crate::options::{ConversionOptions, ReasoningContentBehavior, WebSearchBehavior};
 use crate::py_json::{self, FloatStyle};
@@ -20,38 +20,29 @@ use crate::tokens::SpecialToken;
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
     pub model: String,
-    pub messages: Vec<AnthropicMessage>,
+    pub messages: Vec<MessagesMessage>,
     pub system: Option<SystemBlocks>,
     pub max_tokens: Option<u32>,
     pub stop_sequences: Option<Vec<String>>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    /// Accepted and ignored.
-    #[allow(dead_code)]
-    pub top_k: Option<u32>,
     pub tools: Option<Vec<AnthropicTool>>,
-    pub tool_choice: Option<AnthropicToolChoice>,
+    pub tool_choice: Option<MessagesToolChoice>,
     pub thinking: Option<MessagesThinking>,
-    pub output_config: Option<OutputConfig>,
+    pub output_config: Option<MessagesOutputConfig>,
     /// Accepted and ignored.
     #[allow(dead_code)]
     pub metadata: Option<MessagesMetadata>,
     pub stream: Option<bool>,
 }
 
-/// The `thinking` switch; `budget_tokens` is accepted and ignored.
+/// The `thinking` switch; `budget_tokens` is checked but not used.
 #[derive(Clone, Copy, Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum MessagesThinking {
-    Adaptive {
-        #[allow(dead_code)]
-        budget_tokens: Option<u64>,
-    },
-    Enabled {
-        #[allow(dead_code)]
-        budget_tokens: Option<u64>,
-    },
-    Disabled {},
+pub struct MessagesThinking {
+    #[serde(rename = "type")]
+    pub kind: ThinkingType,
+    #[allow(dead_code)]
+    pub budget_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -66,53 +57,62 @@ pub struct SystemBlocks(pub Vec<String>);
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
-enum SystemBlock {
+enum MessagesSystemBlock {
     Text { text: String },
 }
 
 impl<'de> Deserialize<'de> for SystemBlocks {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let many = |blocks: Vec<SystemBlock>| Self(blocks.into_iter().map(|SystemBlock::Text { text }| text).collect());
+        let many = |blocks: Vec<MessagesSystemBlock>| Self(blocks.into_iter().map(|MessagesSystemBlock::Text { text }| text).collect());
         string_or_list(deserializer, |text| Self(vec![text]), many, "expected a string or a list")
     }
 }
 
 #[derive(Debug, Deserialize)]
-pub struct OutputConfig {
+pub struct MessagesOutputConfig {
     pub effort: Option<EffortName>,
 }
 
+
+/// One message: its `role` decides how its `content` blocks are read.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    User,
-    Assistant,
-    System,
+#[serde(tag = "role", content = "content", rename_all = "lowercase")]
+pub enum MessagesMessage {
+    User(Blocks),
+    Assistant(Blocks),
+    System(Blocks),
 }
 
-#[derive(Debug, Deserialize)]
-pub struct AnthropicMessage {
-    pub role: Role,
-    pub content: Blocks,
+impl MessagesMessage {
+    fn blocks(&self) -> &[MessagesContentBlock] {
+        match self {
+            Self::User(b) | Self::Assistant(b) | Self::System(b) => &b.0,
+        }
+    }
 }
 
 /// Content: a string (one text block) or a list of blocks.
 #[derive(Debug)]
-pub struct Blocks(pub Vec<Block>);
+pub struct Blocks(pub Vec<MessagesContentBlock>);
 
 impl<'de> Deserialize<'de> for Blocks {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        string_or_list(deserializer, |text| Self(vec![Block::Text { text }]), Self, "expected a string or a list")
+        string_or_list(deserializer, |text| Self(vec![MessagesContentBlock::Text { text }]), Self, "expected a string or a list")
     }
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Block {
+pub enum MessagesContentBlock {
     Text { text: String },
-    Image { source: ImageBlockSource },
+    Image { source: MessagesImageSource },
     Document { source: Option<DocumentSource> },
-    Thinking { thinking: String },
+    Thinking {
+        thinking: String,
+        /// Checked to be a string; not used.
+        #[allow(dead_code)]
+        signature: Option<String>,
+    },
     ServerToolUse {},
     ToolUse { id: String, name: String, input: Value },
     ToolResult { tool_use_id: String, content: Option<Blocks> },
@@ -120,7 +120,7 @@ pub enum Block {
     ToolAddition { tool: ToolReference },
 }
 
-impl Block {
+impl MessagesContentBlock {
     fn type_name(&self) -> &'static str {
         match self {
             Self::Text { .. } => "text",
@@ -138,10 +138,37 @@ impl Block {
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ImageBlockSource {
-    Base64 { media_type: String, data: String },
+pub enum MessagesImageSource {
+    Base64 { media_type: MediaType, data: String },
     Url { url: String },
     File {},
+}
+
+/// The image media types a base64 source may declare.
+#[derive(Clone, Copy, Debug, Deserialize)]
+pub enum MediaType {
+    #[serde(rename = "image/jpeg")]
+    Jpeg,
+    #[serde(rename = "image/jpg")]
+    Jpg,
+    #[serde(rename = "image/png")]
+    Png,
+    #[serde(rename = "image/gif")]
+    Gif,
+    #[serde(rename = "image/webp")]
+    Webp,
+}
+
+impl MediaType {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Jpeg => "image/jpeg",
+            Self::Jpg => "image/jpg",
+            Self::Png => "image/png",
+            Self::Gif => "image/gif",
+            Self::Webp => "image/webp",
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -165,7 +192,7 @@ pub struct AnthropicTool {
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum AnthropicToolChoice {
+pub enum MessagesToolChoice {
     Auto {},
     Any {},
     Tool { name: String },
@@ -179,7 +206,7 @@ fn server_tools_unsupported() -> ConversionError {
 impl MessagesRequest {
     pub fn convert(self, options: &ConversionOptions) -> Result<ConversationRequest, ConversionError> {
         let requested_effort = self.output_config.and_then(|c| c.effort);
-        let switch = self.thinking.map(|t| !matches!(t, MessagesThinking::Disabled {}));
+        let switch = self.thinking.map(|t| t.kind.enabled());
         let target = Target::resolve(options, &self.model, switch, requested_effort)?;
         let Target { model_version, thinking_mode, .. } = target;
         if self.messages.is_empty() {
@@ -190,12 +217,12 @@ impl MessagesRequest {
         let declared = validate_tools(declared, "tools[{}].name")?;
         let declared_all = declared.clone();
         let choice = match self.tool_choice {
-            None | Some(AnthropicToolChoice::Auto {}) | Some(AnthropicToolChoice::Any {}) => RequestedToolChoice::Auto,
-            Some(AnthropicToolChoice::None {}) => RequestedToolChoice::None,
-            Some(AnthropicToolChoice::Tool { name }) => RequestedToolChoice::Named(name),
+            None | Some(MessagesToolChoice::Auto {}) | Some(MessagesToolChoice::Any {}) => RequestedToolChoice::Auto,
+            Some(MessagesToolChoice::None {}) => RequestedToolChoice::None,
+            Some(MessagesToolChoice::Tool { name }) => RequestedToolChoice::Named(name),
         };
         let last_user_text = self.messages.iter().rposition(|m| {
-            matches!(m.role, Role::User) && m.content.0.iter().any(|b| !matches!(b, Block::ToolResult { .. }))
+            matches!(m, MessagesMessage::User(_)) && m.blocks().iter().any(|b| !matches!(b, MessagesContentBlock::ToolResult { .. }))
         });
         let converter = MessageConverter {
             model_version,
@@ -273,23 +300,23 @@ struct MessageConverter<'a> {
 }
 
 impl MessageConverter<'_> {
-    fn convert(&self, raw: Vec<AnthropicMessage>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
+    fn convert(&self, raw: Vec<MessagesMessage>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
         // Tool-use ids of the previous message, which tool results must answer.
         let mut previous_tool_uses: Vec<String> = Vec::new();
         for (i, message) in raw.into_iter().enumerate() {
-            if message.content.0.is_empty() {
+            if message.blocks().is_empty() {
                 return Err(bad(format!("messages.{i}: all messages must have non-empty content")));
             }
-            let tool_uses = match message.role {
-                Role::System => {
-                    self.system(i, message.content.0, out)?;
+            let tool_uses = match message {
+                MessagesMessage::System(blocks) => {
+                    self.system(i, blocks.0, out)?;
                     Vec::new()
                 }
-                Role::User => {
-                    self.user(i, message.content.0, &previous_tool_uses, out)?;
+                MessagesMessage::User(blocks) => {
+                    self.user(i, blocks.0, &previous_tool_uses, out)?;
                     Vec::new()
                 }
-                Role::Assistant => self.assistant(i, message.content.0, out)?,
+                MessagesMessage::Assistant(blocks) => self.assistant(i, blocks.0, out)?,
             };
             previous_tool_uses = tool_uses;
         }
@@ -299,8 +326,8 @@ impl MessageConverter<'_> {
         Ok(())
     }
 
-    fn misplaced(&self, i: usize, block: &Block, role: &str) -> ConversionError {
-        if let Block::Thinking { .. } = block {
+    fn misplaced(&self, i: usize, block: &MessagesContentBlock, role: &str) -> ConversionError {
+        if let MessagesContentBlock::Thinking { .. } = block {
             return bad(format!("messages.{i}.content: thinking blocks may only be in `{role}` messages"));
         }
         bad(format!("messages.{i}: `{}` blocks can only be in `{role}` messages", block.type_name()))
@@ -308,13 +335,13 @@ impl MessageConverter<'_> {
 
     /// An in-conversation system message: for V4.1 a system message (carrying the tools its
     /// `tool_addition` blocks reference), for V4 a `<system-reminder>` user message.
-    fn system(&self, i: usize, blocks: Vec<Block>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
+    fn system(&self, i: usize, blocks: Vec<MessagesContentBlock>, out: &mut Vec<Message>) -> Result<(), ConversionError> {
         let mut texts = Vec::new();
         let mut added = Vec::new();
         for (j, block) in blocks.into_iter().enumerate() {
             match block {
-                Block::Text { text } => texts.push(text),
-                Block::ToolAddition { tool } => match self.declared.iter().find(|t| t.name == tool.name) {
+                MessagesContentBlock::Text { text } => texts.push(text),
+                MessagesContentBlock::ToolAddition { tool } => match self.declared.iter().find(|t| t.name == tool.name) {
                     Some(definition) => added.push(definition.clone()),
                     None => {
                         return Err(bad(format!(
@@ -339,23 +366,23 @@ impl MessageConverter<'_> {
     fn user(
         &self,
         i: usize,
-        blocks: Vec<Block>,
+        blocks: Vec<MessagesContentBlock>,
         previous_tool_uses: &[String],
         out: &mut Vec<Message>,
     ) -> Result<(), ConversionError> {
         for (j, block) in blocks.into_iter().enumerate() {
             match block {
-                Block::Text { text } => out.push(Message::user(text)),
-                Block::Image { source } => {
+                MessagesContentBlock::Text { text } => out.push(Message::user(text)),
+                MessagesContentBlock::Image { source } => {
                     let mut content = ContentBuilder::new(self.model_version, self.image_token);
                     self.image(&mut content, source, format!("messages.{i}.content[{j}]"))?;
                     out.push(Message::User { content: content.build() });
                 }
-                Block::Document { source } => {
+                MessagesContentBlock::Document { source } => {
                     let media_type = source.and_then(|s| s.media_type).unwrap_or_else(|| "unknown".into());
                     out.push(Message::user(format!("[Unsupported document type: {media_type}]")));
                 }
-                Block::ToolResult { tool_use_id, content } => {
+                MessagesContentBlock::ToolResult { tool_use_id, content } => {
                     if !previous_tool_uses.contains(&tool_use_id) {
                         return Err(bad(format!(
                             "unexpected `messages.{i}.content.{j}: tool_use_id` found in `tool_result` blocks: {tool_use_id}. Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
@@ -364,12 +391,12 @@ impl MessageConverter<'_> {
                     let content = self.tool_result(i, j, content)?;
                     out.push(Message::Tool { content, tool_call_id: Some(tool_use_id) });
                 }
-                Block::ServerToolUse {} | Block::WebSearchToolResult {}
+                MessagesContentBlock::ServerToolUse {} | MessagesContentBlock::WebSearchToolResult {}
                     if self.web_search == WebSearchBehavior::Reject =>
                 {
                     return Err(server_tools_unsupported())
                 }
-                other @ Block::ToolAddition { .. } => return Err(self.misplaced(i, &other, "system")),
+                other @ MessagesContentBlock::ToolAddition { .. } => return Err(self.misplaced(i, &other, "system")),
                 other => return Err(self.misplaced(i, &other, "assistant")),
             }
         }
@@ -380,8 +407,8 @@ impl MessageConverter<'_> {
         let mut out = ContentBuilder::new(self.model_version, self.image_token);
         for (k, block) in content.map(|b| b.0).unwrap_or_default().into_iter().enumerate() {
             match block {
-                Block::Text { text } => out.text(text),
-                Block::Image { source } => {
+                MessagesContentBlock::Text { text } => out.text(text),
+                MessagesContentBlock::Image { source } => {
                     self.image(&mut out, source, format!("messages.{i}.content.{j}.tool_result.content[{k}]"))?
                 }
                 other => return Err(self.misplaced(i, &other, "assistant")),
@@ -391,21 +418,24 @@ impl MessageConverter<'_> {
     }
 
     /// Adds an image; V4.1 checks that base64 data decodes.
-    fn image(&self, out: &mut ContentBuilder, source: ImageBlockSource, path: String) -> Result<(), ConversionError> {
+    fn image(&self, out: &mut ContentBuilder, source: MessagesImageSource, path: String) -> Result<(), ConversionError> {
         let data = match source {
-            ImageBlockSource::Base64 { media_type, data } => {
+            MessagesImageSource::Base64 { media_type, data } => {
                 if out.supports_images() && !is_base64(&data) {
                     return Err(bad(format!("{path}: base64 decode error")));
                 }
-                ImageData::DataUrl(format!("data:{media_type};base64,{data}"))
+                ImageData::DataUrl(format!("data:{};base64,{data}", media_type.as_str()))
             }
-            ImageBlockSource::Url { url } => ImageData::Url(url),
-            ImageBlockSource::File {} if out.supports_images() => {
+            MessagesImageSource::Url { url } if out.supports_images() && !starts_with_ignore_case(&url, "http") => {
+                return Err(bad(format!("{path}: invalid url: {url:?}")))
+            }
+            MessagesImageSource::Url { url } => ImageData::Url(url),
+            MessagesImageSource::File {} if out.supports_images() => {
                 return Err(bad(format!(
                     "{path}: file_id is not supported. Pass the image as a base64 data url instead."
                 )))
             }
-            ImageBlockSource::File {} => {
+            MessagesImageSource::File {} => {
                 out.text(super::content::UNSUPPORTED_IMAGE);
                 return Ok(());
             }
@@ -415,12 +445,12 @@ impl MessageConverter<'_> {
     }
 
     /// Returns the ids of the message's tool uses.
-    fn assistant(&self, i: usize, blocks: Vec<Block>, out: &mut Vec<Message>) -> Result<Vec<String>, ConversionError> {
+    fn assistant(&self, i: usize, blocks: Vec<MessagesContentBlock>, out: &mut Vec<Message>) -> Result<Vec<String>, ConversionError> {
         let mut texts = Vec::new();
         let mut reasoning: Option<String> = None;
         let mut calls: Vec<ToolCall> = Vec::new();
         for (j, block) in blocks.into_iter().enumerate() {
-            if !calls.is_empty() && !matches!(block, Block::ToolUse { .. }) {
+            if !calls.is_empty() && !matches!(block, MessagesContentBlock::ToolUse { .. }) {
                 let ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
                 return Err(bad(format!(
                     "messages.{i}.{j}: `tool_use` ids were found without `tool_result` blocks immediately after: {}. Each `tool_use` block must have a corresponding `tool_result` block in the next message.",
@@ -428,17 +458,17 @@ impl MessageConverter<'_> {
                 )));
             }
             match block {
-                Block::Text { text } => texts.push(text),
-                Block::Thinking { thinking } => reasoning.get_or_insert_with(String::new).push_str(&thinking),
-                Block::ToolUse { id, name, input } => {
+                MessagesContentBlock::Text { text } => texts.push(text),
+                MessagesContentBlock::Thinking { thinking, .. } => reasoning.get_or_insert_with(String::new).push_str(&thinking),
+                MessagesContentBlock::ToolUse { id, name, input } => {
                     calls.push(ToolCall { id, name, arguments: py_json::dumps(&input, FloatStyle::Serde) })
                 }
-                Block::ServerToolUse {} | Block::WebSearchToolResult {} => {
+                MessagesContentBlock::ServerToolUse {} | MessagesContentBlock::WebSearchToolResult {} => {
                     if self.web_search == WebSearchBehavior::Reject {
                         return Err(server_tools_unsupported());
                     }
                 }
-                other @ Block::ToolAddition { .. } => return Err(self.misplaced(i, &other, "system")),
+                other @ MessagesContentBlock::ToolAddition { .. } => return Err(self.misplaced(i, &other, "system")),
                 other => return Err(self.misplaced(i, &other, "user")),
             }
         }

@@ -152,16 +152,16 @@ impl Target {
     }
 }
 
-/// The `thinking` switch of Chat and Messages.
+/// The type of the `thinking` switch of Chat and Messages.
 #[derive(Clone, Copy, Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum ThinkingSwitch {
+#[serde(rename_all = "lowercase")]
+pub enum ThinkingType {
     Adaptive,
     Enabled,
     Disabled,
 }
 
-impl ThinkingSwitch {
+impl ThinkingType {
     pub fn enabled(self) -> bool {
         !matches!(self, Self::Disabled)
     }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::chat::DetailName;
 use super::common::{openai_tool_choice, string_or_list};
@@ -30,12 +30,12 @@ pub struct ResponsesRequest {
     pub max_output_tokens: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    pub top_logprobs: Option<u32>,
+    pub top_logprobs: Option<u8>,
     pub user: Option<String>,
     pub tools: Option<Raw<Vec<DeclaredTool>>>,
     pub tool_choice: Option<Raw<ResponsesToolChoice>>,
-    pub reasoning: Option<Reasoning>,
-    pub text: Option<Raw<TextConfig>>,
+    pub reasoning: Option<ResponsesReasoningConfig>,
+    pub text: Option<Raw<ResponsesTextConfig>>,
     pub stream: Option<bool>,
 }
 
@@ -113,18 +113,18 @@ pub struct InputMessage {
 }
 
 #[derive(Debug)]
-pub struct Parts(pub Vec<Part>);
+pub struct Parts(pub Vec<ResponsesContentBlock>);
 
 impl<'de> Deserialize<'de> for Parts {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let one = |text| Self(vec![Part::InputText { text }]);
+        let one = |text| Self(vec![ResponsesContentBlock::InputText { text }]);
         string_or_list(deserializer, one, Self, "content should be a string or a list of content blocks")
     }
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Part {
+pub enum ResponsesContentBlock {
     InputText { text: String },
     OutputText { text: String },
     InputImage { image_url: Option<String>, file_id: Option<String>, detail: Option<DetailName> },
@@ -134,11 +134,11 @@ pub enum Part {
 #[derive(Debug, Deserialize)]
 pub struct ReasoningItem {
     #[serde(default)]
-    pub content: Vec<ReasoningText>,
+    pub content: Vec<ResponsesReasoningContent>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct ReasoningText {
+pub struct ResponsesReasoningContent {
     pub text: String,
 }
 
@@ -153,23 +153,64 @@ pub struct FunctionCallItem {
 #[derive(Debug, Deserialize)]
 pub struct FunctionCallOutputItem {
     pub call_id: String,
-    pub output: Parts,
+    pub output: OutputParts,
+}
+
+/// A function call's output: a string or a list of input parts (no `output_text`).
+#[derive(Debug)]
+pub struct OutputParts(pub Parts);
+
+impl<'de> Deserialize<'de> for OutputParts {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let one = |text| Self(Parts(vec![ResponsesContentBlock::InputText { text }]));
+        let many = |parts: Vec<ResponsesToolCallOutputItem>| Self(Parts(parts.into_iter().map(ResponsesToolCallOutputItem::into_part).collect()));
+        string_or_list(deserializer, one, many, "output should be a string or a list of output content parts")
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ResponsesToolCallOutputItem {
+    InputText { text: String },
+    InputImage { image_url: Option<String>, file_id: Option<String>, detail: Option<DetailName> },
+    InputFile {},
+}
+
+impl ResponsesToolCallOutputItem {
+    fn into_part(self) -> ResponsesContentBlock {
+        match self {
+            Self::InputText { text } => ResponsesContentBlock::InputText { text },
+            Self::InputImage { image_url, file_id, detail } => ResponsesContentBlock::InputImage { image_url, file_id, detail },
+            Self::InputFile {} => ResponsesContentBlock::InputFile {},
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponsesTool {
     Function(FunctionTool),
-    Namespace { name: String, tools: Vec<FunctionTool> },
+    Namespace { name: String, description: Option<String>, tools: Vec<FunctionTool> },
     #[serde(alias = "web_search_2025_08_26")]
     WebSearch {
         /// Only validated here; the response objects report it.
         #[allow(dead_code)]
         search_context_size: Option<SearchContextSize>,
+        /// Only validated here; the response objects report it.
+        #[allow(dead_code)]
+        user_location: Option<ResponsesUserLocation>,
     },
     WebSearchPreview {},
     /// Only `apply_patch` is supported (checked at conversion).
     Custom { name: String },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponsesUserLocation {
+    pub city: Option<String>,
+    pub country: Option<String>,
+    pub region: Option<String>,
+    pub timezone: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
@@ -244,29 +285,57 @@ pub struct FunctionTool {
 #[derive(Debug)]
 pub struct ResponsesToolChoice(pub RequestedToolChoice);
 
+/// A tool choice object, told apart by `type`; a hosted tool leaves the choice to the model.
 #[derive(Debug, Deserialize)]
-struct NamedFunction {
-    name: String,
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ResponsesNamedToolChoice {
+    Function { name: String },
+    WebSearch {},
+    #[serde(rename = "web_search_2025_08_26")]
+    WebSearch20250826 {},
+    Custom { name: String },
 }
 
 impl<'de> Deserialize<'de> for ResponsesToolChoice {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let named = |map| {
-            let named: NamedFunction = serde_json::from_value(Value::Object(map)).map_err(de::Error::custom)?;
-            Ok(named.name)
+        let object = |map: Map<String, Value>| {
+            if !map.contains_key("type") {
+                return Ok(None);
+            }
+            let object = ResponsesNamedToolChoice::deserialize(Value::Object(map)).map_err(de::Error::custom)?;
+            Ok(Some(match object {
+                ResponsesNamedToolChoice::Function { name } | ResponsesNamedToolChoice::Custom { name } => {
+                    RequestedToolChoice::Named(name)
+                }
+                ResponsesNamedToolChoice::WebSearch {} | ResponsesNamedToolChoice::WebSearch20250826 {} => RequestedToolChoice::Auto,
+            }))
         };
-        openai_tool_choice(deserializer, named, "expected one of `none`, `auto`, `required` or a tool choice object")
+        openai_tool_choice(deserializer, object, "expected one of `none`, `auto`, `required` or a tool choice object")
             .map(Self)
     }
 }
 
 #[derive(Debug, Deserialize)]
-pub struct Reasoning {
+pub struct ResponsesReasoningConfig {
     pub effort: Option<EffortName>,
+    /// Checked only.
+    #[allow(dead_code)]
+    pub summary: Option<ReasoningSummary>,
+    /// Checked only.
+    #[allow(dead_code)]
+    pub generate_summary: Option<ReasoningSummary>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct TextConfig {
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningSummary {
+    Auto,
+    Concise,
+    Detailed,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponsesTextConfig {
     /// Absent means text; an explicit `null` is rejected.
     #[serde(default, deserialize_with = "present")]
     pub format: Option<TextFormat>,
@@ -298,6 +367,17 @@ pub enum TextFormat {
         strict: Option<bool>,
     },
     JsonObject,
+}
+
+/// A namespaced function's description: for V4.1 a non-empty namespace description, a newline, then
+/// the function's own (joined even when the function has none); V4 keeps the function's own.
+fn namespaced_description(model_version: ModelVersion, namespace: Option<&str>, function: Option<&str>) -> Option<String> {
+    match namespace {
+        Some(ns) if !ns.is_empty() && model_version == ModelVersion::DeepseekV41Flash => {
+            Some(format!("{ns}\n{}", function.unwrap_or_default()))
+        }
+        _ => function.map(str::to_owned),
+    }
 }
 
 /// The name a namespaced function is known by in the conversation (model-specific separator).
@@ -348,7 +428,7 @@ impl ResponsesRequest {
     ) -> impl Iterator<Item = (String, (String, String))> + '_ {
         self.declared()
             .filter_map(|tool| match tool {
-                ResponsesTool::Namespace { name, tools } => Some((name, tools)),
+                ResponsesTool::Namespace { name, tools, .. } => Some((name, tools)),
                 _ => None,
             })
             .flat_map(move |(name, tools)| {
@@ -365,7 +445,7 @@ impl ResponsesRequest {
         for (i, tool) in indexed.filter_map(|(i, t)| t.0.as_ref().map(|t| (i, t))) {
             match tool {
                 ResponsesTool::Function(f) => validate_names([f.name.as_str()].into_iter(), &format!("tools[{i}].name"))?,
-                ResponsesTool::Namespace { name, tools } => {
+                ResponsesTool::Namespace { name, tools, .. } => {
                     validate_names([name.as_str()].into_iter(), &format!("tools[{i}].name"))?;
                     validate_names(tools.iter().map(|f| f.name.as_str()), &format!("tools[{i}].tools[{{}}].name"))?;
                 }
@@ -396,9 +476,9 @@ impl ResponsesRequest {
         model_version: ModelVersion,
         web_search: WebSearchBehavior,
     ) -> Result<Vec<ToolDefinition>, ConversionError> {
-        let definition = |name: String, f: &FunctionTool| ToolDefinition {
+        let definition = |name: String, description: Option<String>, f: &FunctionTool| ToolDefinition {
             name,
-            description: f.description.clone(),
+            description,
             parameters: f.parameters.clone().unwrap_or(Value::Null),
             strict: f.strict,
             defer_loading: false,
@@ -406,10 +486,11 @@ impl ResponsesRequest {
         let mut out = Vec::new();
         for tool in self.declared() {
             match tool {
-                ResponsesTool::Function(f) => out.push(definition(f.name.clone(), f)),
-                ResponsesTool::Namespace { name, tools } => {
-                    out.extend(tools.iter().map(|f| definition(namespaced(model_version, name, &f.name), f)))
-                }
+                ResponsesTool::Function(f) => out.push(definition(f.name.clone(), f.description.clone(), f)),
+                ResponsesTool::Namespace { name, description, tools } => out.extend(tools.iter().map(|f| {
+                    let description = namespaced_description(model_version, description.as_deref(), f.description.as_deref());
+                    definition(namespaced(model_version, name, &f.name), description, f)
+                })),
                 ResponsesTool::WebSearch { .. } => {
                     if web_search == WebSearchBehavior::Reject {
                         return Err(bad("Server tools are not supported"));
@@ -484,7 +565,7 @@ impl ResponsesRequest {
             top_p: self.top_p,
             max_tokens: self.max_output_tokens,
             logprobs: self.top_logprobs.is_some(),
-            top_logprobs: self.top_logprobs,
+            top_logprobs: self.top_logprobs.map(u32::from),
             ..Sampling::default()
         };
         sampling.validate(options.max_tokens_upper_bound(thinking_mode), MaxTokensPolicy::Reject)?;
@@ -590,7 +671,7 @@ impl ItemConverter<'_> {
                     }
                 }
                 Item::FunctionCallOutput(output) => {
-                    let content = self.content(output.output, &format!("input[{index}]"))?;
+                    let content = self.content(output.output.0, &format!("input[{index}]"))?;
                     calls.answered(output.call_id, content)?;
                     assistant_open = false;
                 }
@@ -628,21 +709,30 @@ impl ItemConverter<'_> {
         let mut out = ContentBuilder::new(self.model_version, self.image_token);
         for (k, part) in parts.0.into_iter().enumerate() {
             match part {
-                Part::InputText { text } | Part::OutputText { text } => out.text(text),
-                Part::InputFile {} => out.text("[Unsupported Document]"),
-                Part::InputImage { image_url, file_id, detail } => {
+                ResponsesContentBlock::InputText { text } | ResponsesContentBlock::OutputText { text } => out.text(text),
+                ResponsesContentBlock::InputFile {} => out.text("[Unsupported Document]"),
+                ResponsesContentBlock::InputImage { .. } if !out.supports_images() => out.text(super::content::UNSUPPORTED_IMAGE),
+                ResponsesContentBlock::InputImage { image_url, file_id, detail } => {
                     let detail = detail.map_or(ImageDetail::High, ImageDetail::from);
-                    match image_url {
-                        Some(url) if out.supports_images() => {
-                            let data = if url.starts_with("data:") { ImageData::DataUrl(url) } else { ImageData::Url(url) };
+                    // An empty image_url counts as absent.
+                    match (image_url.filter(|u| !u.is_empty()), file_id) {
+                        (Some(url), None) => {
+                            let data = ImageData::from_image_url(url).map_err(|e| bad(format!("{path}: {e}")))?;
                             out.image(data, detail, path.to_owned());
                         }
-                        _ if out.supports_images() && file_id.is_some() => {
+                        (None, None) => {
+                            return Err(bad(format!("{path}.content[{k}]: input_image must have image_url or file_id")))
+                        }
+                        (Some(_), Some(_)) => {
+                            return Err(bad(format!(
+                                "{path}.content[{k}]: input_image cannot have both image_url and file_id"
+                            )))
+                        }
+                        (None, Some(_)) => {
                             return Err(bad(format!(
                                 "{path}.content[{k}]: file_id is not supported. Pass the image as a base64 data url instead."
                             )))
                         }
-                        _ => out.text(super::content::UNSUPPORTED_IMAGE),
                     }
                 }
             }

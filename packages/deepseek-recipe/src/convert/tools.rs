@@ -148,16 +148,17 @@ pub fn check_tool_choice(
     if tools.is_empty() {
         return Ok(());
     }
-    let forced = matches!(choice, RequestedToolChoice::Required | RequestedToolChoice::Named(_));
-    if forced && thinking_mode {
-        return Err(ConversionError::bad_request("Thinking mode does not support this tool_choice"));
-    }
+    // A named function that is not declared is reported before the thinking-mode restriction.
     if let RequestedToolChoice::Named(name) = choice {
         if !tools.iter().any(|t| &t.name == name) {
             return Err(ConversionError::bad_request(format!(
                 "Invalid value for 'tool_call': no function named '{name}' was specified in the 'tools' parameter."
             )));
         }
+    }
+    let forced = matches!(choice, RequestedToolChoice::Required | RequestedToolChoice::Named(_));
+    if forced && thinking_mode {
+        return Err(ConversionError::bad_request("Thinking mode does not support this tool_choice"));
     }
     Ok(())
 }

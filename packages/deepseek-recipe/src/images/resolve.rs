@@ -8,7 +8,7 @@ use super::preprocess::{preprocess, PreprocessOptions};
 use super::{ImageInfo, MultiModalData};
 use crate::image_source::{ImageData, ImageSource};
 
-/// Images and encoded bytes recorded by the completed resolve calls of one request.
+/// Images and received (encoded) bytes recorded by the completed resolve calls of one request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ImageQuota {
     pub image_count: u64,
@@ -42,6 +42,7 @@ pub fn resolve(
     fetcher: &ImageFetcher,
 ) -> Result<MultiModalData, ImageError> {
     let mut images: Vec<ImageInfo> = Vec::with_capacity(sources.len());
+    let mut byte_size = 0u64;
     for (index, source) in sources.iter().enumerate() {
         let bytes = match &source.data {
             ImageData::DataUrl(url) => decode_data_url(url),
@@ -50,11 +51,15 @@ pub fn resolve(
             ImageData::Bytes(bytes) => Ok(bytes.clone()),
         };
         let image = bytes
-            .and_then(|b| preprocess(&b, &PreprocessOptions::for_detail(source.detail)))
+            .and_then(|b| {
+                byte_size += b.len() as u64;
+                preprocess(&b, &PreprocessOptions::for_detail(source.detail))
+            })
             .map_err(|e| e.at(index))?;
         images.push(image);
     }
     quota.image_count += images.len() as u64;
-    quota.byte_size += images.iter().map(|i| i.data.len() as u64).sum::<u64>();
+    // The quota counts the images as received (decoded data URLs, fetched or given bytes).
+    quota.byte_size += byte_size;
     Ok(MultiModalData { images })
 }

@@ -13,7 +13,7 @@ use super::value::to_value;
 use crate::conversation::{ConversationRequest, InferenceOptions, ModelVersion, OutputConstraint};
 use crate::convert::{self, chat, messages, responses, Body};
 use crate::error::{ConversionError as RustConversionError, RequestParseError};
-use crate::options::{ConversionOptions, ReasoningContentBehavior, WebSearchBehavior};
+use crate::options::{ConversionOptions, ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior};
 use crate::response::chat::ChatConfig;
 use crate::response::messages::MessagesGenerator;
 use crate::response::responses::{custom_tool_names, Echo, ResponsesConfig};
@@ -304,7 +304,7 @@ protocol_request!("ChatCompletionRequest", PyChatCompletionRequest, chat::ChatCo
         let r = &request.inner;
         let config = ChatConfig {
             thinking_mode: r.conversation.thinking_mode,
-            reasoning: r.parsing_options.thinking_initial_stage.is_some(),
+            reasoning: r.parsing_options.thinking_initial_stage.is_some_and(ThinkingInitialStage::starts_in_reasoning),
             omit_usage: r.stream && !r.include_usage,
         };
         PyChatCompletionChunkGenerator::from_config(config, id, model)

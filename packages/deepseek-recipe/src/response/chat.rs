@@ -11,7 +11,8 @@ use crate::stream::{FinishReason, PromptUsage};
 pub struct ChatConfig {
     /// Thinking mode: content deltas carry `"reasoning_content": null`.
     pub thinking_mode: bool,
-    /// Parsing starts with a thinking stage: the first delta opens `reasoning_content`.
+    /// Parsing starts in reasoning (any thinking stage but a content continuation): the first delta
+    /// opens `reasoning_content`.
     pub reasoning: bool,
     /// `stream: true` without `stream_options.include_usage`: non-final chunks carry no `usage` key.
     pub omit_usage: bool,
@@ -163,19 +164,8 @@ fn logprobs_json(key: &str, entries: &[crate::stream::LogprobEntry]) -> Value {
     if entries.is_empty() {
         return Value::Null;
     }
-    let list: Vec<Value> = entries
-        .iter()
-        .map(|e| {
-            let top: Vec<Value> = e
-                .top
-                .iter()
-                .map(|(token, bytes, logprob)| json!({"token": token, "logprob": logprob, "bytes": bytes}))
-                .collect();
-            json!({"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": top})
-        })
-        .collect();
     let mut map = Map::new();
-    map.insert(key.to_owned(), Value::Array(list));
+    map.insert(key.to_owned(), Value::Array(super::logprob_entries_json(entries)));
     Value::Object(map)
 }
 

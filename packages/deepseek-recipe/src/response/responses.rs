@@ -142,7 +142,8 @@ pub fn response_object(id: &str, model: &str, created_at: u64, echo: &Echo) -> V
 #[derive(Debug)]
 enum Item {
     Reasoning { text: String },
-    Message { text: String },
+    /// The answer text and the log-probabilities of its tokens (when the inference reports them).
+    Message { text: String, logprobs: Vec<Value> },
     FunctionCall { call_id: String, name: String, namespace: Option<String>, arguments: String },
     /// A call of a declared `custom` tool (`apply_patch`): reported with the raw `input` text.
     CustomToolCall { call_id: String, name: String, input: CustomInput },
@@ -333,9 +334,9 @@ impl ResponsesGenerator {
                 "content": if status == "in_progress" { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) },
                 "summary": [], "encrypted_content": format!("{}-{n}", self.id)})
             }
-            Item::Message { text } => json!({"type": "message", "id": self.item_id("msg"), "status": status,
+            Item::Message { text, logprobs } => json!({"type": "message", "id": self.item_id("msg"), "status": status,
                 "role": "assistant", "phase": phase,
-                "content": if status == "in_progress" { json!([]) } else { json!([output_text(text)]) }}),
+                "content": if status == "in_progress" { json!([]) } else { json!([output_text(text, logprobs)]) }}),
             Item::FunctionCall { call_id, name, namespace, arguments } => {
                 let mut item = json!({"type": "function_call", "id": self.item_id("fc"), "status": status,
                     "call_id": call_id, "name": name});
@@ -359,7 +360,7 @@ impl ResponsesGenerator {
         self.event("response.output_item.added", json!({"item": added, "output_index": n}), out);
         let part = match &item {
             Item::Reasoning { .. } => Some(json!({"type": "reasoning_text", "text": ""})),
-            Item::Message { .. } => Some(output_text("")),
+            Item::Message { .. } => Some(output_text("", &[])),
             Item::FunctionCall { .. } | Item::CustomToolCall { .. } => None,
         };
         if let Some(part) = part {
@@ -405,17 +406,17 @@ impl ResponsesGenerator {
                     out,
                 );
             }
-            Item::Message { text } => {
+            Item::Message { text, logprobs } => {
                 self.event(
                     "response.output_text.done",
                     json!({"content_index": 0, "item_id": item_id,
-                    "logprobs": [], "output_index": n, "text": text}),
+                    "logprobs": logprobs, "output_index": n, "text": text}),
                     out,
                 );
                 self.event(
                     "response.content_part.done",
                     json!({"content_index": 0, "item_id": item_id,
-                    "output_index": n, "part": output_text(text)}),
+                    "output_index": n, "part": output_text(text, logprobs)}),
                     out,
                 );
             }
@@ -439,8 +440,8 @@ impl ResponsesGenerator {
     }
 }
 
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text})
+fn output_text(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "annotations": [], "logprobs": logprobs, "text": text})
 }
 
 impl Generator for ResponsesGenerator {
@@ -473,19 +474,21 @@ impl Generator for ResponsesGenerator {
                     out,
                 );
             }
-            Delta::Content(text, _) => {
+            Delta::Content(text, entries) => {
                 if !matches!(self.open, Some(Item::Message { .. })) {
-                    self.open_item(Item::Message { text: String::new() }, out);
+                    self.open_item(Item::Message { text: String::new(), logprobs: Vec::new() }, out);
                 }
                 let n = self.output_index();
-                if let Some(Item::Message { text: acc }) = &mut self.open {
+                let logprobs = super::logprob_entries_json(&entries);
+                if let Some(Item::Message { text: acc, logprobs: acc_logprobs }) = &mut self.open {
                     acc.push_str(&text);
+                    acc_logprobs.extend(logprobs.iter().cloned());
                 }
                 let item_id = self.item_id("msg");
                 self.event(
                     "response.output_text.delta",
                     json!({"content_index": 0, "delta": text,
-                    "item_id": item_id, "logprobs": [], "output_index": n}),
+                    "item_id": item_id, "logprobs": logprobs, "output_index": n}),
                     out,
                 );
             }

@@ -28,7 +28,8 @@ pub struct TokenLogprob {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum InferenceChunk {
-    Ready { prompt_usage: Option<PromptUsage>, system_fingerprint: Option<String> },
+    /// The prompt is processed; only the stream's first chunk decides the usage and fingerprint.
+    Ready { prompt_usage: PromptUsage, system_fingerprint: Option<String> },
     Text { content: String, token_count: u64 },
     Tokens { token_ids: Vec<u32>, logprobs: Option<Vec<TokenLogprob>> },
     Finish(FinishReason),

@@ -213,8 +213,19 @@ impl Parser {
                     self.feed(c, p, out);
                 }
             }
-            None => {}
+            None => {
+                // In the answer, held newlines only wait for a tool-call block that would trim them.
+                if matches!(self.mode, Mode::Content) && !self.newlines.is_empty() && !self.tag_may_open_tools() {
+                    self.release_newlines(out);
+                }
+            }
         }
+    }
+
+    /// Whether the pending tag characters can still become the tool-call block opener.
+    fn tag_may_open_tools(&self) -> bool {
+        let pending: String = self.tag.iter().map(|&(c, _)| c).collect();
+        self.parse_tool_calls && self.dsml_opener().starts_with(&pending)
     }
 
     fn tags(&self) -> impl Iterator<Item = (&str, Tag)> {
@@ -303,6 +314,11 @@ impl Parser {
     }
 
     fn on_tag(&mut self, tag: Tag, piece: u64, out: &mut Fragments) {
+        if tag == Tag::ThinkEnd && !matches!(self.mode, Mode::Reasoning) {
+            // A closing think tag inside the answer is dropped, but like text it ends a run of
+            // trailing newlines, which stay with the piece they came in.
+            self.release_newlines(out);
+        }
         out.seal();
         match (tag, &self.mode) {
             (Tag::ThinkEnd, Mode::Reasoning) => {

@@ -156,10 +156,8 @@ impl<G: Generator> StreamProcessor<G> {
         let mut out = Vec::new();
         match chunk {
             InferenceChunk::Ready { prompt_usage, system_fingerprint } => {
-                if let Some(usage) = prompt_usage {
-                    self.prompt = usage;
-                }
-                if system_fingerprint.is_some() {
+                if !self.started {
+                    self.prompt = prompt_usage;
                     self.system_fingerprint = system_fingerprint;
                 }
                 self.ensure_started(&mut out);

@@ -131,7 +131,10 @@ impl PyInferenceChunk {
     #[pyo3(signature = (*, prompt_usage=None, system_fingerprint=None))]
     fn ready(prompt_usage: Option<PyPromptUsage>, system_fingerprint: Option<String>) -> Self {
         Self {
-            inner: InferenceChunk::Ready { prompt_usage: prompt_usage.map(|p| p.inner), system_fingerprint },
+            inner: InferenceChunk::Ready {
+                prompt_usage: prompt_usage.map(|p| p.inner).unwrap_or_default(),
+                system_fingerprint,
+            },
         }
     }
 
@@ -187,7 +190,7 @@ impl PyInferenceChunk {
     #[getter]
     fn prompt_usage(&self) -> Option<PyPromptUsage> {
         match &self.inner {
-            InferenceChunk::Ready { prompt_usage, .. } => prompt_usage.map(|inner| PyPromptUsage { inner }),
+            InferenceChunk::Ready { prompt_usage, .. } => Some(PyPromptUsage { inner: *prompt_usage }),
             _ => None,
         }
     }
