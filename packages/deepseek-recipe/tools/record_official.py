@@ -2303,6 +2303,26 @@ def divergence_cases():
                     ],
                 },
             )
+    # Responses input items: non-objects, items without `type` or `role`, wrongly typed `type`, missing
+    # fields of typed items (the official names the first missing field in its own field order).
+    for item in (
+        True,
+        5,
+        "x",
+        [],
+        {"content": "x"},
+        {"role": "user"},
+        {"type": True},
+        {"type": None, "role": "user"},
+        {"type": "message"},
+        {"type": "bogus"},
+        {"type": "function_call"},
+        {"type": "function_call", "arguments": "{}"},
+        {"type": "function_call_output"},
+        {"type": "reasoning", "content": 5},
+        {"role": "bogus", "content": "x"},
+    ):
+        add("responses", {"model": V4, "input": [{"role": "user", "content": "a"}, item]})
     return cases
 
 

@@ -84,15 +84,35 @@ pub enum Item {
     Unknown,
 }
 
+/// An input item with a `type`; other types are skipped.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ResponsesTypedInputItem {
+    Message(InputMessage),
+    Reasoning(ReasoningItem),
+    FunctionCall(FunctionCallItem),
+    FunctionCallOutput(FunctionCallOutputItem),
+    #[serde(other)]
+    Unknown,
+}
+
 impl Item {
+    /// An object with a `type`, or a message given by its `role` alone.
     fn from_value(value: Value) -> Result<Self, serde_json::Error> {
-        let kind = value.get("type").and_then(Value::as_str).map(str::to_owned);
-        Ok(match kind.as_deref() {
-            None | Some("message") => Self::Message(serde_json::from_value(value)?),
-            Some("reasoning") => Self::Reasoning(serde_json::from_value(value)?),
-            Some("function_call") => Self::FunctionCall(serde_json::from_value(value)?),
-            Some("function_call_output") => Self::FunctionCallOutput(serde_json::from_value(value)?),
-            Some(_) => Self::Unknown,
+        let invalid = || <serde_json::Error as de::Error>::custom("invalid input item");
+        let Value::Object(map) = &value else { return Err(invalid()) };
+        if !map.contains_key("type") {
+            return match map.contains_key("role") {
+                true => serde_json::from_value(value).map(Self::Message),
+                false => Err(invalid()),
+            };
+        }
+        Ok(match serde_json::from_value(value)? {
+            ResponsesTypedInputItem::Message(m) => Self::Message(m),
+            ResponsesTypedInputItem::Reasoning(r) => Self::Reasoning(r),
+            ResponsesTypedInputItem::FunctionCall(c) => Self::FunctionCall(c),
+            ResponsesTypedInputItem::FunctionCallOutput(o) => Self::FunctionCallOutput(o),
+            ResponsesTypedInputItem::Unknown => Self::Unknown,
         })
     }
 }
@@ -144,16 +164,17 @@ pub struct ResponsesReasoningContent {
 
 #[derive(Debug, Deserialize)]
 pub struct FunctionCallItem {
+    // Field order decides which missing field a parse error names (as in the official).
+    pub arguments: String,
     pub call_id: String,
     pub name: String,
-    pub arguments: String,
     pub namespace: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct FunctionCallOutputItem {
-    pub call_id: String,
     pub output: OutputParts,
+    pub call_id: String,
 }
 
 /// A function call's output: a string or a list of input parts (no `output_text`).
