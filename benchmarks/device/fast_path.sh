@@ -2,7 +2,7 @@
 # One GPU call for the fast-path issues (8, 9, 10): every GPU test (kernels, op conformance cuda vs
 # reference, sync-free forward), then the Flash-width 5-layer slice on the cuda and reference backends and
 # the HF transformers peer, all in the same run. Usage, on the device after benchmarks/device/install.sh:
-#   benchmarks/device/fast_path.sh OUT_DIR        (SKIP_TESTS=1 / SKIP_PEER=1 / SKIP_REF=1 to shorten)
+#   benchmarks/device/fast_path.sh OUT_DIR   (SKIP_TESTS=1 / SKIP_B64=1 / SKIP_REF=1 / SKIP_PEER=1 to shorten)
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR}
 mkdir -p "$out"
@@ -22,6 +22,13 @@ section slice-cuda
 timeout -s INT "${SLICE_S:-150}" python3 benchmarks/reference_forward.py "${slice[@]}" --backend cuda \
     --json "$out/slice_cuda.json" > "$out/slice_cuda.txt" 2>&1
 tail -25 "$out/slice_cuda.txt"
+if [ -z "${SKIP_B64:-}" ]; then
+    section slice-cuda-batch64
+    timeout -s INT "${SLICE_S:-150}" python3 benchmarks/reference_forward.py --device cuda --layers 5 \
+        --batch 64 --prefill 512 --decode 8 --dtype bfloat16 --backend cuda \
+        --json "$out/slice_cuda_b64.json" > "$out/slice_cuda_b64.txt" 2>&1
+    grep -E '"(prefill_tok_s|decode_s|decode_tok_s|peak_memory_gib)"' "$out/slice_cuda_b64.txt"
+fi
 if [ -z "${SKIP_REF:-}" ]; then
     section slice-reference
     timeout -s INT "${SLICE_S:-150}" python3 benchmarks/reference_forward.py "${slice[@]}" --backend reference \
