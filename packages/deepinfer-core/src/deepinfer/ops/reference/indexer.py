@@ -75,7 +75,7 @@ def indexer_topk(
     further restricts the entries (Reindex layers: the candidate mask); `candidates` = (topk_blocks,
     block) makes this a candidate source, which also returns the `candidate_blocks` mask
     [T, capacity] of its scores. Returns (top-k [T, k] long: the k best entry ids in ascending order,
-    -1 where fewer than k are visible/allowed; candidate mask or None).
+    then -1 where fewer than k are visible/allowed; candidate mask or None).
     """
     rows, width = q.shape[0], max(capacity, k)
     per_block = pool.shape[1]
@@ -95,6 +95,8 @@ def indexer_topk(
         if allowed is not None:
             scores = scores.masked_fill(~allowed[r], -torch.inf)
         scores = torch.nn.functional.pad(scores, (0, width - capacity), value=-torch.inf)
-        best = scores.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
-        top.narrow(0, b, best.shape[0]).copy_(torch.where(torch.isfinite(scores.gather(-1, best)), best, -1))
+        best = scores.topk(k, dim=-1, sorted=False).indices
+        # canonical order: selected ids ascending, then the -1 padding (misses sort last as `width`)
+        best = torch.where(torch.isfinite(scores.gather(-1, best)), best, width).sort(dim=-1).values
+        top.narrow(0, b, best.shape[0]).copy_(torch.where(best < width, best, -1))
     return top, mask
