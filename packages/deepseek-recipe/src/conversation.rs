@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::error::ConversionError;
 use crate::messages::{Message, ToolDefinition};
 use crate::options::ParsingOptions;
-use crate::response::responses::Echo;
+
+pub use crate::model_version::ModelVersion;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ToolChoice {
@@ -119,13 +120,6 @@ impl Conversation {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "python", pyo3::pyclass(eq, frozen, module = "deepseek_recipe._native"))]
-pub enum ModelVersion {
-    DeepseekV4Pro,
-    DeepseekV41Flash,
-}
-
 /// A constraint the backend may enforce by constrained decoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutputConstraint {
@@ -207,5 +201,42 @@ impl ConversationRequest {
             true => DEFAULT_MAX_TOKENS_THINKING,
         });
         Ok(wanted.min(context_limit - prompt_tokens).max(1))
+    }
+}
+
+/// Request settings the response object reports back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Echo {
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_logprobs: u64,
+    pub user: Option<String>,
+    /// The requested effort name (`"none"`, `"high"`, ...).
+    pub reasoning_effort: Option<String>,
+    /// `text.format` as requested.
+    pub text_format: Value,
+    /// `text.verbosity` as requested (null when absent).
+    pub verbosity: Value,
+    pub tool_choice: Value,
+    pub tools: Value,
+}
+
+impl Default for Echo {
+    fn default() -> Self {
+        Self {
+            instructions: None,
+            max_output_tokens: None,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_logprobs: 0,
+            user: None,
+            reasoning_effort: None,
+            text_format: json!({"type": "text"}),
+            verbosity: Value::Null,
+            tool_choice: json!("auto"),
+            tools: json!([]),
+        }
     }
 }

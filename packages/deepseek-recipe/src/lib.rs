@@ -10,6 +10,7 @@ pub mod convert;
 pub mod error;
 pub mod image_source;
 pub mod messages;
+pub mod model_version;
 pub mod options;
 pub mod py_json;
 pub mod images;

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::conversation::ModelVersion;
+use crate::model_version::ModelVersion;
 use crate::tokens::SpecialTokens;
 
 /// Where the stream parser starts in thinking mode.

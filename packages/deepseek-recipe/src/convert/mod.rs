@@ -36,13 +36,12 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::conversation::{
-    Conversation, ConversationRequest, InferenceOptions, ModelVersion, OutputConstraint,
+    Conversation, ConversationRequest, Echo, InferenceOptions, ModelVersion, OutputConstraint,
     ReasoningEffort, ResponseFormat, ToolChoice,
 };
 use crate::error::{ConversionError, RequestParseError};
 use crate::messages::{Message, ToolDefinition};
 use crate::options::{ConversionOptions, ParsingOptions, ThinkingInitialStage};
-use crate::response::responses::Echo;
 
 pub use sampling::Sampling;
 

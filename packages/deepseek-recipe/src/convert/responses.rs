@@ -19,7 +19,7 @@ use crate::error::ConversionError;
 use crate::image_source::{ImageData, ImageDetail};
 use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
 use crate::options::{ConversionOptions, ReasoningContentBehavior, WebSearchBehavior};
-use crate::response::responses::Echo;
+use crate::conversation::Echo;
 use crate::tokens::SpecialToken;
 
 #[derive(Debug, Deserialize)]

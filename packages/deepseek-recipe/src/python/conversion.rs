@@ -10,13 +10,13 @@ use pyo3::types::{PyBytes, PyString};
 use super::render::PyConversation;
 use super::tokens::PySpecialTokens;
 use super::value::to_value;
-use crate::conversation::{ConversationRequest, InferenceOptions, ModelVersion, OutputConstraint};
+use crate::conversation::{ConversationRequest, Echo, InferenceOptions, ModelVersion, OutputConstraint};
 use crate::convert::{self, chat, messages, responses, Body};
 use crate::error::{ConversionError as RustConversionError, RequestParseError};
 use crate::options::{ConversionOptions, ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior};
 use crate::response::chat::ChatConfig;
 use crate::response::messages::MessagesGenerator;
-use crate::response::responses::{custom_tool_names, Echo, ResponsesConfig};
+use crate::response::responses::{custom_tool_names, ResponsesConfig};
 use super::streaming::generators::Once;
 use super::streaming::{
     PyChatCompletionChunkGenerator, PyMessagesChunkGenerator, PyParsingOptions, PyResponsesChunkGenerator,

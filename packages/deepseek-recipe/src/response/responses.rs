@@ -5,45 +5,9 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::unix_now;
+use crate::conversation::Echo;
 use crate::stream::processor::{Completion, Delta, Generator};
 use crate::stream::{FinishReason, PromptUsage};
-
-/// Request settings the response object reports back.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Echo {
-    pub instructions: Option<String>,
-    pub max_output_tokens: Option<u64>,
-    pub temperature: f64,
-    pub top_p: f64,
-    pub top_logprobs: u64,
-    pub user: Option<String>,
-    /// The requested effort name (`"none"`, `"high"`, ...).
-    pub reasoning_effort: Option<String>,
-    /// `text.format` as requested.
-    pub text_format: Value,
-    /// `text.verbosity` as requested (null when absent).
-    pub verbosity: Value,
-    pub tool_choice: Value,
-    pub tools: Value,
-}
-
-impl Default for Echo {
-    fn default() -> Self {
-        Self {
-            instructions: None,
-            max_output_tokens: None,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_logprobs: 0,
-            user: None,
-            reasoning_effort: None,
-            text_format: json!({"type": "text"}),
-            verbosity: Value::Null,
-            tool_choice: json!("auto"),
-            tools: json!([]),
-        }
-    }
-}
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ResponsesConfig {
