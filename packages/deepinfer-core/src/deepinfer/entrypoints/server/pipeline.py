@@ -10,6 +10,7 @@ iteration early for any reason (client gone, deadline, error) aborts the engine 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -142,6 +143,20 @@ async def generate(state: ServerState, gen: Generation,
         state.metrics.finished(gen.finish_reason, len(gen.prompt_ids), gen.output_tokens,
                                time.monotonic() - gen.arrival,
                                None if gen.first_token is None else gen.first_token - gen.arrival)
+
+
+
+async def choice_events(first: tuple[int, list[Any]],
+                        events: AsyncIterator[tuple[int, list[Any]]]) -> AsyncIterator[tuple[int, Any]]:
+    """(choice index, protocol event) pairs: `first` (taken early so admission errors surface before any
+    header is sent), then the rest of `events`, which is closed however the caller stops."""
+    async with contextlib.aclosing(events):
+        item: tuple[int, list[Any]] | None = first
+        while item is not None:
+            index, batch = item
+            for event in batch:
+                yield index, event
+            item = await anext(events, None)
 
 
 def admit(state: ServerState, submit: Callable[[], T]) -> T:

@@ -8,7 +8,6 @@ choice has its own processor, and their chunks are re-indexed and their usage su
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import uuid
@@ -21,7 +20,14 @@ from starlette.responses import Response, StreamingResponse
 
 from deepinfer.entrypoints.server.errors import APIError, error_payload, recipe_error
 from deepinfer.entrypoints.server.http import read_json, sse, unless_disconnected
-from deepinfer.entrypoints.server.pipeline import ChoiceParser, Generation, admit, generate, sampling_params
+from deepinfer.entrypoints.server.pipeline import (
+    ChoiceParser,
+    Generation,
+    admit,
+    choice_events,
+    generate,
+    sampling_params,
+)
 from deepinfer.entrypoints.server.state import ServerState
 
 MAX_N = 128
@@ -123,17 +129,9 @@ async def serve(request: Request, protocol: Protocol,
 async def _collect(state: ServerState, prep: Prepared, first: tuple[int, list[Any]],
                    events: AsyncIterator[tuple[int, list[Any]]]) -> dict[str, Any]:
     responses = [prep.response(state) for _ in range(prep.n)]
-    async with contextlib.aclosing(events):
-        _accumulate(responses, first)
-        async for item in events:
-            _accumulate(responses, item)
-    return _merge(responses)
-
-
-def _accumulate(responses: list[Any], item: tuple[int, list[Any]]) -> None:
-    index, events = item
-    for event in events:
+    async for index, event in choice_events(first, events):
         responses[index].accumulate(event)
+    return _merge(responses)
 
 
 def _merge(responses: list[Any]) -> dict[str, Any]:
@@ -167,14 +165,9 @@ async def _sse_body(state: ServerState, prep: Prepared, first: tuple[int, list[A
     responses = [prep.response(state) for _ in range(prep.n)]
     usages: list[dict[str, Any] | None] = []
     try:
-        async with contextlib.aclosing(events):
-            item: tuple[int, list[Any]] | None = first
-            while item is not None:
-                index, batch = item
-                for event in batch:
-                    responses[index].accumulate(event)
-                    yield _frame(response_cls, event, index, prep.n, usages)
-                item = await anext(events, None)
+        async for index, event in choice_events(first, events):
+            responses[index].accumulate(event)
+            yield _frame(response_cls, event, index, prep.n, usages)
         if prep.n > 1 and any(usages):  # one usage chunk for all choices, as OpenAI sends it
             chunk = json.loads(responses[0].to_json())
             yield sse(json.dumps({"id": chunk["id"], "object": "chat.completion.chunk",

@@ -6,7 +6,6 @@ a plain-content chunk generator and tool-call parsing off, so text and stops agr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import uuid
@@ -24,6 +23,7 @@ from deepinfer.entrypoints.server.pipeline import (
     ChoiceParser,
     Generation,
     admit,
+    choice_events,
     generate,
 )
 from deepinfer.entrypoints.server.protocols import CHAT, MAX_N, convert
@@ -132,19 +132,14 @@ async def _collect(gen: Generation, head: dict[str, Any], first: tuple[int, list
     texts: list[list[str]] = [[] for _ in range(n)]
     logprobs: list[dict[str, list[Any]] | None] = [None] * n
     finish: list[str | None] = [None] * n
-    async with contextlib.aclosing(events):
-        item: tuple[int, list[Any]] | None = first
-        while item is not None:
-            index, batch = item
-            for event in batch:
-                text, lp, reason = _text_and_logprobs(json.loads(event.to_json()))
-                texts[index].append(text)
-                finish[index] = reason or finish[index]
-                if lp:
-                    acc = logprobs[index] = logprobs[index] or {k: [] for k in lp}
-                    for k, v in lp.items():
-                        acc[k] += v
-            item = await anext(events, None)
+    async for index, event in choice_events(first, events):
+        text, lp, reason = _text_and_logprobs(json.loads(event.to_json()))
+        texts[index].append(text)
+        finish[index] = reason or finish[index]
+        if lp:
+            acc = logprobs[index] = logprobs[index] or {k: [] for k in lp}
+            for k, v in lp.items():
+                acc[k] += v
     choices = [{"index": i, "text": "".join(texts[i]), "logprobs": logprobs[i], "finish_reason": finish[i]}
                for i in range(n)]
     if return_token_ids:  # vLLM's extension: the generated ids, for checks against offline runs
@@ -156,16 +151,11 @@ async def _collect(gen: Generation, head: dict[str, Any], first: tuple[int, list
 async def _stream(gen: Generation, head: dict[str, Any], first: tuple[int, list[Any]],
                   events: AsyncIterator[tuple[int, list[Any]]], include_usage: bool) -> AsyncIterator[str]:
     try:
-        async with contextlib.aclosing(events):
-            item: tuple[int, list[Any]] | None = first
-            while item is not None:
-                index, batch = item
-                for event in batch:
-                    text, lp, reason = _text_and_logprobs(json.loads(event.to_json()))
-                    if text or reason:
-                        choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
-                        yield sse(json.dumps({**head, "choices": [choice]}, ensure_ascii=False))
-                item = await anext(events, None)
+        async for index, event in choice_events(first, events):
+            text, lp, reason = _text_and_logprobs(json.loads(event.to_json()))
+            if text or reason:
+                choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+                yield sse(json.dumps({**head, "choices": [choice]}, ensure_ascii=False))
         if include_usage:
             yield sse(json.dumps({**head, "choices": [], "usage": _usage(gen)}))
     except APIError as err:
