@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,13 +12,13 @@ from deepinfer.checkpoint.formats import dequantize_fp4, quantize_fp4, quantize_
 from deepinfer.ops import Backend, BackendError, get_ops
 from deepinfer.ops import registry as ops_registry
 from deepinfer.ops.reference import REFERENCE_OPS
+from deepinfer.ops.reference import moe as reference_moe
 from deepinfer.ops.reference.linear import linear, prepare_linear
 from deepinfer.ops.reference.moe import (
     moe,
     prepare_experts,
     route,
-    routed_dense,
-    routed_grouped,
+    routed_experts,
     swiglu_clamped,
 )
 from deepinfer.ops.weights import MoEWeights
@@ -62,29 +64,37 @@ def _per_expert_loop(x, weights, ids, ex) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+# batched products may block their sums differently from per-expert ones: float32 rounding apart
+F32_TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 7, 40])
-def test_routed_experts_equal_the_per_expert_loop_bitwise(tokens, dtype):
+def test_routed_experts_equal_the_per_expert_loop(tokens, dtype):
     g = torch.Generator().manual_seed(tokens)
     layer = _layer(g, dtype=dtype)
     x = (torch.randn(tokens, 64, generator=g) * 2).to(dtype)
     weights, ids = route(x, layer, None)
     want = _per_expert_loop(x, weights, ids, layer.experts)
-    assert torch.equal(routed_grouped(x, weights, ids, layer.experts, LIMIT), want)
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(routed_dense(x, weights, ids, layer.experts, LIMIT), want, atol=tol, rtol=tol)
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else F32_TOL
+    torch.testing.assert_close(routed_experts(x, weights, ids, layer.experts, LIMIT), want, **tol)
 
 
-def test_experts_without_tokens_and_ragged_groups():
+@pytest.mark.parametrize("path", ["grouped", "padded"])
+def test_experts_without_tokens_and_ragged_groups(path, monkeypatch):
+    if path == "padded":  # the accelerator path, run on CPU
+        padded = partial(reference_moe._padded_products, capacity=20)
+        monkeypatch.setattr(reference_moe, "_grouped_products", padded)
     g = torch.Generator().manual_seed(9)
-    layer = _layer(g, e=20, topk=2)  # more experts than one dequantisation chunk
-    x = torch.randn(5, 64, generator=g)
-    ids = torch.tensor([[19, 0], [0, 3], [19, 0], [0, 17], [3, 0]])  # ragged: 5, 2, 1, 2; 16 unused
-    weights = torch.rand(5, 2, generator=g)
+    layer = _layer(g, e=48, topk=2)
+    x = torch.randn(20, 64, generator=g)
+    # expert 0 on every token (a group at full capacity), 47 and 3 twice, 16 experts once, 29 unused;
+    # 40 pairs: 40 experts dequantised (19 selected, 21 padding) in three chunks, selected ones in two
+    others = torch.tensor([47, 3, 47, 17, 3, *range(20, 35)])
+    ids = torch.stack((torch.zeros_like(others), others), dim=1)
+    weights = torch.rand(20, 2, generator=g)
     want = _per_expert_loop(x, weights, ids, layer.experts)
-    assert torch.equal(routed_grouped(x, weights, ids, layer.experts, LIMIT), want)
-    dense = routed_dense(x, weights, ids, layer.experts, LIMIT)
-    torch.testing.assert_close(dense, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(routed_experts(x, weights, ids, layer.experts, LIMIT), want, **F32_TOL)
 
 
 def test_moe_adds_the_shared_expert_and_routes_image_rows_with_bias_vl():
@@ -96,7 +106,7 @@ def test_moe_adds_the_shared_expert_and_routes_image_rows_with_bias_vl():
     f32 = torch.float32
     act = swiglu_clamped(linear(x, layer.shared_w1, f32), linear(x, layer.shared_w3, f32), LIMIT)
     shared = linear(act, layer.shared_w2, f32)
-    want = routed_grouped(x, weights, ids, layer.experts, LIMIT) + shared
+    want = routed_experts(x, weights, ids, layer.experts, LIMIT) + shared
     assert torch.equal(moe(x, layer, image), want)
 
 

@@ -12,7 +12,10 @@ so every element fits the code range; an all-zero group gets scale 1.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
+import torch.nn.functional as F
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -151,10 +154,21 @@ def unpack_fp4_codes(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((b & 0x0F, b >> 4), dim=-1).flatten(-2)
 
 
+@cache
+def _e2m1_byte_table(device: torch.device) -> torch.Tensor:
+    """int64 [256]: the float32 values of a packed byte's (low, high) nibbles, side by side in one word
+    (one-word rows gather fastest), built once per device: a host->device copy per call would block."""
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+    byte = torch.arange(256)
+    pairs = torch.stack((values[byte & 0x0F], values[byte >> 4]), dim=-1)
+    return pairs.view(torch.int64).flatten().to(device)
+
+
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """int8 [R, C/2] -> unscaled E2M1 values float32 [R, C]."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
-    return table[unpack_fp4_codes(packed).long()]
+    """int8/uint8 [..., C/2] -> unscaled E2M1 values float32 [..., C]."""
+    byte = packed.view(torch.uint8)
+    pairs = _e2m1_byte_table(packed.device).index_select(0, byte.flatten().int())  # int32: a cheaper cast
+    return pairs.view(torch.float32).view(*byte.shape[:-1], 2 * byte.shape[-1])
 
 
 def quantize_fp4(w: torch.Tensor, group: int = FP4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,4 +186,11 @@ def dequantize_fp4(
 ) -> torch.Tensor:
     """Packed int8 [R, C/2] with per-row-per-group scales -> [R, C] in `dtype`."""
     values = unpack_fp4(packed)
-    return (values * expand_scales(scale, (1, group), values.shape)).to(dtype)
+    rows, cols = values.shape
+    scales = ue8m0_to_float(scale)
+    padded = scales.shape[1] * group  # a partial last group is padded, scaled and cut off again
+    if not cols <= padded < cols + group:
+        raise ValueError(f"dequantize_fp4: {scales.shape[1]} scale groups of {group} for {cols} columns")
+    if padded != cols:
+        values = F.pad(values, (0, padded - cols))
+    return (values.view(rows, -1, group) * scales.unsqueeze(-1)).flatten(1)[:, :cols].to(dtype)

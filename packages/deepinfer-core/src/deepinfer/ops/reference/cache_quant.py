@@ -11,7 +11,6 @@ differ from a division in the last bit, which decides pow2ceil when the quotient
 
 from __future__ import annotations
 
-from functools import cache
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -19,13 +18,12 @@ import torch
 
 from deepinfer.checkpoint.formats import (
     E2M1_MAX,
-    E2M1_VALUES,
     E4M3_MAX,
     e2m1_encode,
     pack_fp4,
     ue8m0_exponent_ceil,
     ue8m0_to_float,
-    unpack_fp4_codes,
+    unpack_fp4,
 )
 
 if TYPE_CHECKING:
@@ -40,16 +38,6 @@ def _groups(x: torch.Tensor, group: int) -> torch.Tensor:
     if x.shape[-1] % group:
         raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of the quantisation group {group}")
     return x.float().unflatten(-1, (-1, group))
-
-
-@cache
-def _e2m1_table(device: torch.device) -> torch.Tensor:
-    """The E2M1 value table, built once per device (a host->device copy on every decode would sync)."""
-    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
-
-
-def _e2m1_values(packed: torch.Tensor) -> torch.Tensor:
-    return _e2m1_table(packed.device)[unpack_fp4_codes(packed).long()]
 
 
 def fp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +62,7 @@ def nvfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def nvfp4_dequantize(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    g = _e2m1_values(packed).unflatten(-1, (-1, NVFP4_GROUP)) * scale.float().unsqueeze(-1)
+    g = unpack_fp4(packed).unflatten(-1, (-1, NVFP4_GROUP)) * scale.float().unsqueeze(-1)
     return g.flatten(-2).to(dtype)
 
 
@@ -87,7 +75,7 @@ def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def mxfp4_dequantize(packed: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    g = _e2m1_values(packed).unflatten(-1, (-1, MXFP4_GROUP)) * ue8m0_to_float(exp).unsqueeze(-1)
+    g = unpack_fp4(packed).unflatten(-1, (-1, MXFP4_GROUP)) * ue8m0_to_float(exp).unsqueeze(-1)
     return g.flatten(-2).to(dtype)
 
 

@@ -1,16 +1,19 @@
 """The MoE sub-layer as one op: sqrtsoftplus routing with selection bias, MXFP4 routed experts with
 clamped SwiGLU, and the shared expert.
 
-Routed experts run two ways with the same math. On CPU each expert multiplies exactly its own tokens:
-one host read of the per-expert token counts sizes the groups (host reads cost nothing there). On an
-accelerator nothing may depend on tensor values, so every expert runs on every token and tokens not
-routed to it are zeroed before its down projection: more arithmetic, but fixed shapes, no host
-synchronisation and an op count that does not depend on the batch.
+Routed experts dequantise only the experts a call can touch: n = min(E, T*k) of them, the selected ids
+ascending, padded with unselected experts when fewer are selected, so the op count depends on host-known
+sizes only, never on the routing. The (token, expert) pairs, sorted by expert, then multiply their
+expert's weights: on CPU as one grouped product over the exact groups; on an accelerator, where no value
+may reach the host and grouped products of every dtype are not sync-free, as batched products over groups
+padded to T rows each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -38,12 +41,11 @@ class ReferenceExperts:
     def count(self) -> int:
         return self.w1.shape[0]
 
-    def dequantized(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """(w1, w3, w2) of experts [start, end) as [n, rows, cols] in `dtype`."""
+    def dequantized(self, experts: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """(w1, w3, w2) of the experts with ids `experts` [n] as [n, rows, cols] in `dtype`."""
         return tuple(
-            dequantize_fp4(w[start:end].flatten(0, 1), s[start:end].flatten(0, 1), dtype=dtype).unflatten(
-                0, (end - start, w.shape[1])
-            )
+            dequantize_fp4(w.index_select(0, experts).flatten(0, 1), s.index_select(0, experts).flatten(0, 1),
+                           dtype=dtype).unflatten(0, (experts.shape[0], w.shape[1]))
             for w, s in ((self.w1, self.w1_scale), (self.w3, self.w3_scale), (self.w2, self.w2_scale))
         )
 
@@ -101,54 +103,98 @@ def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
     return F.silu(gate.float().clamp(max=limit)) * up.float().clamp(-limit, limit)
 
 
-def routed_grouped(
+Dequantize = Callable[[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _expert_mlp(
+    w: tuple[torch.Tensor, ...], limit: float, x: torch.Tensor, pair_weights: torch.Tensor, mm: Callable
+) -> torch.Tensor:
+    """W2 (swiglu(W1 x, W3 x) * weight) with `mm(a, w)` the (grouped or batched) product a @ w^T."""
+    w1, w3, w2 = w
+    act = swiglu_clamped(mm(x, w1), mm(x, w3), limit) * pair_weights
+    return mm(act.to(x.dtype), w2)
+
+
+def _grouped_products(
+    x: torch.Tensor, pair_weights: torch.Tensor, sizes: torch.Tensor, dequantize: Dequantize, limit: float
+) -> torch.Tensor:
+    """Rows [P, H] of consecutive expert groups of `sizes` [n] -> their expert outputs [P, H]: grouped
+    products over the exact groups, `EXPERT_CHUNK` experts at a time (one host read of the group bounds)."""
+    bounds = [0, *sizes.cumsum(0).tolist()]
+    outs = []
+    for start in range(0, sizes.shape[0], EXPERT_CHUNK):
+        end = min(start + EXPERT_CHUNK, sizes.shape[0])
+        lo, hi = bounds[start], bounds[end]
+        ends = sizes[start:end].cumsum(0).to(torch.int32)
+        mm = lambda a, w, ends=ends: F.grouped_mm(a, w.mT, offs=ends)  # noqa: E731
+        outs.append(_expert_mlp(dequantize(start, end), limit, x[lo:hi], pair_weights[lo:hi], mm))
+    return torch.cat(outs) if outs else x.new_zeros(x.shape)
+
+
+def _padded_products(
+    x: torch.Tensor,
+    pair_weights: torch.Tensor,
+    sizes: torch.Tensor,
+    dequantize: Dequantize,
+    limit: float,
+    capacity: int,
+) -> torch.Tensor:
+    """`_grouped_products` without host reads: each group padded to `capacity` rows (at least the largest
+    group), batched products; pairs of other chunks go to one spare row and get zeros back."""
+    rows, n = x.shape[0], sizes.shape[0]
+    group = torch.repeat_interleave(torch.arange(n, device=x.device), sizes, output_size=rows)
+    rank = torch.arange(rows, device=x.device) - (sizes.cumsum(0) - sizes)[group]
+    out = x.new_zeros(x.shape)
+    for start in range(0, n, EXPERT_CHUNK):
+        end = min(start + EXPERT_CHUNK, n)
+        spare = (end - start) * capacity
+        slot = torch.where((group >= start) & (group < end), (group - start) * capacity + rank, spare)
+        xs = x.new_zeros(spare + 1, x.shape[1]).index_copy_(0, slot, x)[:spare]
+        ws = pair_weights.new_zeros(spare + 1, 1).index_copy_(0, slot, pair_weights)[:spare]
+        y = _expert_mlp(
+            dequantize(start, end), limit, xs.unflatten(0, (end - start, capacity)),
+            ws.unflatten(0, (end - start, capacity)), lambda a, w: torch.bmm(a, w.mT),
+        )
+        out += torch.cat((y.flatten(0, 1), y.new_zeros(1, y.shape[-1]))).index_select(0, slot)
+    return out
+
+
+def routed_experts(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ReferenceExperts, limit: float
 ) -> torch.Tensor:
     """Sum over selected experts of weight * W2 swiglu(W1 x, W3 x), each expert on its own tokens.
 
     Products run in x's dtype; the routing weight multiplies the activation before W2; a token's
-    expert outputs accumulate in float32 in ascending expert order. Reads the group sizes on the host.
+    expert outputs accumulate in float32 in ascending expert order.
     """
-    k = ids.shape[1]
+    t, k = ids.shape
+    n = min(experts.count, t * k)
     flat = ids.flatten()
+    counts = torch.zeros(experts.count, dtype=torch.int64, device=x.device).index_add_(
+        0, flat, torch.ones_like(flat)
+    )
+    # selected experts ascending, then unselected ones as padding (n is at least the number selected)
+    chosen = torch.argsort((counts == 0).to(torch.uint8), stable=True)[:n]
     order = flat.argsort(stable=True)  # grouped by expert, tokens ascending within a group
-    sizes = torch.bincount(flat, minlength=experts.count).tolist()
     tokens = order // k
-    xs, ws = x[tokens].split(sizes), weights.flatten()[order].unsqueeze(-1).split(sizes)
-    outs = []
-    for start in range(0, experts.count, EXPERT_CHUNK):
-        w1, w3, w2 = experts.dequantized(start, min(start + EXPERT_CHUNK, experts.count), x.dtype)
-        for j in range(w1.shape[0]):
-            xe = xs[start + j]
-            act = swiglu_clamped(F.linear(xe, w1[j]), F.linear(xe, w3[j]), limit) * ws[start + j]
-            outs.append(F.linear(act.to(x.dtype), w2[j]))
+    products = (
+        _grouped_products if x.device.type == "cpu" else partial(_padded_products, capacity=t)
+    )
+    y = products(
+        x.index_select(0, tokens),
+        weights.flatten()[order].unsqueeze(-1),
+        counts[chosen],
+        lambda start, end: experts.dequantized(chosen[start:end], x.dtype),
+        limit,
+    )
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    return out.index_add_(0, tokens, torch.cat(outs).float()).to(x.dtype)
-
-
-def routed_dense(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ReferenceExperts, limit: float
-) -> torch.Tensor:
-    """`routed_grouped` without host reads: every expert on every token, unrouted tokens zeroed."""
-    t = x.shape[0]
-    dense_w = torch.zeros(t, experts.count, dtype=torch.float32, device=x.device).scatter_(1, ids, weights)
-    routed = torch.zeros(t, experts.count, dtype=torch.bool, device=x.device).scatter_(1, ids, True)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for start in range(0, experts.count, EXPERT_CHUNK):
-        end = min(start + EXPERT_CHUNK, experts.count)
-        w1, w3, w2 = experts.dequantized(start, end, x.dtype)
-        act = swiglu_clamped(torch.matmul(x, w1.mT), torch.matmul(x, w3.mT), limit)  # [n, T, I]
-        sel = routed[:, start:end].T.unsqueeze(-1)
-        act = torch.where(sel, act * dense_w[:, start:end].T.unsqueeze(-1), 0.0)
-        out += torch.matmul(act.to(x.dtype), w2.mT).float().sum(0)
-    return out.to(x.dtype)
+    return out.index_add_(0, tokens, y.float()).to(x.dtype)
 
 
 def moe(x: torch.Tensor, layer: MoEWeights, image_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE sub-layer [T, H] -> [T, H] in `layer.dtype`: routed experts plus the shared expert."""
     weights, ids = route(x, layer, image_mask)
-    routed_sum = routed_grouped if x.device.type == "cpu" else routed_dense
-    routed = routed_sum(x.to(layer.dtype), weights, ids, layer.experts, layer.swiglu_limit)
+    routed = routed_experts(x.to(layer.dtype), weights, ids, layer.experts, layer.swiglu_limit)
     act = swiglu_clamped(
         linear(x, layer.shared_w1, layer.dtype), linear(x, layer.shared_w3, layer.dtype), layer.swiglu_limit
     )
