@@ -59,9 +59,9 @@ def test_draft_depends_on_context_and_heads_follow_conventions(runtime: Deepseek
     prev = torch.tensor([ids[25 : 25 + ds.block_size]] * 2)
     markov, emb = ds.markov(prev)
     assert markov.shape == (2, ds.block_size, rt.vocab_size) and markov.dtype == torch.float32
-    torch.testing.assert_close(markov[0, 0], (ds.markov_head.float() @ ds.markov_embed[ids[25]].float()))
+    torch.testing.assert_close(markov[0, 0], (ds.markov_head.dense() @ ds.markov_embed[ids[25]].float()))
     raw, normed = ds.confidence(out, emb, "raw"), ds.confidence(out, emb, "normed")
     assert raw.shape == normed.shape == (2, ds.block_size)
-    w = ds.confidence_proj.float()[0]
+    w = ds.confidence_proj.dense()[0]
     torch.testing.assert_close(normed[1, 2], w @ torch.cat((out.normed[1, 2].float(), emb[1, 2].float())))
     assert not torch.allclose(raw, normed)

@@ -62,8 +62,8 @@ class DSpark:
         self.main_norm = first.get("main_norm.weight", (h,))
         self.norm = last.get("norm.weight", (h,))
         self.markov_embed = last.get("markov_head.embed.weight", (cfg.vocab_size, r))
-        self.markov_head = last.get("markov_head.head.weight", (cfg.vocab_size, r))
-        self.confidence_proj = last.get("confidence_head.proj.weight", (1, h + r))
+        self.markov_head = make_linear(last, "markov_head.head", ops, torch.float32, (cfg.vocab_size, r))
+        self.confidence_proj = make_linear(last, "confidence_head.proj", ops, torch.float32, (1, h + r))
         self.block_size = cfg.dspark_block_size
         self.noise_id = cfg.dspark_noise_token_id
         self.window = cfg.sliding_window
@@ -142,7 +142,7 @@ class DSpark:
     def markov(self, prev_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """First-order correction: (logits [..., V] float32, embedding [..., r]) of the previous tokens."""
         e = self.markov_embed[prev_tokens].to(self.dtype)
-        return self.ops.dense_linear(e, self.markov_head, self.dtype).float(), e
+        return self.markov_head(e), e
 
     def confidence(
         self, out: DraftOutput, markov_embedding: torch.Tensor, source: Literal["raw", "normed"] = "raw"
@@ -150,4 +150,4 @@ class DSpark:
         """Acceptance logits [n, B]: proj . [h ; e] with h the raw collapse (release) or the normed state."""
         h = out.hidden if source == "raw" else out.normed
         feats = torch.cat((h.float(), markov_embedding.float()), dim=-1)
-        return self.ops.dense_linear(feats, self.confidence_proj, torch.float32).squeeze(-1)
+        return self.confidence_proj(feats).squeeze(-1)

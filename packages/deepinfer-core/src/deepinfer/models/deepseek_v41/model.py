@@ -23,6 +23,7 @@ import torch
 
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.engram import Engram, EngramHasher
+from deepinfer.models.deepseek_v41.linear import make_linear
 from deepinfer.models.deepseek_v41.mhc import HyperConnection, initial_streams
 from deepinfer.models.deepseek_v41.moe import MoE
 from deepinfer.models.deepseek_v41.weights import Weights
@@ -126,7 +127,7 @@ class DeepseekV41Model:
         self.cfg, self.ops, self.dtype = cfg, ops, dtype
         self.embed = w.get("embed.weight", (cfg.vocab_size, h))
         self.norm = w.get("norm.weight", (h,))
-        self.head = w.get("head.weight", (cfg.vocab_size, h))
+        self.head = make_linear(w, "head", ops, torch.float32, (cfg.vocab_size, h))
         backbone = cfg.layers[: cfg.num_hidden_layers]
         self.blocks = [Block.load(w.sub(f"{s.prefix}."), cfg, s, attention, ops, dtype) for s in backbone]
         self.hasher = None
@@ -172,4 +173,4 @@ class DeepseekV41Model:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in float32 (the head is stored F32 or BF16)."""
-        return self.ops.dense_linear(hidden, self.head, torch.float32)
+        return self.head(hidden)

@@ -19,7 +19,6 @@ REFERENCE_OPS: dict[str, Callable] = {
     "rms_norm": norm.rms_norm,
     "prepare_linear": linear.prepare_linear,
     "linear": linear.linear,
-    "dense_linear": linear.dense_linear,
     "hc_coefficients": mhc.hc_coefficients,
     "hc_collapse": mhc.hc_collapse,
     "hc_expand": mhc.hc_expand,

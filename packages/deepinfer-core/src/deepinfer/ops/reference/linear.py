@@ -64,8 +64,3 @@ def linear(x: torch.Tensor, prepared: ReferenceLinear, out_dtype: torch.dtype) -
         return F.linear(x, w)
     pairs = zip(x.chunk(prepared.groups, dim=-1), w.chunk(prepared.groups), strict=True)
     return torch.cat([F.linear(xg, wg) for xg, wg in pairs], dim=-1)
-
-
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """y = x W^T for an unquantised (BF16/F32) weight, product in `out_dtype`."""
-    return F.linear(x.to(out_dtype), weight.to(out_dtype))
