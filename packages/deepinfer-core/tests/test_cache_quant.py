@@ -48,7 +48,11 @@ def test_fp8_window_scale_is_pow2_ceiling(amax: float, byte: int) -> None:
     assert data.float()[0, 3] * 2.0 ** (byte - 127) == (448.0 if amax == 449.0 else amax)
 
 
-@pytest.mark.parametrize(("amax", "scale"), [(6.0, 1.0), (6.6, 1.125), (3.0, 0.5), (0.0, 2.0**-9)])
+@pytest.mark.parametrize(
+    ("amax", "scale"),
+    # past 6 * 448 the scale saturates at the E4M3 maximum and the element at 6 * 448
+    [(6.0, 1.0), (6.6, 1.125), (3.0, 0.5), (0.0, 2.0**-9), (2700.0, 448.0), (1e6, 448.0)],
+)
 def test_nvfp4_scale_is_e4m3_of_amax_over_6(amax: float, scale: float) -> None:
     x = torch.zeros(1, 16)
     x[0, 0] = amax
@@ -56,6 +60,22 @@ def test_nvfp4_scale_is_e4m3_of_amax_over_6(amax: float, scale: float) -> None:
     assert s.float().tolist() == [[scale]]
     y = _round_trip("nvfp4", x)
     assert y[0, 0] == (6.0 * scale if amax else 0.0)  # 6.6 / 1.125 = 5.87 -> code 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nvfp4_encodes_the_same_bytes_on_cpu_and_cuda() -> None:
+    # amax at 6x every E4M3 rounding midpoint and its float32 neighbours (where a multiplication by a
+    # rounded 1/6 can pick the other E4M3 neighbour), plus amax past the E4M3 range
+    e4m3 = torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    at = (e4m3[:-1] + e4m3[1:]) / 2 * 6
+    out_of_range = torch.tensor([2700.0, 1e6])
+    amax = torch.cat((at, torch.nextafter(at, at * 2), torch.nextafter(at, at * 0), out_of_range))
+    x = torch.zeros(amax.shape[0], 16)
+    x[:, 0], x[:, 1] = amax, -amax / 7
+    cpu, cuda = ops.nvfp4_quantize(x), ops.nvfp4_quantize(x.cuda())
+    for a, b in zip(cpu, cuda, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8))
 
 
 @pytest.mark.parametrize(("amax", "byte"), [(6.0, 127), (6.1, 128), (3.0, 126), (0.0, 1)])

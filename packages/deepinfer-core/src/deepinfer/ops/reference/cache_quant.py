@@ -2,7 +2,7 @@
 
 Groups run over the last dimension. Scales follow the spec exactly:
 * FP8 window KV: E4M3 elements, UE8M0 scale pow2ceil(max(amax, 1e-4) / 448) per 32.
-* NVFP4 compressed KV: E2M1 elements, E4M3 scale E4M3(max(amax, 6 * 2^-9) / 6) per 16.
+* NVFP4 compressed KV: E2M1 elements, E4M3 scale E4M3(min(max(amax, 6 * 2^-9) / 6, 448)) per 16.
 * MXFP4 indexer Q/K: E2M1 elements, UE8M0 scale pow2ceil(max(amax, 6 * 2^-126) / 6) per 32.
 E2M1 codes and nibble packing are the checkpoint's (even element in the low nibble).
 UE8M0 scales multiply amax by the reciprocal of the code maximum, as the released kernels do: it can
@@ -56,7 +56,10 @@ def fp8_dequantize(q: torch.Tensor, exp: torch.Tensor, dtype: torch.dtype) -> to
 def nvfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., D] -> (packed E2M1 uint8 [..., D/2], E4M3 scales [..., D/16])."""
     g = _groups(x, NVFP4_GROUP)
-    scale = (g.abs().amax(-1, keepdim=True).clamp_min(E2M1_MAX * 2**-9) / E2M1_MAX).to(torch.float8_e4m3fn)
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(E2M1_MAX * 2**-9)
+    # a true division on every device (CUDA multiplies by a rounded reciprocal for a Python-scalar divisor)
+    # and an explicit E4M3 saturation (casts of out-of-range values differ between devices)
+    scale = (amax / amax.new_full((), E2M1_MAX)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     codes = e2m1_encode(g / scale.float())  # saturates at ±6, like the spec's clamp
     return pack_fp4(codes.flatten(-2)).view(torch.uint8), scale.squeeze(-1)
 
