@@ -2,11 +2,11 @@
 clamped SwiGLU, and the shared expert.
 
 Routed experts dequantise only the experts a call can touch: n = min(E, T*k) of them, the selected ids
-ascending, padded with unselected experts when fewer are selected, so the op count depends on host-known
-sizes only, never on the routing. The (token, expert) pairs, sorted by expert, then multiply their
-expert's weights: on CPU as one grouped product over the exact groups; on an accelerator, where no value
-may reach the host and grouped products of every dtype are not sync-free, as batched products over groups
-padded to T rows each.
+ascending, padded with unselected experts when fewer are selected, `EXPERT_CHUNK` at a time; the op count
+depends on the host-known n (its number of chunks), never on the routing. The (token, expert) pairs,
+sorted by expert, then multiply their expert's weights: on CPU as grouped products over the exact groups
+(one host read of the group bounds, free there); on an accelerator, where no value may reach the host and
+grouped products of every dtype are not sync-free, as batched products over groups padded to T rows.
 """
 
 from __future__ import annotations
