@@ -91,7 +91,7 @@ def _fp4_quantize_kernel(
     amax = tl.max(tl.abs(x), axis=1)
     if NV:
         scale = tl.math.div_rn(tl.maximum(amax, 6.0 * 2.0**-9), tl.full(amax.shape, 6.0, tl.float32))
-        scale8 = scale.to(tl.float8e4nv)
+        scale8 = tl.minimum(scale, 448.0).to(tl.float8e4nv)  # saturate, as the reference does
         y = tl.math.div_rn(x, scale8.to(tl.float32)[:, None])
         tl.store(s_ptr + g, scale8, mask=g < n_groups)
     else:
