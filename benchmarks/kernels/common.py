@@ -17,9 +17,9 @@ import triton.testing
 from deepinfer.ops import Ops, get_ops
 
 
-def eager_ms(fn: Callable[[], object]) -> float:
+def eager_ms(fn: Callable[[], object], rep_ms: int = 50) -> float:
     """Median time of fn in ms (device events; do_bench rewrites a 256 MB buffer first: cold L2)."""
-    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    return float(triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median"))
 
 
 def input_sets(make: Callable[[], tuple], touched: int, budget: int = 256 * 2**20) -> list[tuple]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from roofline import FLASH_LINEARS, TOKENS, graph_ms, median_ms, rooflines, write
+from common import eager_ms
+from roofline import FLASH_LINEARS, TOKENS, graph_ms, rooflines, write
 
 from deepinfer.checkpoint.formats import quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear
@@ -65,19 +66,19 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
     got = linear.linear(x, ours, out_dtype)
     want = ref_linear.linear(x, ref, out_dtype) if m * n <= (1 << 31) // 8 else None
     rel = float((got.float() - want.float()).norm() / want.float().norm()) if want is not None else None
-    t = median_ms(lambda: linear.linear(x, ours, out_dtype))
+    t = eager_ms(lambda: linear.linear(x, ours, out_dtype))
     t_graph = None
     if m <= 64:
         copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
         t_graph = graph_ms(rotating_calls(lambda p: linear.linear(x, p, out_dtype), ours, copies))
     best = min(t, t_graph or t)
-    t_ref = median_ms(lambda: ref_linear.linear(x, ref, out_dtype)) if want is not None else None
-    t_bf16 = median_ms(lambda: F.linear(x[:, :k], w_deq[: n // groups]), 40) if groups == 1 else None
+    t_ref = eager_ms(lambda: ref_linear.linear(x, ref, out_dtype)) if want is not None else None
+    t_bf16 = eager_ms(lambda: F.linear(x[:, :k], w_deq[: n // groups]), 40) if groups == 1 else None
     t_peer = None
     if kind == "fp8":
         xq = torch.randn(max(16, m), k, device="cuda").to(torch.float8_e4m3fn)
         one = torch.ones((), device="cuda")
-        t_peer = median_ms(lambda: torch._scaled_mm(xq, weight.t(), one, one, out_dtype=torch.bfloat16), 40)
+        t_peer = eager_ms(lambda: torch._scaled_mm(xq, weight.t(), one, one, out_dtype=torch.bfloat16), 40)
     flops = 2 * m * n * k
     moved = wbytes + x.numel() * 2 + m * n * (4 if out_dtype == torch.float32 else 2)
     return {

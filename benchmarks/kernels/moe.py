@@ -10,7 +10,8 @@ import datetime
 from pathlib import Path
 
 import torch
-from roofline import TOKENS, graph_ms, median_ms, rooflines, write
+from common import eager_ms
+from roofline import TOKENS, graph_ms, rooflines, write
 
 from deepinfer.checkpoint.formats import quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear
@@ -62,14 +63,14 @@ def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], di
     got = moe.moe(x, ours)
     _, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
     touched = int(torch.unique(ids).numel())
-    te = median_ms(lambda: moe.moe(x, ours), 100)
+    te = eager_ms(lambda: moe.moe(x, ours), 100)
     tg = graph_ms([lambda: moe.moe(x, ours)]) if t <= 256 else None
     best = min(te, tg or te)
     t_ref, rel = None, None
     if t in REF_TOKENS:
         want = ref_moe.moe(x, ref)
         rel = float((got.float() - want.float()).norm() / want.float().norm())
-        t_ref = median_ms(lambda: ref_moe.moe(x, ref), 200)
+        t_ref = eager_ms(lambda: ref_moe.moe(x, ref), 200)
     moved = touched * per_expert + fixed + 2 * x.numel() * 2
     flops = 2 * t * (k + 1) * 3 * h * i + 2 * t * h * e
     return {

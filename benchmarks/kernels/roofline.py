@@ -1,4 +1,4 @@
-"""Timing and same-run rooflines of the linear/MoE benchmarks (copy bandwidth, BF16 and FP8 MMA peaks)."""
+"""Graph timing and same-run rooflines of the linear/MoE benchmarks (copy bandwidth, BF16, FP8 peaks)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import triton.testing
+from common import copy_bandwidth_gbs, eager_ms
 
 # Flash widths (model spec): name -> (out rows N, in columns K per group, groups, weight kind)
 FLASH_LINEARS: dict[str, tuple[int, int, int, str]] = {
@@ -22,11 +22,6 @@ FLASH_LINEARS: dict[str, tuple[int, int, int, str]] = {
     "lm_head 5120->129280": (129280, 5120, 1, "dense"),
 }
 TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
-
-
-def median_ms(fn: Callable[[], object], rep_ms: int = 60) -> float:
-    """Median over repeats, L2 flushed before each call (do_bench), events around the call only."""
-    return float(triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median"))
 
 
 def graph_ms(fns: list[Callable[[], object]], reps: int = 20) -> float:
@@ -55,25 +50,19 @@ def graph_ms(fns: list[Callable[[], object]], reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _copy_tbs(n: int = 1 << 30) -> float:
-    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / median_ms(lambda: b.copy_(a)) / 1e9
-
-
 def _mm_tflops(s: int = 8192) -> tuple[float, float]:
     x = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
-    bf16 = median_ms(lambda: x @ y)
+    bf16 = eager_ms(lambda: x @ y)
     xf, yf = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t().contiguous().t()
     one = torch.ones((), device="cuda")
-    fp8 = median_ms(lambda: torch._scaled_mm(xf, yf, one, one, out_dtype=torch.bfloat16))
+    fp8 = eager_ms(lambda: torch._scaled_mm(xf, yf, one, one, out_dtype=torch.bfloat16))
     return 2 * s**3 / bf16 / 1e9, 2 * s**3 / fp8 / 1e9
 
 
 def rooflines() -> dict[str, float]:
     """Copy bandwidth (TB/s, bytes read + written), BF16 and FP8 matmul peaks (TFLOP/s), random data."""
-    copy = _copy_tbs()
+    copy = copy_bandwidth_gbs() / 1e3
     bf16, fp8 = _mm_tflops()
     torch.cuda.empty_cache()
     return {"copy_tbs": copy, "bf16_tflops": bf16, "fp8_tflops": fp8}

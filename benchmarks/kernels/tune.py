@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import torch
+from common import eager_ms
 from linear import L2_BYTES, make_weight, rotating_calls
 from moe import FLASH, flash_layers
-from roofline import FLASH_LINEARS, TOKENS, graph_ms, median_ms
+from roofline import FLASH_LINEARS, TOKENS, graph_ms
 
 from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
@@ -47,7 +48,7 @@ def time_linear(x, prepared, cfg: TileConfig, m: int) -> float:
         copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
         calls = rotating_calls(lambda p: linear.block_linear(x, p, torch.bfloat16, cfg), prepared, copies)
         return graph_ms(calls)
-    return median_ms(lambda: linear.block_linear(x, prepared, torch.bfloat16, cfg), 30)
+    return eager_ms(lambda: linear.block_linear(x, prepared, torch.bfloat16, cfg), 30)
 
 
 def tune_linears(table: dict, deadline: float) -> None:
@@ -96,7 +97,7 @@ def _time_moe(x, w, ids, experts, cfg: TileConfig, t: int) -> float:
     def call():
         return moe.routed_experts(x, w, ids, experts, 10.0, cfg)
 
-    return graph_ms([call]) if t <= 256 else median_ms(call, 60)
+    return graph_ms([call]) if t <= 256 else eager_ms(call, 60)
 
 
 def main() -> None:
