@@ -1,0 +1,93 @@
+"""The contract between the engine and a speculator plugin (proposer) and verification scheduler.
+
+A step of a speculating sequence runs the segment [last sampled token, d_1 .. d_k] with logits for
+every row; the engine then verifies the drafts exactly (`deepinfer.speculators.verify`: greedy keeps
+the prefix equal to the target argmax, sampling uses the acceptance test and residual resampling, so
+the output distribution is the target's), appends the accepted tokens plus one target token, and asks
+the proposer for the next drafts of every sequence that just sampled. Rollback is the model's: the
+next segment simply starts after the accepted tokens (`CausalLM.max_backtrack` >= k).
+
+A proposer is built once per engine around the loaded model and runs on the engine's worker thread,
+after the step's forward and verification, in step order. It sees per sequence the newly sampled
+token (host and device), its position, the whole token history, the request's sampling settings and
+seed; a model-coupled proposer (DSpark) also reads the model's caches through the slot. It returns the
+draft ids, optionally the distribution each draft was drawn from (kept on the device for the
+acceptance test; None means the drafts are deterministic) and per-draft acceptance estimates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from deepinfer.models.interface import CausalLM
+from deepinfer.sampling.params import SamplingParams
+
+SpecSchedule = Literal["fixed", "confidence"]
+
+
+@dataclass(frozen=True)
+class SpeculatorConfig:
+    num_draft_tokens: int  # K: most drafts a sequence verifies per step
+
+
+@dataclass(frozen=True)
+class ProposeRequest:
+    """One sequence that sampled a token this step: propose up to `num_drafts` tokens after it."""
+
+    seq_id: int  # stable for the sequence's life; `Proposer.release` names it when it ends
+    slot: int  # its model state slot: the caches hold every position before `position`
+    position: int  # position of the newly sampled token (not yet fed to the model)
+    token_ids: Sequence[int]  # the whole sequence on the host (prompt + outputs), ending in that token
+    params: SamplingParams
+    seed: int  # int64 bit pattern; draft draws use rng.uniform(seed, draft position, PURPOSE_DRAFT)
+    num_drafts: int  # 1 <= num_drafts <= SpeculatorConfig.num_draft_tokens
+
+
+@dataclass
+class ProposeBatch:
+    requests: list[ProposeRequest]
+    sampled: torch.Tensor  # [n] int64 on the model's device: each request's newly sampled token
+
+
+@dataclass
+class Proposal:
+    """Drafts for a ProposeBatch, row i for request i, K = max num_drafts of the batch."""
+
+    token_ids: torch.Tensor  # [n, K] int64 draft ids (any device); entries past a row's count unused
+    num_drafts: list[int]  # host: drafts proposed per row, 0 <= count <= the row's num_drafts
+    # [n, K, V] float32 on the model's device: the (normalised) distribution draft j was drawn from.
+    # None: deterministic drafts (a one-hot distribution), e.g. prompt lookup.
+    probs: torch.Tensor | None = None
+    # [n, K] float32 in [0, 1]: estimated P(draft j accepted | drafts before it accepted); None: none.
+    confidences: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    """A speculator plugin: the class registered under the `deepinfer.speculators` entry points."""
+
+    @classmethod
+    def build(cls, model: CausalLM, config: SpeculatorConfig) -> Proposer:
+        """The proposer for `model`; raises `SpeculatorError` naming what is missing if it cannot
+        serve it (a DSpark proposer on a checkpoint without DSpark blocks)."""
+        ...
+
+    def propose(self, batch: ProposeBatch) -> Proposal: ...
+
+    def release(self, seq_id: int) -> None:
+        """The sequence finished, was aborted or preempted: drop any per-sequence state."""
+
+
+class VerifyScheduler(Protocol):
+    """Chooses, per step, how many of its drafts each speculating sequence verifies."""
+
+    def choose(self, confidences: list[list[float]]) -> list[int]:
+        """Per sequence, its drafts' conditional acceptance estimates c_1..c_m (m = drafts it holds)
+        -> how many of them to verify now (0..m), to maximise expected tokens per unit of time."""
+        ...
+
+    def record(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
+        """A measured decode step (sequences, query tokens, forward + verification time)."""
