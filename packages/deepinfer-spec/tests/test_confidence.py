@@ -1,0 +1,138 @@
+"""Confidence-scheduled verification against exhaustive search on small batches.
+
+Confidences are multiples of 1/16 and latencies integers, so every sum is exact in float64 and the
+scheduler's objective must equal the brute-force optimum exactly.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from deepinfer_spec.confidence import (
+    cumulative_confidence,
+    expected_tokens_per_ms,
+    schedule_verification,
+    split_fixed_total,
+)
+
+
+def _random_case(gen: torch.Generator, requests: int, drafts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    per_position = torch.randint(0, 17, (requests, drafts), generator=gen).double() / 16
+    cum_conf = per_position.sort(dim=1, descending=True).values  # dyadic and nonincreasing
+    step_ms = torch.randint(1, 40, (requests * (drafts + 1) + 1,), generator=gen).double()
+    return cum_conf, step_ms
+
+
+def _choices(requests: int, drafts: int, max_drafts: torch.Tensor | None):
+    limits = [drafts if max_drafts is None else int(max_drafts[r]) for r in range(requests)]
+    for choice in itertools.product(*(range(limit + 1) for limit in limits)):
+        yield torch.tensor(choice)
+
+
+def _brute_force_best(cum_conf, step_ms, max_drafts=None) -> float:
+    requests, drafts = cum_conf.shape
+    return max(expected_tokens_per_ms(cum_conf, k, step_ms) for k in _choices(requests, drafts, max_drafts))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_schedule_matches_brute_force(seed):
+    gen = torch.Generator().manual_seed(seed)
+    requests, drafts = 1 + seed % 4, 1 + seed % 3
+    cum_conf, step_ms = _random_case(gen, requests, drafts)
+    max_drafts = torch.randint(0, drafts + 1, (requests,), generator=gen) if seed % 2 else None
+
+    plan = schedule_verification(cum_conf, step_ms, max_drafts)
+
+    assert expected_tokens_per_ms(cum_conf, plan.num_drafts, step_ms) == _brute_force_best(
+        cum_conf, step_ms, max_drafts
+    )
+    assert plan.total_tokens == requests + int(plan.num_drafts.sum())
+    assert plan.step_ms == float(step_ms[plan.total_tokens])
+    assert plan.expected_tokens / plan.step_ms == expected_tokens_per_ms(cum_conf, plan.num_drafts, step_ms)
+    if max_drafts is not None:
+        assert bool((plan.num_drafts <= max_drafts).all())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_split_fixed_total_maximises_expected_tokens(seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    requests, drafts = 1 + seed % 4, 1 + seed % 3
+    cum_conf, _ = _random_case(gen, requests, drafts)
+    for total in range(requests, requests * (drafts + 1) + 1):
+        split = split_fixed_total(cum_conf, total)
+        assert int(split.sum()) == total - requests
+        best = max(
+            float((cum_conf * (torch.arange(drafts) < k[:, None])).sum())
+            for k in _choices(requests, drafts, None)
+            if int(k.sum()) == total - requests
+        )
+        assert float((cum_conf * (torch.arange(drafts) < split[:, None])).sum()) == best
+
+
+def test_split_of_the_chosen_total_is_the_plan():
+    gen = torch.Generator().manual_seed(7)
+    cum_conf = cumulative_confidence(torch.rand(64, 5, generator=gen))
+    step_ms = 10 + torch.arange(64 * 6 + 1, dtype=torch.float64) * 0.05
+    plan = schedule_verification(cum_conf, step_ms)
+    assert torch.equal(split_fixed_total(cum_conf, plan.total_tokens), plan.num_drafts)
+    assert 64 < plan.total_tokens < 64 * 6  # a real trade-off, not an edge
+
+
+def test_split_never_verifies_unproposed_drafts():
+    cum_conf = torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.4, 0.3]])
+    split = split_fixed_total(cum_conf, 2 + 6, max_drafts=torch.tensor([1, 2]))
+    assert split.tolist() == [1, 2]
+
+
+def test_zero_confidence_verifies_nothing():
+    step_ms = torch.ones(4 * 6 + 1)  # even a flat curve: a zero-value draft never helps
+    plan = schedule_verification(torch.zeros(4, 5), step_ms)
+    assert plan.num_drafts.tolist() == [0, 0, 0, 0]
+    assert plan.total_tokens == 4
+
+
+def test_flat_latency_verifies_every_proposed_draft():
+    cum_conf = cumulative_confidence(torch.full((3, 5), 0.5))
+    step_ms = torch.full((3 * 6 + 1,), 20.0)
+    assert schedule_verification(cum_conf, step_ms).num_drafts.tolist() == [5, 5, 5]
+    capped = schedule_verification(cum_conf, step_ms, max_drafts=torch.tensor([0, 2, 5]))
+    assert capped.num_drafts.tolist() == [0, 2, 5]
+
+
+def test_steep_latency_verifies_nothing():
+    cum_conf = torch.full((2, 3), 0.99)
+    step_ms = torch.tensor([1.0, 1.0, 1.0] + [100.0] * 6)
+    assert schedule_verification(cum_conf, step_ms).num_drafts.tolist() == [0, 0]
+
+
+def test_bucketed_latency_fills_the_bucket():
+    # A padded step of 3 or 4 tokens costs the same: a low-value draft is free once the bucket is paid for.
+    cum_conf = torch.tensor([[0.9, 0.05], [0.8, 0.02]])
+    step_ms = torch.tensor([1.0, 1.0, 10.0, 16.0, 16.0, 30.0, 30.0])
+    plan = schedule_verification(cum_conf, step_ms)
+    assert plan.total_tokens == 4
+    assert plan.num_drafts.tolist() == [1, 1]
+
+
+def test_bad_inputs_are_named():
+    step_ms = torch.ones(20)
+    with pytest.raises(ValueError, match="nonincreasing"):
+        schedule_verification(torch.tensor([[0.2, 0.9]]), step_ms)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        schedule_verification(torch.tensor([[1.5, 0.9]]), step_ms)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        schedule_verification(torch.tensor([[float("nan"), 0.0]]), step_ms)
+    with pytest.raises(ValueError, match="step_ms"):
+        schedule_verification(torch.zeros(4, 5), step_ms)
+    with pytest.raises(ValueError, match=r"\[requests, drafts\]"):
+        schedule_verification(torch.zeros(5), step_ms)
+    with pytest.raises(ValueError, match="max_drafts"):
+        schedule_verification(torch.zeros(2, 2), step_ms, max_drafts=torch.tensor([1]))
+    with pytest.raises(ValueError, match="total_tokens"):
+        split_fixed_total(torch.zeros(2, 2), 7)
+
+
+def test_empty_batch():
+    plan = schedule_verification(torch.zeros(0, 5), torch.ones(1))
+    assert plan.total_tokens == 0 and plan.num_drafts.numel() == 0
