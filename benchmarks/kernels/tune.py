@@ -5,6 +5,7 @@ Usage (GPU): python3 benchmarks/kernels/tune.py [--out FILE] [--budget-s 150]"""
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from roofline import FLASH_LINEARS, TOKENS, graph_ms
 from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
+GEMV = [  # M <= GEMV_M: (block_n, block_k at M=1, num_warps, num_stages), split-K swept around the default
+    (16, 512, 4, 1), (16, 1024, 8, 1), (32, 256, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 3), (32, 512, 8, 1),
+]
 SMALL_M = [  # (block_n, block_k, num_warps, num_stages), split-K swept around the default
     (64, 256, 4, 4), (64, 128, 4, 6), (128, 256, 8, 3), (64, 512, 4, 3),
 ]
@@ -36,6 +40,11 @@ def candidates(n: int, k: int, m: int) -> list[TileConfig]:
     if m > 64:
         return [TileConfig(bn, bm, configs.block_k(k, bk), 1, w, s) for bn, bm, bk, w, s in LARGE_M]
     out = []
+    if m <= configs.GEMV_M:  # the register tile holds block_n x M x block_k products
+        for bn, bk, w, s in GEMV:
+            for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:
+                out.append(TileConfig(bn, base.block_m, configs.block_k(k, bk // base.block_m), split, w, s))
+        return out
     for bn, bk, w, s in SMALL_M:
         for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:
             out.append(TileConfig(bn, base.block_m, configs.block_k(k, bk), split, w, s))
@@ -79,11 +88,15 @@ def tune_linears(table: dict, deadline: float) -> None:
 def tune_moe(table: dict, deadline: float) -> None:
     ours, _ = flash_layers(**FLASH)
     h, i, k, e = FLASH["hidden"], FLASH["inter"], FLASH["topk"], FLASH["experts"]
-    for t in (1, 8, 64, 256, 1024, 4096, 16384):
+    for t in (8, 64, 256, 1024, 4096, 16384):
         if time.time() > deadline:
             return
         x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
         w, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
+        if t * k <= moe.DECODE_ASSIGNMENTS:  # served by the GEMVs: report them next to the grouped GEMMs
+            decode = functools.partial(moe.routed_experts_decode, x, w, ids, ours.experts, 10.0)
+            decode_ms = graph_ms([decode])
+            print(f"moe T={t}: decode GEMVs {decode_ms * 1e3:.1f} us", flush=True)
         max_bm = max(16, 2 * configs.m_bucket(t * k // e))  # larger blocks than an expert's rows only pad
         results = [(_time_moe(x, w, ids, ours.experts, cfg, t), cfg) for cfg in MOE if cfg.block_m <= max_bm]
         best_t, best = min(results, key=lambda r: r[0])

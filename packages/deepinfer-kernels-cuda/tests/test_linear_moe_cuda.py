@@ -35,7 +35,7 @@ def _weight(kind: str, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 @pytest.mark.parametrize("kind", ["fp8", "fp4", "dense"])
-@pytest.mark.parametrize("m", [1, 64, 300])
+@pytest.mark.parametrize("m", [1, 3, 64, 300])
 @pytest.mark.parametrize("groups", [1, 4])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_linear_matches_reference(cuda_ops, ref_ops, poison, kind, m, groups, out_dtype):

@@ -23,14 +23,16 @@ def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 for kind, quant in (("fp8", quantize_fp8), ("fp4", quantize_fp4)):
-    for m, groups, cfg in ((3, 1, TileConfig(32, 16, 64, 2, 4, 1)), (17, 2, TileConfig(32, 16, 32, 1, 4, 1))):
+    # M <= GEMV_M: the GEMV kernel (block_m unused), else the MMA kernel
+    for m, groups, cfg in ((1, 2, TileConfig(8, 1, 32, 1, 4, 1)), (3, 1, TileConfig(32, 16, 64, 2, 4, 1)),
+                           (17, 2, TileConfig(32, 16, 32, 1, 4, 1))):
         w, s = quant(torch.randn(64, 64) * 0.1)
         x = torch.randn(m, 64 * groups)
         got = linear.block_linear(x, linear.prepare_linear(kind, w, s, groups), torch.float32, cfg)
         want = ref_linear.linear(x, ref_linear.prepare_linear(kind, w, s, groups), torch.float32)
         assert rel(got, want) < 1e-5, (kind, m, groups, rel(got, want))
 
-e, h, i, k, t = 8, 64, 64, 3, 5
+e, h, i, k = 8, 64, 64, 3
 def experts(rows, cols):
     q = [quantize_fp4(torch.randn(rows, cols) * 0.1) for _ in range(e)]
     return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
@@ -41,11 +43,15 @@ common = dict(gate=torch.randn(e, h).bfloat16(), bias=torch.randn(e) * 0.1, bias
 def layer(prep_e, prep_l):
     return MoEWeights(experts=prep_e(*w1, *w3, *w2), shared_w1=prep_l("fp8", *shared[0]),
                       shared_w3=prep_l("fp8", *shared[1]), shared_w2=prep_l("fp8", *shared[2]), **common)
-x = torch.randn(t, h)
-mask = torch.tensor([0, 1, 0, 1, 1], dtype=torch.bool)
-got = moe.moe(x, layer(moe.prepare_experts, linear.prepare_linear), mask)
-want = ref_moe.moe(x, layer(ref_moe.prepare_experts, ref_linear.prepare_linear), mask)
-assert rel(got, want) < 1e-5, rel(got, want)
+ours = layer(moe.prepare_experts, linear.prepare_linear)
+ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
+for t in (1, 5, 24):  # 3 and 15 assignments: decode GEMVs; 72: alignment and grouped GEMMs
+    assert (t * k <= moe.DECODE_ASSIGNMENTS) == (t < 24)
+    x = torch.randn(t, h)
+    mask = torch.rand(t) < 0.5
+    got = moe.moe(x, ours, mask)
+    want = ref_moe.moe(x, ref, mask)
+    assert rel(got, want) < 1e-5, (t, rel(got, want))
 print("ok")
 """
 

@@ -42,6 +42,23 @@ def e2m1_times_2pow_m14(packed):
 
 
 @triton.jit
+def _half_bits_to_f32(bits):
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_pair_times_2pow_m14(packed):
+    """Packed FP4 bytes [R, C/2] -> (low nibbles, high nibbles) as float32 [R, C/2] = E2M1 value * 2^-14.
+
+    The fp16 bit placement of `e2m1_times_2pow_m14` without the interleave (GEMV callers pair the two
+    halves with the even and odd input columns): each value is two shifts and a bit select of the byte."""
+    b = packed.to(tl.int32)  # zero-extended
+    lo = ((b << 9) & 0x0E00) | ((b << 12) & 0x8000)
+    hi = ((b << 5) & 0x0E00) | ((b << 8) & 0x8000)
+    return _half_bits_to_f32(lo), _half_bits_to_f32(hi)
+
+
+@triton.jit
 def fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                    BN: tl.constexpr, BK: tl.constexpr):
     """FP8 weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK) with 32x32 block scales."""
@@ -63,3 +80,17 @@ def fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
     sk = k0 // _G + tl.arange(0, BK // _G)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
     return scale_groups(e2m1_times_2pow_m14(packed), pow2(s, 14), BN, BK).to(tl.bfloat16)  # exact
+
+
+@triton.jit
+def fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_even, x_odd,
+                      BN: tl.constexpr, BK: tl.constexpr):
+    """Scaled products of packed FP4 rows offs_n x columns k0..k0+BK with one input row, given as its
+    even and odd columns [BK/2]: float32 [BN, BK/2], each entry the sum of a column pair's products."""
+    kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)
+    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
+    sk = k0 // _G + tl.arange(0, BK // _G)
+    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    lo, hi = e2m1_pair_times_2pow_m14(packed)
+    pairs = tl.reshape(lo * x_even[None, :] + hi * x_odd[None, :], (BN, BK // _G, _G // 2))
+    return tl.reshape(pairs * pow2(s, 14)[:, :, None], (BN, BK // 2))

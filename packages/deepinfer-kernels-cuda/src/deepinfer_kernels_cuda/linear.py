@@ -6,6 +6,10 @@ is swap-AB: the decoded weight tile is the MMA's register A operand (BLOCK_N wei
 which Hopper's wgmma needs >= 64 of), tokens are its N side, so M=1 decode wastes no weight bandwidth.
 Small M splits K across programs (float32 partials, then a fixed-order reduction: deterministic).
 
+Up to `configs.GEMV_M` tokens (decode) a GEMV kernel replaces the MMA: each weight byte is loaded once
+with 16-byte accesses straight into registers, decoded and multiplied on the CUDA cores, with no
+shared-memory staging or operand-layout shuffles (which, not the MMA, bound the tiled kernel at M=1).
+
 Why BF16 MMA and not FP8 MMA: the reference multiplies unquantised (BF16) activations by the decoded
 weights; FP8 MMA would need per-token-per-32 activation quantisation, which changes the numerics, and
 32-column scale promotion on every K step. Decoding to BF16 is exact (power-of-two scales), so this
@@ -120,6 +124,35 @@ def _block_linear_kernel(
 
 
 @triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr,
+    M, N, K, rows_per_group, k_per_split,
+    stride_xm, stride_wn, stride_sn, stride_om, stride_split,
+    KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_mask = offs_n < N
+    offs_m = tl.arange(0, BM)
+    m_mask = offs_m < M
+    x_rows = x_ptr + offs_m[:, None] * stride_xm + (pid_n * BN // rows_per_group) * K
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    # elementwise products accumulate across K steps; one reduction at the end
+    acc = tl.zeros((BN, BM, BK), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        if KIND == 0:
+            w = fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        else:
+            w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK).to(tl.float32)
+        xt = tl.load(x_rows + (k0 + tl.arange(0, BK))[None, :], mask=m_mask[:, None], other=0.0)
+        acc += w[:, None, :] * xt.to(tl.float32)[None, :, :]
+    ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(ptrs, tl.sum(acc, axis=2).to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
+@triton.jit
 def _split_reduce_kernel(part_ptr, out_ptr, numel, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -144,8 +177,9 @@ def block_linear(
     rows_per_group = n // w.groups
     if w.groups > 1 and rows_per_group % cfg.block_n:  # a tile must not straddle two groups
         cfg = replace(cfg, block_n=rows_per_group & -rows_per_group)  # largest power of two dividing it
-    if cfg.block_n < 16:
-        raise ValueError(f"grouped linear: {rows_per_group} rows per group leave no tile of >= 16 rows")
+    min_rows = 1 if m <= configs.GEMV_M else 16  # the MMA tile needs 16 rows, the GEMV any
+    if cfg.block_n < min_rows:
+        raise ValueError(f"grouped linear: {rows_per_group} rows per group leave no tile of >= {min_rows}")
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
@@ -154,15 +188,18 @@ def block_linear(
     k_per_split = -(-steps // split) * cfg.block_k
     split = -(-k // k_per_split)
     target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), split)
-    _block_linear_kernel[grid](
-        x, w.weight, w.scale, target,
-        m, n, k, rows_per_group, k_per_split,
-        x.stride(0), w.weight.stride(0), w.scale.stride(0), n, m * n,
-        KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m, BK=cfg.block_k,
-        IEEE=x.dtype == torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    args = (x, w.weight, w.scale, target, m, n, k, rows_per_group, k_per_split,
+            x.stride(0), w.weight.stride(0), w.scale.stride(0), n, m * n)
+    if m <= configs.GEMV_M:
+        _gemv_kernel[(triton.cdiv(n, cfg.block_n), split)](
+            *args, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=triton.next_power_of_2(m), BK=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    else:
+        _block_linear_kernel[(triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), split)](
+            *args, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m, BK=cfg.block_k,
+            IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     if split > 1:
         block = 1024
         _split_reduce_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, SPLIT=split, BLOCK=block)

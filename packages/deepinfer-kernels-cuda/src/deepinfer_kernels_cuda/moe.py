@@ -8,6 +8,10 @@
 4. FP4 grouped down GEMM writing one row per (token, slot);
 5. the shared expert (block-scaled linears) and a combine kernel summing each token's slots in float32.
 
+Decode (at most DECODE_ASSIGNMENTS token-slot assignments) skips the alignment: GEMV kernels run one
+program per (assignment, weight tile) on the CUDA cores, gate+up with the SwiGLU and routing weight in
+one launch, down in another, and the FP8 shared expert's gate+up in one more (7 launches per layer).
+
 Each GEMM program owns one expert block of tokens and one tile of weight rows, and programs of inactive
 blocks exit at once, so decode reads only the touched experts' bytes. Rounding points follow the
 reference (models/deepseek_v41/moe.py): gate/up products rounded to x's dtype before the SwiGLU, the
@@ -25,8 +29,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels_cuda import configs
-from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile
-from deepinfer_kernels_cuda.linear import linear, mm_out
+from deepinfer_kernels_cuda.dequant import GROUP, fp4_gemv_products, fp4_group_tile, fp8_block_tile
+from deepinfer_kernels_cuda.linear import PreparedLinear, linear, mm_out
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,117 @@ def _down_kernel(
     tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
 
 
+# --- decode GEMVs
+
+# assignments (tokens x top-k) up to which the decode kernels run: each assignment streams its expert's
+# rows, so two assignments of one expert read it twice (from L2 at these sizes)
+DECODE_ASSIGNMENTS = 64
+_GEMV_BN, _GEMV_BK, _GEMV_WARPS = 16, 256, 4
+
+
+@triton.jit
+def _row_products(x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                  KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Products of weight rows offs_n x columns k0..k0+BK with one input row: float32 [BN, BK] for FP8
+    (32x32 block scales), column-pair sums [BN, BK/2] for packed FP4 (1x32 scales)."""
+    if KIND == 0:
+        xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
+        p = fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK) * xk[None, :]
+    else:
+        pair = k0 + 2 * tl.arange(0, BK // 2)
+        x_even = tl.load(x_row + pair).to(tl.float32)
+        x_odd = tl.load(x_row + pair + 1).to(tl.float32)
+        p = fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_even, x_odd, BN, BK)
+    return p
+
+
+@triton.jit
+def _gate_up_gemv_kernel(
+    x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, route_w_ptr, act_ptr,
+    inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
+    TOPK: tl.constexpr, KIND: tl.constexpr, ROUTED: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    """act[a] = SwiGLU(x[a // TOPK] W1^T, x W3^T), times assignment a's routing weight when ROUTED
+    (FP4 experts picked by ids); not ROUTED: the shared expert, one program row per token."""
+    a = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_mask = offs_n < inter
+    x_row = x_ptr + (a // TOPK).to(tl.int64) * stride_xm
+    if ROUTED:
+        expert = tl.load(ids_ptr + a).to(tl.int64)
+        w1_ptr += expert * stride_we
+        w3_ptr += expert * stride_we
+        s1_ptr += expert * stride_se
+        s3_ptr += expert * stride_se
+    acc_g = tl.zeros((BN, BK // (1 + KIND)), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK // (1 + KIND)), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        acc_g += _row_products(x_row, w1_ptr, s1_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
+        acc_u += _row_products(x_row, w3_ptr, s3_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
+    out_ty = act_ptr.dtype.element_ty
+    gate = tl.minimum(tl.sum(acc_g, axis=1).to(out_ty).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum(tl.sum(acc_u, axis=1).to(out_ty).to(tl.float32), -limit), limit)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    if ROUTED:
+        act = act * tl.load(route_w_ptr + a)
+    tl.store(act_ptr + a.to(tl.int64) * inter + offs_n, act.to(out_ty), mask=n_mask)
+
+
+@triton.jit
+def _down_gemv_kernel(
+    act_ptr, w2_ptr, s2_ptr, ids_ptr, y_ptr, H, inter, stride_we, stride_wn, stride_se, stride_sn,
+    BN: tl.constexpr, BK: tl.constexpr,
+):
+    a = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_mask = offs_n < H
+    expert = tl.load(ids_ptr + a).to(tl.int64)
+    w2_e = w2_ptr + expert * stride_we
+    s2_e = s2_ptr + expert * stride_se
+    act_row = act_ptr + a.to(tl.int64) * inter
+    acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
+    for k0 in range(0, inter, BK):
+        acc += _row_products(act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, 1, BN, BK)
+    tl.store(y_ptr + a.to(tl.int64) * H + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def routed_experts_decode(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PreparedExperts, swiglu_limit: float,
+) -> torch.Tensor:
+    """`routed_experts` for few assignments through the GEMV kernels (same rounding points)."""
+    t, k = ids.shape
+    i, h = experts.inter, experts.hidden
+    act = torch.empty((t * k, i), dtype=x.dtype, device=x.device)
+    _gate_up_gemv_kernel[(t * k, triton.cdiv(i, _GEMV_BN))](
+        x, experts.w1, experts.s1, experts.w3, experts.s3, ids.reshape(-1), weights.reshape(-1), act,
+        i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
+        experts.s1.stride(0), experts.s1.stride(1), float(swiglu_limit),
+        TOPK=k, KIND=1, ROUTED=True, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK), num_warps=_GEMV_WARPS,
+    )
+    y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
+    _down_gemv_kernel[(t * k, triton.cdiv(h, _GEMV_BN))](
+        act, experts.w2, experts.s2, ids.reshape(-1), y,
+        h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
+        BN=_GEMV_BN, BK=configs.block_k(i, _GEMV_BK), num_warps=_GEMV_WARPS,
+    )
+    return y
+
+
+def _shared_gate_up_decode(
+    x: torch.Tensor, w1: PreparedLinear, w3: PreparedLinear, limit: float
+) -> torch.Tensor:
+    """SwiGLU(x W1^T, x W3^T) of the FP8 shared expert in one launch (one program row per token)."""
+    t = x.shape[0]
+    i, h = w1.out_features, w1.in_features
+    act = torch.empty((t, i), dtype=x.dtype, device=x.device)
+    _gate_up_gemv_kernel[(t, triton.cdiv(i, _GEMV_BN))](
+        x, w1.weight, w1.scale, w3.weight, w3.scale, act, act, act,  # ids / routing weights unused
+        i, h, x.stride(0), 0, w1.weight.stride(0), 0, w1.scale.stride(0), float(limit),
+        TOPK=1, KIND=0, ROUTED=False, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK), num_warps=_GEMV_WARPS,
+    )
+    return act
+
+
 @triton.jit
 def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0)
@@ -304,6 +419,8 @@ def routed_experts(
     e, i, h = experts.n_experts, experts.inter, experts.hidden
     if t == 0:
         return torch.empty((0, h), dtype=x.dtype, device=x.device)
+    if t * k <= DECODE_ASSIGNMENTS and config is None:
+        return routed_experts_decode(x, weights, ids, experts, swiglu_limit)
     cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
     al = align(ids, e, cfg.block_m)
     ieee = x.dtype == torch.float32
@@ -343,7 +460,7 @@ def moe(x: torch.Tensor, layer: Any, image_mask: torch.Tensor | None = None) -> 
     if xe.stride(-1) != 1:
         xe = xe.contiguous()
     y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit)
-    shared = _shared_expert(x2, layer)
+    shared = _shared_expert(xe, layer)
     out = torch.empty((x2.shape[0], shape[-1]), dtype=layer.dtype, device=x.device)
     if x2.shape[0]:
         block = 1024
@@ -354,6 +471,11 @@ def moe(x: torch.Tensor, layer: Any, image_mask: torch.Tensor | None = None) -> 
 
 
 def _shared_expert(x: torch.Tensor, layer: Any) -> torch.Tensor:
+    w1, w3 = layer.shared_w1, layer.shared_w3
+    fused = all(isinstance(w, PreparedLinear) and w.kind == "fp8" and w.groups == 1 for w in (w1, w3))
+    if fused and x.shape[0] * layer.topk <= DECODE_ASSIGNMENTS and x.shape[0]:
+        act = _shared_gate_up_decode(x, w1, w3, layer.swiglu_limit)
+        return linear(act, layer.shared_w2, layer.dtype)
     gate = linear(x, layer.shared_w1, layer.dtype).float().clamp(max=layer.swiglu_limit)
     up = linear(x, layer.shared_w3, layer.dtype).float().clamp(-layer.swiglu_limit, layer.swiglu_limit)
     act = (F.silu(gate) * up).to(layer.dtype)
