@@ -6,6 +6,11 @@ GPU:  a DeepSeek-V4.1-Flash-shaped slice (full widths, 384 experts, one layer of
 
     python benchmarks/reference_forward.py --device cpu  [--config full --prefill 256 --decode 16]
     python benchmarks/reference_forward.py --device cuda [--layers 5 --prefill 2048 --decode 8]
+                                           [--graphs on|off|both]
+
+On CUDA, decode steps replay CUDA graphs (`--graphs on`, the runtime's default; no per-layer times,
+since the layer timer synchronises); `off` runs them eagerly with per-layer times; `both` measures the
+eager passes first and then the graph passes on the same weights ("eager" in the JSON holds the former).
 
 Weights are generated straight into memory in their storage formats (FP8 blocks, packed FP4 experts),
 so the slice occupies what it would in production; FP4 expert bytes are drawn uniformly on the device
@@ -86,7 +91,9 @@ class LayerTimer:
     def __init__(self, runtime: DeepseekV41Runtime, device: torch.device) -> None:
         self.device = device
         self.ms: dict[str, float] = defaultdict(float)
-        for blk in runtime.model.blocks:
+        self.blocks = runtime.model.blocks
+        self.originals = [(blk.attn, blk.moe) for blk in self.blocks]
+        for blk in self.blocks:
             kind = f"{blk.spec.role} r{blk.spec.compress_ratio}" + (" +engram" if blk.engram else "")
             blk.attn = self._wrap(blk.attn, f"L{blk.spec.index} {kind}: attention")
             blk.moe = self._wrap(blk.moe, f"L{blk.spec.index} {kind}: MoE")
@@ -110,15 +117,25 @@ class LayerTimer:
         out, self.ms = dict(self.ms), defaultdict(float)
         return out
 
+    def remove(self) -> None:
+        for blk, (attn, moe) in zip(self.blocks, self.originals, strict=True):
+            blk.attn, blk.moe = attn, moe
 
-def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: int, decode: int) -> dict:
+
+def run(
+    runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: int, decode: int, graphs: bool
+) -> dict:
+    """Timed passes; `graphs`: decode through CUDA graphs (no layer timer), else eagerly, per layer."""
     block = runtime.cache_layout().block_size
     blocks = -(-(prefill + decode) // block)
     runtime.allocate_cache(batch * blocks + 1, batch + 1)
+    if not graphs:
+        runtime.graphs = None
     tables = {s: list(range(1 + (s - 1) * blocks, 1 + s * blocks)) for s in range(1, batch + 1)}
     gen = torch.Generator().manual_seed(0)
     prompts = {s: torch.randint(3, runtime.vocab_size, (prefill,), generator=gen).tolist() for s in tables}
-    timer = LayerTimer(runtime, device)
+    timer = None if graphs else LayerTimer(runtime, device)
+    take = timer.take if timer else dict
 
     def sync() -> None:
         if device.type == "cuda":
@@ -128,13 +145,13 @@ def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: 
         """Prefill every prompt, decode greedily, one DSpark draft step: timed whole and per layer."""
         for s in tables:
             runtime.reset_slot(s)
-        timer.take()
+        take()
         sync()
         t0 = time.perf_counter()
         out = runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, prompts[s]) for s in tables]))
         sync()
         prefill_s = time.perf_counter() - t0
-        prefill_layers = timer.take()
+        prefill_layers = take()
         nxt = {s: int(out.logits[i].argmax()) for i, s in enumerate(tables)}
         t0 = time.perf_counter()
         for step in range(decode):
@@ -143,7 +160,7 @@ def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: 
             nxt = {s: int(out.logits[i].argmax()) for i, s in enumerate(tables)}
         sync()
         decode_s = time.perf_counter() - t0
-        decode_layers = timer.take()
+        decode_layers = take()
         draft_ms = None
         if runtime.dspark is not None:  # one DSpark draft step for every sequence, after the decode steps
             sync()
@@ -164,6 +181,7 @@ def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: 
             "decode_layer_ms_per_step": {k: v / max(decode, 1) for k, v in decode_layers.items()},
             "decode_other_ms_per_step": (decode_s * 1e3 - sum(decode_layers.values())) / max(decode, 1),
             "dspark_draft_ms": draft_ms,
+            "cuda_graphs": runtime.graphs is not None,
         }
 
     # A full rehearsal with the same shapes first: JIT backends compile every kernel variant the measured
@@ -174,6 +192,8 @@ def run(runtime: DeepseekV41Runtime, device: torch.device, batch: int, prefill: 
     result = one_pass()
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if timer:
+        timer.remove()
     return result
 
 
@@ -190,6 +210,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--cache-precision", choices=["release", "exact"], default=None,
                    help="KV cache storage (default: release on CUDA, as the engine; exact on CPU)")
+    p.add_argument("--graphs", choices=["on", "off", "both"], default="on",
+                   help="CUDA graphs for decode steps (CUDA only): on, off (per-layer times), both")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     if args.threads:
@@ -223,8 +245,11 @@ def main() -> None:
         "weights_gib": weight_gib,
         "build_s": build_s,
         "threads": torch.get_num_threads(),
-        **run(runtime, device, args.batch, prefill, decode),
     }
+    graphs = args.graphs != "off" and device.type == "cuda"
+    if args.graphs == "both" and graphs:
+        result["eager"] = run(runtime, device, args.batch, prefill, decode, graphs=False)
+    result.update(run(runtime, device, args.batch, prefill, decode, graphs=graphs))
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
     print(json.dumps(result, indent=2))

@@ -5,6 +5,11 @@ into one persistent int64 staging buffer (pinned on accelerators, double-buffere
 never overwrites a copy still in flight) and copies it to a persistent device buffer with one
 non-blocking copy. The forward then sees only tensors, plus host ints derived from the lists (row
 counts, capacities). Row sets, index conventions and the meaning of each field: docs/architecture.md.
+
+A build for a `FixedShape` (CUDA graphs, graphs.py) pads the batch with padding sequences (slot 0,
+block table of block 0, both reserved for padding) and pads every data-dependent count to its bound,
+so every tensor shape and host int is a function of the shape alone; the padding writes only to
+slot 0's rings and block 0.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 import torch
 
 from deepinfer.cache import BLOCK_TOKENS
-from deepinfer.models.interface import ForwardBatch
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
 
 ReplayMode = Literal["off", "mask", "compact"]
 
@@ -41,6 +46,25 @@ class StepGeometry:
     replay: BoundedReplay
     engram_n: int = 0  # Engram max n-gram size (0: no Engram)
     history_len: int = 0  # Engram token-id ring entries per slot
+
+    @property
+    def max_fixed_tokens(self) -> int:
+        """Most tokens per sequence for which every ring keeps all of a step's rows (fixed row counts)."""
+        bounds = [self.ring_len, *self.state_lens.values(), self.history_len or self.ring_len]
+        if self.replay.mode != "off":
+            bounds.append(self.replay.keep)
+        return min(bounds)
+
+
+@dataclass(frozen=True)
+class FixedShape:
+    """A step shape whose metadata has the same tensor shapes and host ints whatever the batch:
+    up to `num_seqs` sequences of `tokens` tokens each, block tables of `table_width` columns."""
+
+    num_seqs: int
+    tokens: int
+    table_width: int
+    logits: Literal["last", "all"]
 
 
 @dataclass(frozen=True)
@@ -112,10 +136,15 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 class Staging:
-    """Persistent int64 buffers: two host buffers (pinned on accelerators) and one device buffer."""
+    """Persistent int64 buffers: two host buffers (pinned on accelerators) and one device buffer.
 
-    def __init__(self, device: torch.device) -> None:
+    `persistent`: every upload lands at the same address (CUDA graph inputs): always through the
+    device-side buffer (on the CPU too), whose size is then fixed by the first upload.
+    """
+
+    def __init__(self, device: torch.device, persistent: bool = False) -> None:
         self.device = device
+        self.persistent = persistent
         self.pinned = device.type == "cuda"
         self.host: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * 2
         self.events: list[torch.cuda.Event | None] = [None, None]
@@ -133,10 +162,12 @@ class Staging:
         host = self.host[self.turn]
         if total:
             np.concatenate([a.ravel() for a in arrays], out=host.numpy()[:total])
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and not self.persistent:
             flat = host[:total]
         else:
             if self.dev.numel() < total:
+                if self.persistent and self.dev.numel():
+                    raise RuntimeError(f"persistent staging holds {self.dev.numel()} values, got {total}")
                 self.dev = torch.empty(capacity, dtype=torch.int64, device=self.device)
             flat = self.dev[:total]
             flat.copy_(host[:total], non_blocking=True)
@@ -155,10 +186,18 @@ class MetadataBuilder:
         self.geo = geometry
         self.staging = Staging(torch.device(device))
 
-    def build(self, batch: ForwardBatch, last_layer_is_consumer: bool) -> StepMetadata:
+    def build(
+        self,
+        batch: ForwardBatch,
+        last_layer_is_consumer: bool,
+        fixed: FixedShape | None = None,
+        staging: Staging | None = None,
+    ) -> StepMetadata:
+        """The step's metadata, uploaded through `staging` (default: the builder's own); with `fixed`,
+        padded to that shape (a batch of only padding sequences is then allowed)."""
         geo = self.geo
-        segs = batch.segments
-        if not segs:
+        segs = list(batch.segments)
+        if not segs and fixed is None:
             raise ValueError("a forward needs at least one segment")
         for s in segs:
             if not s.token_ids:
@@ -168,12 +207,18 @@ class MetadataBuilder:
             raise ValueError(f"a forward may hold each slot once, got slots {slots.tolist()}")
         if (slots <= 0).any() or (slots >= geo.num_slots).any():
             raise ValueError(f"slots must lie in [1, {geo.num_slots}), got {slots.tolist()}")
+        if fixed is not None:
+            self._check_fixed(segs, fixed)
+            pad = SequenceSegment(0, [0], 0, [0] * fixed.tokens, fixed.logits)
+            segs += [pad] * (fixed.num_seqs - len(segs))
+            slots = np.array([s.slot for s in segs], dtype=np.int64)
         start = np.array([s.start_pos for s in segs], dtype=np.int64)
         lens = np.array([len(s.token_ids) for s in segs], dtype=np.int64)
         end = start + lens
         qsl = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
         max_blocks = max(len(s.block_table) for s in segs)
-        tables = np.zeros((len(segs), 1 << max(max_blocks - 1, 0).bit_length()), dtype=np.int64)
+        width = fixed.table_width if fixed else 1 << max(max_blocks - 1, 0).bit_length()
+        tables = np.zeros((len(segs), width), dtype=np.int64)
         for i, s in enumerate(segs):
             tables[i, : len(s.block_table)] = s.block_table
         needed = -(-end // BLOCK_TOKENS)
@@ -197,7 +242,8 @@ class MetadataBuilder:
             consumer_host = self._rows("consumer", start, first, end, slots, consumer_from, arrays)
             arrays["kept"] = _ranges(qsl[:-1] + (first - start), qsl[1:])
         for ratio in geo.ratios:
-            self._compression(ratio, start, end, slots, qsl, tables, arrays)
+            per_seq = -(-fixed.tokens // ratio) if fixed else None
+            self._compression(ratio, start, end, slots, qsl, tables, arrays, per_seq)
         if geo.engram_n:
             self._engram(start, end, slots, qsl, arrays)
         last_bounds = consumer_host[0] if last_layer_is_consumer else all_host[0]
@@ -210,7 +256,7 @@ class MetadataBuilder:
         arrays["input_ids"] = np.fromiter((t for s in segs for t in s.token_ids), np.int64, int(qsl[-1]))
 
         names = list(arrays)
-        t = dict(zip(names, self.staging.upload([arrays[n] for n in names]), strict=True))
+        t = dict(zip(names, (staging or self.staging).upload([arrays[n] for n in names]), strict=True))
 
         def row_set(prefix: str, host: tuple) -> RowSet:
             bounds, count = host
@@ -222,8 +268,9 @@ class MetadataBuilder:
         compression = {}
         for r in geo.ratios:
             g = t.get
+            capacity = width * (BLOCK_TOKENS // r) if fixed else int((end // r).max())
             compression[r] = Compression(
-                r, int((end // r).max()), arrays[f"c{r}.pool_dest"].size, t[f"c{r}.entry_positions"],
+                r, capacity, arrays[f"c{r}.pool_dest"].size, t[f"c{r}.entry_positions"],
                 t[f"c{r}.pool_dest"], g(f"c{r}.sources"), g(f"c{r}.state_dest"), g(f"c{r}.state_src"),
             )
         return StepMetadata(
@@ -263,28 +310,56 @@ class MetadataBuilder:
 
     def _compression(
         self, r: int, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,
-        tables: np.ndarray, arrays: dict[str, np.ndarray],
+        tables: np.ndarray, arrays: dict[str, np.ndarray], per_seq: int | None = None,
     ) -> None:
-        """Groups completed by this step: entries [start // r, end // r) of each sequence."""
+        """Groups completed by this step: entries [start // r, end // r) of each sequence.
+
+        per_seq (fixed shapes): each sequence owns that many entry places, its entries first; the rest
+        are padding entries (position 0, pool row 0 of the padding block, pooled from step row 0).
+        """
         geo, per_block = self.geo, BLOCK_TOKENS // r
         counts = end // r - start // r
         entries = _ranges(start // r, end // r)
         seg = np.repeat(np.arange(len(counts)), counts)
-        arrays[f"c{r}.entry_positions"] = entries * r
-        arrays[f"c{r}.pool_dest"] = tables[seg, entries // per_block] * per_block + entries % per_block
+        place = None if per_seq is None else seg * per_seq + entries - (start // r)[seg]
+
+        def put(name: str, values: np.ndarray, fill: int) -> None:
+            if place is not None:
+                padded = np.full((len(counts) * per_seq, *values.shape[1:]), fill, dtype=np.int64)
+                padded[place] = values
+                values = padded
+            arrays[name] = values
+
+        put(f"c{r}.entry_positions", entries * r, 0)
+        put(f"c{r}.pool_dest", tables[seg, entries // per_block] * per_block + entries % per_block, 0)
         if r == 1:
             return
         lc = geo.state_lens[r]
         group = entries[:, None] * r + np.arange(r)  # [M, r] positions
         s = seg[:, None]
         in_step = geo.num_slots * lc + qsl[s] + group - start[s]
-        arrays[f"c{r}.sources"] = np.where(group >= start[s], in_step, slots[s] * lc + group % lc)
+        put(f"c{r}.sources", np.where(group >= start[s], in_step, slots[s] * lc + group % lc),
+            geo.num_slots * lc)
         rows = np.arange(qsl[-1])
         row_seg = np.repeat(np.arange(len(counts)), end - start)
         pos = start[row_seg] + rows - qsl[row_seg]
         kept = pos >= end[row_seg] - lc
         arrays[f"c{r}.state_dest"] = (slots[row_seg] * lc + pos % lc)[kept]
         arrays[f"c{r}.state_src"] = rows[kept]
+
+    def _check_fixed(self, segs: list[SequenceSegment], fixed: FixedShape) -> None:
+        if len(segs) > fixed.num_seqs:
+            raise ValueError(f"{len(segs)} sequences do not fit a fixed shape of {fixed.num_seqs}")
+        if fixed.tokens > self.geo.max_fixed_tokens:
+            raise ValueError(f"a fixed shape holds at most {self.geo.max_fixed_tokens} tokens per sequence, "
+                             f"got {fixed.tokens}")
+        for s in segs:
+            same_rows = s.logits == fixed.logits or (fixed.tokens == 1 and s.logits != "none")
+            if len(s.token_ids) != fixed.tokens or not same_rows:
+                raise ValueError(f"segment of slot {s.slot} ({len(s.token_ids)} tokens, logits {s.logits!r}) "
+                                 f"does not fit the fixed shape {fixed}")
+            if len(s.block_table) > fixed.table_width:
+                raise ValueError(f"block table of slot {s.slot} is wider than {fixed.table_width}")
 
     def _engram(
         self, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,

@@ -5,10 +5,14 @@ device), calls the backend's `plan(metadata)` hook, then runs the model on tenso
 attention caches (deepinfer.cache, per-slot rings and paged blocks) the runtime keeps one small
 per-slot ring of recent token ids, so Engram n-grams can look back across forward calls and across
 rollbacks of up to `max_backtrack` tokens.
+
+On CUDA, decode and verification steps replay CUDA graphs of `run_step` (graphs.py) unless
+`RuntimeOptions.cuda_graphs` is off; other steps run `run_step` eagerly.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,7 @@ from deepinfer.checkpoint.loader import load_checkpoint
 from deepinfer.config import ModelConfig, TextConfig, load_model_config
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.dspark import DSpark
+from deepinfer.models.deepseek_v41.graphs import CudaRecorder, DecodeGraphs
 from deepinfer.models.deepseek_v41.metadata import MetadataBuilder, StepMetadata
 from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
 from deepinfer.models.deepseek_v41.step_state import (
@@ -34,6 +39,8 @@ from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput,
 from deepinfer.ops import Ops, get_ops
 from deepinfer.tokenizer import compressed_vocab
 
+logger = logging.getLogger(__name__)
+
 _ID_BYTES = 8
 
 
@@ -43,6 +50,7 @@ class RuntimeOptions:
     max_backtrack: int | None = None  # None: DSpark block size + 1 (at least 1)
     replay_mode: ReplayMode = "off"
     replay_keep: int = 140
+    cuda_graphs: bool = True  # CUDA: replay graphs of decode/verification steps (graphs.py); else no-op
 
 
 class DeepseekV41Runtime:
@@ -64,6 +72,9 @@ class DeepseekV41Runtime:
         self.builder: MetadataBuilder | None = None
         self.history: torch.Tensor | None = None  # Engram: [slots, history_len] ids, position p at p % len
         self.last_is_consumer = model.blocks[-1].spec.is_yoco_consumer
+        self.graphs: DecodeGraphs | None = None
+        if options.cuda_graphs and self.device.type != "cuda":
+            logger.info("CUDA graphs: not available on %s, every step runs eagerly", self.device)
 
     # --- cache management (interface.CausalLM)
 
@@ -87,6 +98,9 @@ class DeepseekV41Runtime:
         n = self.cfg.engram_max_ngram_size if self.history_len else 0
         geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
         self.builder = MetadataBuilder(geometry, self.device)
+        self.graphs = None  # graphs read the cache's addresses: recaptured for a new cache
+        if self.options.cuda_graphs and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, CudaRecorder())
 
     def reset_slot(self, slot: int) -> None:
         self._require_cache().reset_slot(slot)
@@ -109,7 +123,7 @@ class DeepseekV41Runtime:
     # --- forward
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
-        cache = self._require_cache()
+        self._require_cache()
         segs = batch.segments
         keep = self.replay.keep
         if self.replay.mode == "compact" and any(s.logits == "all" and len(s.token_ids) > keep for s in segs):
@@ -117,12 +131,18 @@ class DeepseekV41Runtime:
                 f"compact bounded replay computes only the last {keep} rows of a segment: "
                 "logits='all' is not available for longer segments"
             )
+        if self.graphs is not None and (out := self.graphs.forward(batch)) is not None:
+            return out
         meta = self.builder.build(batch, self.last_is_consumer)
+        return ForwardOutput(logits=self.run_step(meta, batch.input_ids), row_offsets=meta.row_offsets)
+
+    def run_step(self, meta: StepMetadata, input_ids: torch.Tensor | None) -> torch.Tensor:
+        """The device work of a step (what a CUDA graph records): token ids (the engine's device ids,
+        or the metadata's) -> the model, Engram history and DSpark context updates -> float32 logits."""
+        cache = self._require_cache()
         self.model.ops.plan(meta)
-        ids = batch.input_ids  # corrected on the device by the engine (async scheduling), or the lists'
-        if ids is None:
-            ids = meta.input_ids
-        elif ids.shape != (meta.num_rows,):
+        ids = input_ids if input_ids is not None else meta.input_ids
+        if ids.shape != (meta.num_rows,):
             raise ValueError(
                 f"input_ids has shape {tuple(ids.shape)}, the segments hold {meta.num_rows} tokens"
             )
@@ -136,8 +156,7 @@ class DeepseekV41Runtime:
 
         if self.dspark is not None and out.target_features is not None:
             self.dspark.write_context(cache, step.rows(self.model.blocks[-1].spec), out.target_features)
-        logits = self.model.logits(out.hidden[meta.logits_rows])
-        return ForwardOutput(logits=logits, row_offsets=meta.row_offsets)
+        return self.model.logits(out.hidden[meta.logits_rows])
 
     def _ngrams(self, ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         """Engram n-gram rows [T, N] (compressed ids): shift i is the token i positions back, read from

@@ -1,0 +1,188 @@
+"""CUDA graphs of decode / verification steps (models/deepseek_v41/graphs.py).
+
+On the CPU a recorder that re-runs the recorded step stands in for a CUDA graph: it reads the same
+persistent metadata and id buffers a graph would, so these tests check that a replay sees every input
+of the step (metadata, device token ids) and that padding sequences leave the real ones alone. The GPU
+tests replay real graphs: bitwise the eager logits when the batch is a bucket (same shapes), greedy
+tokens of the eager cuda path and of the reference backend otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepinfer.cache import BLOCK_TOKENS
+from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
+from deepinfer.models.deepseek_v41.metadata import FixedShape, StepMetadata
+from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, load_runtime
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.testing import write_tiny_checkpoint
+
+PREFILL = 9
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint("full", tmp_path_factory.mktemp("full"), seed=0)
+
+
+def rerun_recorder(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
+    out = step()
+    return out, lambda: out.copy_(step())
+
+
+def _shapes(meta: StepMetadata) -> dict[str, object]:
+    """Every tensor shape and host value of the metadata, by field path."""
+    out: dict[str, object] = {}
+
+    def visit(prefix: str, v: object) -> None:
+        if isinstance(v, torch.Tensor):
+            out[prefix] = tuple(v.shape)
+        elif dataclasses.is_dataclass(v):
+            for f in dataclasses.fields(v):
+                visit(f"{prefix}.{f.name}", getattr(v, f.name))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                visit(f"{prefix}[{k}]", x)
+        else:
+            out[prefix] = v
+
+    visit("meta", meta)
+    return out
+
+
+def test_fixed_shape_metadata_does_not_depend_on_the_batch(checkpoint: Path) -> None:
+    rt = load_runtime(checkpoint)
+    rt.allocate_cache(num_blocks=5, num_slots=4)
+    fixed = FixedShape(num_seqs=4, tokens=1, table_width=2, logits="last")
+    # odd end positions complete no ratio-2 group, even ones do; one or two sequences, one or two blocks
+    one = ForwardBatch([SequenceSegment(2, [3], 6, [5])])
+    two = ForwardBatch([SequenceSegment(1, [1, 2], BLOCK_TOKENS + 2, [5]), SequenceSegment(3, [4], 3, [6])])
+    a = rt.builder.build(one, rt.last_is_consumer, fixed)
+    b = rt.builder.build(two, rt.last_is_consumer, fixed)
+    assert _shapes(a) == _shapes(b)
+    assert a.num_rows == 4 and a.row_offsets == [0, 1, 2, 3, 4]
+    assert a.slots.tolist() == [2, 0, 0, 0] and a.block_tables.tolist() == [[3, 0], [0, 0], [0, 0], [0, 0]]
+    c2 = b.compression[2]  # one entry place per sequence; only the second sequence completes a group
+    assert c2.capacity == 2 * BLOCK_TOKENS // 2 and c2.count == 4
+    assert c2.pool_dest.tolist() == [0, 4 * (BLOCK_TOKENS // 2) + 1, 0, 0]
+    assert c2.entry_positions.tolist() == [0, 2, 0, 0]
+    with pytest.raises(ValueError, match="does not fit the fixed shape"):
+        rt.builder.build(ForwardBatch([SequenceSegment(2, [3], 6, [5, 6])]), rt.last_is_consumer, fixed)
+    with pytest.raises(ValueError, match="wider than 2"):
+        rt.builder.build(ForwardBatch([SequenceSegment(2, [1, 2, 3], 6, [5])]), rt.last_is_consumer, fixed)
+
+
+class Greedy:
+    """Prefills sequences, then decodes greedily, optionally through the engine's device ids."""
+
+    def __init__(self, rt: DeepseekV41Runtime, batch: int, blocks: int = 2) -> None:
+        self.rt = rt
+        rt.allocate_cache(num_blocks=batch * blocks + 1, num_slots=batch + 1)
+        self.tables = {s: list(range(1 + (s - 1) * blocks, 1 + s * blocks)) for s in range(1, batch + 1)}
+        prompts = {s: [3 + (7 * s + j) % 40 for j in range(PREFILL)] for s in self.tables}
+        self.tokens = prompts
+        out = rt.forward(ForwardBatch([SequenceSegment(s, self.tables[s], 0, p) for s, p in prompts.items()]))
+        self._append(list(prompts), out.logits)
+
+    def _append(self, slots: list[int], logits: torch.Tensor) -> None:
+        for s, t in zip(slots, logits.argmax(-1).tolist(), strict=True):
+            self.tokens[s].append(t)
+
+    def decode(self, slots: list[int], device_ids: bool = False) -> torch.Tensor:
+        segs = [SequenceSegment(s, self.tables[s], len(self.tokens[s]) - 1, [self.tokens[s][-1]])
+                for s in slots]
+        ids = None
+        if device_ids:  # as the engine under async scheduling: list entries are stand-ins
+            ids = torch.tensor([s.token_ids[0] for s in segs], device=self.rt.device)
+            segs = [dataclasses.replace(s, token_ids=[-1]) for s in segs]
+        out = self.rt.forward(ForwardBatch(segs, ids))
+        assert out.row_offsets == list(range(len(slots) + 1))
+        self._append(slots, out.logits)
+        return out.logits
+
+    def verify(self, slots: list[int], draft: list[int]) -> torch.Tensor:
+        """A verification step: the newest token and `draft` per sequence, logits of every row; the
+        draft is then rolled back (the next step starts at the newest token again)."""
+        segs = [SequenceSegment(s, self.tables[s], len(self.tokens[s]) - 1, [self.tokens[s][-1], *draft],
+                                "all") for s in slots]
+        return self.rt.forward(ForwardBatch(segs)).logits
+
+
+def test_replays_match_eager_steps_and_padding_touches_no_sequence(checkpoint: Path) -> None:
+    eager = Greedy(load_runtime(checkpoint), batch=3)
+    rt = load_runtime(checkpoint)
+    graphed = Greedy(rt, batch=3)
+    rt.graphs = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rerun_recorder, buckets=(1, 2, 4))
+    plan = [([1, 2, 3], False), ([1, 2, 3], True), ([1, 2, 3], False), ([2, 3], True), ([1, 2, 3], True),
+            ([3], False), ([1, 2, 3], False)]
+    for slots, device_ids in plan:  # decode steps cover both parities of the ratio-2 compressor
+        want, got = eager.decode(slots, device_ids), graphed.decode(slots, device_ids)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    want, got = eager.verify([1, 3], [11, 12]), graphed.verify([1, 3], [11, 12])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert graphed.tokens == eager.tokens
+    assert set(rt.graphs.graphs) == {FixedShape(4, 1, 2, "last"), FixedShape(2, 1, 2, "last"),
+                                     FixedShape(1, 1, 2, "last"), FixedShape(2, 3, 2, "all")}
+
+
+def test_steps_outside_the_buckets_run_eagerly(checkpoint: Path) -> None:
+    rt = load_runtime(checkpoint)
+    g = Greedy(rt, batch=3)
+    rt.graphs = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rerun_recorder, buckets=(1, 2))
+    mixed = ForwardBatch([SequenceSegment(1, g.tables[1], PREFILL, [4]),
+                          SequenceSegment(2, g.tables[2], PREFILL, [4, 5], "all")])
+    for batch in (mixed, ForwardBatch([SequenceSegment(s, g.tables[s], PREFILL, [4]) for s in (1, 2, 3)])):
+        assert rt.graphs.shape(batch) is None
+    assert rt.graphs.shape(ForwardBatch([SequenceSegment(1, g.tables[1], PREFILL, [4], "none")])) is None
+    with pytest.raises(ValueError, match="increasing positive"):
+        DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rerun_recorder, buckets=(4, 2))
+
+
+def test_graphs_are_a_cuda_only_option(checkpoint: Path) -> None:
+    rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graphs=True))
+    rt.allocate_cache(num_blocks=2, num_slots=2)
+    assert rt.graphs is None  # CPU: a no-op (logged)
+
+
+def _cuda_runtimes(checkpoint: Path, dtype: torch.dtype, precision: str) -> tuple:
+    options = RuntimeOptions(cache_precision=precision)  # type: ignore[arg-type]
+    graphed = load_runtime(checkpoint, dtype=dtype, device="cuda", options=options)
+    eager = load_runtime(checkpoint, dtype=dtype, device="cuda",
+                         options=dataclasses.replace(options, cuda_graphs=False))
+    return graphed, eager
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("precision", ["exact", "release"])
+def test_graph_replay_is_bitwise_eager_at_a_bucket(checkpoint: Path, precision: str) -> None:
+    graphed_rt, eager_rt = _cuda_runtimes(checkpoint, torch.bfloat16, precision)
+    graphed, eager = Greedy(graphed_rt, batch=4), Greedy(eager_rt, batch=4)
+    for step in range(6):
+        got = graphed.decode([1, 2, 3, 4], device_ids=step % 2 == 1)
+        want = eager.decode([1, 2, 3, 4], device_ids=step % 2 == 1)
+        assert torch.equal(got, want), f"step {step}: max diff {(got - want).abs().max()}"
+    assert set(graphed_rt.graphs.graphs) == {FixedShape(4, 1, 2, "last")}
+    got, want = graphed.verify([1, 2, 3, 4], [5, 6]), eager.verify([1, 2, 3, 4], [5, 6])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@gpu
+def test_graph_greedy_tokens_match_eager_and_the_reference_backend(checkpoint: Path) -> None:
+    graphed_rt, eager_rt = _cuda_runtimes(checkpoint, torch.float32, "exact")
+    ref_rt = load_runtime(checkpoint, device="cuda", backend="reference",
+                          options=RuntimeOptions(cuda_graphs=False))
+    runs = [Greedy(rt, batch=3) for rt in (graphed_rt, eager_rt, ref_rt)]
+    for slots in ([1, 2, 3], [1, 2, 3], [2, 3], [1, 2, 3], [1, 2, 3], [3], [1, 2, 3], [1, 2, 3]):
+        logits = [r.decode(slots) for r in runs]
+        torch.testing.assert_close(logits[0], logits[1], rtol=1e-3, atol=1e-3)
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens
+    assert len(graphed_rt.graphs.graphs) == 3
