@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -19,6 +21,12 @@ class EngineConfig(BaseModel):
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free at admission")
     seed: int = Field(0, ge=0, description="seeds requests that give no seed, for reproducible runs")
     log_stats_interval: float = Field(10.0, ge=0.0, description="seconds between stats logs; 0: off")
+    speculator: str = Field("none", min_length=1,
+                            description="speculative decoding plugin (deepinfer.speculators), or none")
+    num_draft_tokens: int | None = Field(
+        None, ge=1, le=16, description="most drafts verified per sequence and step; None: the speculator's")
+    spec_schedule: Literal["fixed", "confidence"] = Field(
+        "fixed", description="fixed: verify every draft; confidence: choose per step from the confidences")
 
     @model_validator(mode="after")
     def _token_budget(self) -> EngineConfig:

@@ -7,6 +7,10 @@ then post-processes step N-1 while step N runs, so the device never waits for th
 than a thread hand-off. Sampled tokens depend only on logits and (seed, position), never on timing,
 so outputs are identical in both modes.
 
+With a speculator (`EngineConfig.speculator`) steps run synchronously: a speculating decode needs
+the previous step's verification (how many drafts were accepted, the next drafts) to plan its
+segment. A step then emits several tokens per sequence, appended one by one with the stop rules.
+
 Every public call runs inside an `EngineGuard`: calls from several threads are serialised, and a
 Ctrl-C is held back until the call has left the engine consistent (then raised as usual). A step
 whose forward fails aborts the sequences of every step in flight (finish reason "error") and
@@ -33,13 +37,16 @@ from deepinfer.engine.interrupts import EngineGuard
 from deepinfer.engine.model_runner import ModelRunner, StepResult, SupportsFork
 from deepinfer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
-from deepinfer.engine.sequence import FinishReason, Request, SeqStatus, Sequence
+from deepinfer.engine.sequence import FinishReason, Request, SeqStatus, Sequence, SpecState
 from deepinfer.engine.stats import EngineStats, StepStat
 from deepinfer.models.interface import CausalLM
 from deepinfer.sampling import rng
 from deepinfer.sampling.detokenizer import IncrementalDetokenizer, Tokenizer
 from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import Sampler, TokenLogprob
+from deepinfer.speculators.interface import Proposer, SpeculatorConfig, VerifyScheduler
+from deepinfer.speculators.registry import SpeculatorError, get_speculator
+from deepinfer.structured.manager import StructuredManager
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +77,12 @@ class LLMEngine:
             logger.warning("max_model_len lowered from %d to %d: the cache holds no more",
                            config.max_model_len, self.max_model_len)
         self.cache = CacheManager(layout.block_size, plan)
-        self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork))
-        self.runner = ModelRunner(model, Sampler(model.eos_token_id))
+        self.proposer, verify_scheduler = build_speculator(model, config)
+        self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork), verify_scheduler)
+        self.runner = ModelRunner(model, Sampler(model.eos_token_id), self.proposer,
+                                  self.proposer.num_draft_tokens if self.proposer else 0)
+        self._async = config.async_scheduling and self.proposer is None
+        self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
         # The model always runs on this thread, so both modes execute it identically; sync mode just
         # waits for each step before planning the next.
         self._worker: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step")
@@ -106,6 +117,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             params = SamplingParams.model_validate({} if params is None else params)
         params.check_vocab(self.vocab_size)
+        self.runner.structured.prepare(params)  # checks the constraint, starts compiling it
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
@@ -152,6 +164,8 @@ class LLMEngine:
                                             params.skip_special_tokens) if self.tokenizer else None)
             seed = rng.as_int64(rng.child_seed(base_seed, i))
             req.seqs.append(Sequence(next(self._seq_ids), req, i, seed, list(ids), detok, limit, len(ids)))
+            if self.proposer is not None:
+                req.seqs[-1].spec = SpecState()
         self.requests[request_id] = req
 
         if len(ids) >= self.max_model_len:
@@ -225,7 +239,7 @@ class LLMEngine:
             job = self._worker.submit(self.runner.execute, sched)
             self._inflight.append((sched, time.thread_time() - t0, job))
         # async keeps the step just launched running and post-processes the one before it
-        keep = 1 if launched and self.config.async_scheduling else 0
+        keep = 1 if launched and self._async else 0
         while len(self._inflight) > keep:
             done, schedule_s, job = self._inflight[0]
             if job.exception() is not None:
@@ -269,21 +283,49 @@ class LLMEngine:
                     req.prompt_logprobs.append(lp)
         now = time.time()
         touched: dict[str, tuple[Request, list[Sequence]]] = {}  # requests with outputs due
-        sampled = result.sampled  # the host copy of the step's samples (async: queued a step ago)
-        for seq, token, logprob in sampled:
+        emitted = result.emitted  # the host copy of the step's samples (async: queued a step ago)
+        for seq, tokens, logprobs in emitted:
             seq.num_inflight -= 1
             if seq.status is SeqStatus.FINISHED:
                 continue  # planned before its stop was seen (async) or aborted: discard
-            if self._append(seq, token, logprob, now) or seq.request.stream:
+            finished = any(self._append(seq, t, lp, now) for t, lp in zip(tokens, logprobs, strict=True))
+            if finished or seq.request.stream:
                 touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
+        if result.verified is not None:
+            self._record_speculation(result)
         outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
-        self.stats.generated_tokens += len(sampled)
+        self.stats.generated_tokens += sum(len(tokens) for _, tokens, _ in emitted)
         self.stats.num_preemptions = self.scheduler.num_preemptions
         idle = None if self._prev_end is None else max(0.0, result.start - self._prev_end)
         self._prev_end = result.end
         self.stats.steps.append(StepStat(result.num_seqs, result.num_tokens, schedule_s,
                                          time.thread_time() - t0, result.end - result.start, idle))
         return outputs
+
+    def _record_speculation(self, result: StepResult) -> None:
+        """Counters, the cache position after verification, and the next drafts of each sequence."""
+        assert result.verified is not None
+        for v in result.verified:
+            seq, spec = v.seq, v.seq.spec
+            if spec is None:
+                continue
+            if v.num_drafts:
+                self.stats.spec_verify_steps += 1
+                self.stats.spec_draft_tokens += v.num_drafts
+                self.stats.spec_accepted_tokens += v.num_accepted
+                spec.num_drafts += v.num_drafts
+                spec.num_accepted += v.num_accepted
+                if spec.confidences is not None:
+                    spec.confidence_sum += sum(spec.confidences[:v.num_drafts])
+                    spec.num_estimated += v.num_drafts
+            if seq.status is SeqStatus.FINISHED:
+                continue
+            # rejected rows are rolled back: the cache holds everything before the newest token
+            seq.num_computed = len(seq.token_ids) - 1
+            spec.drafts, spec.probs, spec.confidences = v.next_drafts, v.next_probs, v.next_confidences
+        timing = self.scheduler.verify_scheduler
+        if timing is not None and any(v.num_drafts for v in result.verified):
+            timing.record(result.num_seqs, result.num_tokens, result.end - result.start)
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> bool:
         """Add a sampled token and apply the stop rules; True if that finished the sequence."""
@@ -293,7 +335,9 @@ class LLMEngine:
             seq.logprobs.append(logprob)
         if req.first_token_time is None:
             req.first_token_time = now
-        if token == self.eos_token_id and not p.ignore_eos:
+        if p.structured_outputs is not None and (why := self.runner.structured.finish_reason(seq)):
+            self._finish(seq, FinishReason(why))  # the constraint ended (complete, or failed)
+        elif token == self.eos_token_id and not p.ignore_eos:
             self._finish(seq, FinishReason.STOP)  # the sampler masks EOS until min_tokens
         elif token in p.stop_token_ids:
             self._finish(seq, FinishReason.STOP, token)
@@ -311,6 +355,10 @@ class LLMEngine:
         if seq.detok is not None and not isinstance(stop, str):
             seq.detok.flush()
         self.scheduler.remove(seq)
+        if seq.spec is not None:
+            seq.spec.clear()
+            assert self.proposer is not None
+            self.proposer.release(seq.seq_id)
         req = seq.request
         if req.finished:
             req.finish_time = time.time()
@@ -329,7 +377,7 @@ class LLMEngine:
             logprobs = seq.logprobs[start:] if req.params.logprobs is not None else None
             completions.append(CompletionOutput(
                 seq.index, text, seq.output_ids[start:], logprobs,
-                seq.finish_reason.value if seq.finish_reason else None, seq.stop_reason))
+                seq.finish_reason.value if seq.finish_reason else None, seq.stop_reason, *spec_counts(seq)))
         n_out = max((s.num_outputs for s in req.seqs), default=0)
         metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, n_out)
         prompt_lp = req.prompt_logprobs if req.params.prompt_logprobs is not None and finished else None
@@ -362,6 +410,35 @@ class LLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def build_speculator(model: CausalLM, config: EngineConfig) -> tuple[Proposer | None, VerifyScheduler | None]:
+    """The configured proposer (None: no speculation) and, for confidence scheduling, its scheduler."""
+    if config.speculator == "none":
+        return None, None
+    proposer: Proposer = get_speculator(config.speculator).build(  # type: ignore[attr-defined]
+        model, SpeculatorConfig(config.num_draft_tokens))
+    k = proposer.num_draft_tokens
+    if k > model.max_backtrack:
+        raise SpeculatorError(
+            f"speculator {config.speculator!r} verifies up to {k} drafts, but the model can roll back only "
+            f"{model.max_backtrack} tokens; lower num_draft_tokens or load the model with more rollback room")
+    if config.spec_schedule == "fixed":
+        return proposer, None
+    try:
+        from deepinfer_spec.confidence import ConfidenceScheduler
+    except ImportError as exc:
+        raise SpeculatorError(f"spec_schedule 'confidence' needs deepinfer-spec's scheduler: {exc}") from None
+    return proposer, ConfidenceScheduler(SpeculatorConfig(k))
+
+
+def spec_counts(seq: Sequence) -> tuple[int, int, float | None]:
+    """(drafts verified, drafts accepted, mean estimated acceptance) of a sequence."""
+    spec = seq.spec
+    if spec is None:
+        return 0, 0, None
+    mean = spec.confidence_sum / spec.num_estimated if spec.num_estimated else None
+    return spec.num_drafts, spec.num_accepted, mean
 
 
 def token_ids(values: object, what: str) -> list[int]:

@@ -7,15 +7,21 @@ on the device from step N's sampled-token tensor (as the official engine's ZOS d
 N+1 never waits for step N's samples to reach the host. Their host copy is only read by
 post-processing (one step behind) and by penalty rows that need the newest token. Slot resets and
 fork copies also run here, in step order, so they never race a step that still uses the slot.
+
+With a speculator (the engine then runs steps synchronously) every sampled row goes through exact
+verification instead of the plain sampler (a row without drafts samples identically), and after it
+the proposer drafts the next tokens of every speculating sequence that just sampled.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
+import torch.nn.functional as F
 
 from deepinfer.engine.scheduler import PLACEHOLDER, ScheduledSegment, SchedulerOutput
 from deepinfer.engine.sequence import Request, Sequence
@@ -28,6 +34,9 @@ from deepinfer.sampling.sampler import (
     TokenLogprob,
     to_device,
 )
+from deepinfer.speculators.interface import Proposal, ProposeBatch, Proposer, ProposeRequest
+from deepinfer.speculators.verify import verify
+from deepinfer.structured.manager import StructuredManager
 
 
 @runtime_checkable
@@ -40,6 +49,21 @@ class SupportsFork(Protocol):
 
 
 @dataclass
+class Verified:
+    """What a speculative step did for one sequence: emitted tokens (accepted drafts + one target
+    token) with their logprobs, the drafts it verified and accepted, and its next drafts."""
+
+    seq: Sequence
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None]
+    num_drafts: int
+    num_accepted: int
+    next_drafts: list[int] = field(default_factory=list)
+    next_probs: torch.Tensor | None = None  # [len(next_drafts), V] on the device
+    next_confidences: list[float] | None = None
+
+
+@dataclass
 class StepResult:
     sample_seqs: list[Sequence]
     samples: SampleOutput | None  # one row per entry of sample_seqs
@@ -48,6 +72,14 @@ class StepResult:
     end: float
     num_tokens: int
     num_seqs: int
+    verified: list[Verified] | None = None  # speculative steps: replaces sample_seqs / samples
+
+    @property
+    def emitted(self) -> list[tuple[Sequence, list[int], list[TokenLogprob | None]]]:
+        """(sequence, new tokens, their logprobs) on the host, one entry per sampled sequence."""
+        if self.verified is not None:
+            return [(v.seq, v.tokens, v.logprobs) for v in self.verified]
+        return [(seq, [token], [lp]) for seq, token, lp in self.sampled]
 
     @property
     def sampled(self) -> list[tuple[Sequence, int, TokenLogprob | None]]:
@@ -70,9 +102,13 @@ def _row_offsets(batch: ForwardBatch) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, sampler: Sampler):
+    def __init__(self, model: CausalLM, sampler: Sampler, proposer: Proposer | None = None,
+                 num_draft_tokens: int = 0):
         self.model = model
         self.sampler = sampler
+        self.structured = StructuredManager(None, model.vocab_size, model.eos_token_id)  # engine's: tokenizer
+        self.proposer = proposer
+        self.num_draft_tokens = num_draft_tokens
         self._prev: SampleOutput | None = None  # the previous step's samples (tokens on the device)
         self._prev_row: dict[int, int] = {}  # seq id -> its row in self._prev
 
@@ -89,19 +125,25 @@ class ModelRunner:
             self.model.copy_blocks(f.src_blocks, f.dst_blocks)  # type: ignore[attr-defined]
         offsets = out.row_offsets or _row_offsets(batch)
 
+        prompt_lp = [self._prompt_logprobs(out.logits, offsets[i], segments[i], s)
+                     for i, s in enumerate(sched.segments) if s.prompt_logprobs is not None]
+        if self.proposer is not None:
+            verified = self._speculate(out.logits, offsets, sched)
+            return StepResult([], None, prompt_lp, start, time.perf_counter(), sched.num_tokens,
+                              len(sched.segments), verified)
         rows, sample_rows, sample_seqs = [], [], []
-        prompt_lp = []
         for i, s in enumerate(sched.segments):
             if s.sample_seqs:
                 position = s.start_pos + len(s.token_ids)  # of the token being generated
                 rows.extend([offsets[i + 1] - 1] * len(s.sample_seqs))
                 sample_rows.extend(self._sample_row(seq, position) for seq in s.sample_seqs)
                 sample_seqs.extend(s.sample_seqs)
-            if s.prompt_logprobs is not None:
-                prompt_lp.append(self._prompt_logprobs(out.logits, offsets[i], segments[i], s))
         result = None
         if rows:
             logits = out.logits.index_select(0, to_device(rows, out.logits.device))
+            logits = self.structured.apply(  # structured output: mask the constrained rows
+                logits, sample_seqs, [r.position for r in sample_rows],
+                lambda seq: self._prev.token_ids[self._prev_row[seq.seq_id]], self.sampler.ops)  # type: ignore[union-attr]
             result = self.sampler(logits, sample_rows)
         self._prev, self._prev_row = result, {seq.seq_id: r for r, seq in enumerate(sample_seqs)}
         end = time.perf_counter()
@@ -124,13 +166,14 @@ class ModelRunner:
         ids[to_device(dst, prev.device)] = prev[to_device(src, prev.device)]
         return ids
 
-    def _sample_row(self, seq: Sequence, position: int) -> SampleRow:
+    def _sample_row(self, seq: Sequence, position: int, drafts: Seq[int] = ()) -> SampleRow:
+        """The row deciding `position`; `drafts`: draft tokens just before it (verification rows)."""
         p = seq.request.params
         row = SampleRow(p, seq.seed, position, position - seq.prompt_len)
         if p.has_penalties:
             # tokens up to `position` never change once appended; the newest may still be in flight
             row.prompt_ids = seq.request.prompt_ids
-            row.output_ids = seq.token_ids[seq.prompt_len:position]
+            row.output_ids = seq.token_ids[seq.prompt_len:position - len(drafts)] + list(drafts)
             if len(row.output_ids) < row.num_outputs:  # after this step's forward was launched
                 assert self._prev is not None
                 row.output_ids.append(self._prev.token_ids[self._prev_row[seq.seq_id]])
@@ -146,3 +189,66 @@ class ModelRunner:
         targets = to_device(prompt[seg.start_pos + 1:last + 1], logits.device)
         rows = logits[first_row:first_row + n]
         return s.seq.request, seg.start_pos + 1, PendingLogprobs(rows, targets, [s.prompt_logprobs] * n)
+
+    # ---- speculative decoding (sync mode: every sequence's tokens are on the host)
+
+    def _speculate(self, logits: torch.Tensor, offsets: list[int], sched: SchedulerOutput) -> list[Verified]:
+        """Verify every sampled row, then draft after each speculating sequence's new tokens."""
+        items: list[tuple[Sequence, ScheduledSegment, int]] = []  # (sequence, segment, first row)
+        rows, sample_rows, drafts = [], [], []
+        probs: list[tuple[torch.Tensor | None, list[int]]] = []  # per verified run: (draft probs, drafts)
+        for i, s in enumerate(sched.segments):
+            k = s.num_drafts
+            first = offsets[i + 1] - 1 - k
+            pos0 = s.start_pos + len(s.token_ids) - k  # the position row `first` decides
+            ds = s.token_ids[len(s.token_ids) - k:]
+            for seq in s.sample_seqs:
+                items.append((seq, s, first))
+                rows += range(first, first + k + 1)
+                sample_rows += [self._sample_row(seq, pos0 + j, ds[:j]) for j in range(k + 1)]
+                drafts += [*ds, -1]
+                if k:
+                    held = None if seq.spec is None or seq.spec.probs is None else seq.spec.probs[:k]
+                    probs.append((held, ds))
+        picked = logits.index_select(0, to_device(rows, logits.device))
+        draft_probs = None
+        if any(p is not None for p, _ in probs):  # deterministic runs among them: one-hot
+            vocab, dev = picked.shape[-1], picked.device
+            draft_probs = torch.cat([p if p is not None else F.one_hot(to_device(ds, dev), vocab).float()
+                                     for p, ds in probs])
+        out = verify(picked, sample_rows, drafts, draft_probs, self.sampler.eos_token_id, self.sampler.ops)
+        tokens, accepted, logprobs = out.tokens.tolist(), out.accepted.tolist(), out.logprobs.get()
+        verified, r = [], 0
+        for seq, s, _ in items:
+            k = s.num_drafts
+            n = next((j for j in range(k) if not accepted[r + j]), k)
+            verified.append(Verified(seq, tokens[r:r + n + 1], logprobs[r:r + n + 1], k, n))
+            r += k + 1
+        self._propose(verified, logits.device)
+        return verified
+
+    def _propose(self, verified: list[Verified], device: torch.device) -> None:
+        """Ask the proposer for the drafts after each speculating sequence's newest token."""
+        assert self.proposer is not None
+        todo, requests = [], []
+        for v in verified:
+            seq, params = v.seq, v.seq.request.params
+            context = seq.token_ids + v.tokens
+            room = min(self.num_draft_tokens, seq.limit - len(context) - 1)
+            eos = None if params.ignore_eos else self.sampler.eos_token_id
+            stopped = any(t == eos or t in params.stop_token_ids for t in v.tokens)
+            if seq.spec is None or room < 1 or stopped:
+                continue
+            todo.append(v)
+            requests.append(ProposeRequest(seq.seq_id, seq.slot, len(context) - 1, context, params,
+                                           seq.seed, room))
+        if not requests:
+            return
+        sampled = to_device([r.token_ids[-1] for r in requests], device)
+        proposal: Proposal = self.proposer.propose(ProposeBatch(requests, sampled))
+        ids = proposal.token_ids.tolist()
+        confidences = None if proposal.confidences is None else proposal.confidences.tolist()
+        for i, (v, n) in enumerate(zip(todo, proposal.num_drafts, strict=True)):
+            v.next_drafts = ids[i][:n]
+            v.next_probs = None if proposal.probs is None else proposal.probs[i, :n]
+            v.next_confidences = None if confidences is None else confidences[i][:n]

@@ -17,6 +17,10 @@ class CompletionOutput:
     logprobs: list[TokenLogprob | None] | None  # None unless SamplingParams.logprobs is set
     finish_reason: str | None = None  # "stop", "length", "abort", "error", "prompt_length_exceeded"
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    # speculative decoding, cumulative over the whole completion (also in streamed outputs)
+    draft_tok: int = 0  # drafts verified
+    accept_tok: int = 0  # drafts accepted
+    confidence: float | None = None  # mean estimated acceptance of the verified drafts (if estimated)
 
     @property
     def cumulative_logprob(self) -> float | None:

@@ -9,6 +9,12 @@ cache is freed and it returns to the waiting queue to prefill prompt + generated
 Under async scheduling the step before is still running when this one is planned, so a sequence's
 last token may not be known yet: its segment then ends in `PLACEHOLDER`, which the model runner
 replaces by that step's sampled token. `num_computed` and `num_inflight` count such tokens ahead.
+
+A speculating decode (its sequence holds drafts, engine in sync mode) runs [newest token, d_1..d_k]
+with logits for every row; k is capped by the token budget, the room left before the sequence's
+limit and, with a verification scheduler, by that scheduler's choice. `num_computed` counts all k + 1
+rows; the engine corrects it to the accepted length after verification (rejected rows are simply
+overwritten by the next segment).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from deepinfer.engine.cache_manager import CacheManager
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.models.interface import LogitsWanted
+from deepinfer.speculators.interface import VerifyScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +44,7 @@ class ScheduledSegment:
     logits: LogitsWanted
     sample_seqs: list[Sequence]  # the last row is sampled once for each (several: n > 1 forks)
     prompt_logprobs: int | None = None  # top-k for the prompt tokens this chunk predicts
+    num_drafts: int = 0  # the last num_drafts tokens are drafts to verify (one sample sequence)
 
 
 @dataclass
@@ -58,8 +66,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: CacheManager, can_fork: bool):
+    def __init__(self, config: EngineConfig, cache: CacheManager, can_fork: bool,
+                 verify_scheduler: VerifyScheduler | None = None):
         self.config = config
+        self.verify_scheduler = verify_scheduler
         self.cache = cache
         self.can_fork = can_fork
         self.waiting: list[Sequence] = []  # sorted by arrival
@@ -86,6 +96,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.token_budget
         running, block_size = SeqStatus.RUNNING, self.cache.block_size
+        verify = self._verify_counts()
         for seq in list(self.running):
             if budget <= 0:
                 break
@@ -96,6 +107,8 @@ class Scheduler:
             if known >= seq.limit:
                 continue  # what is sampled or in flight already finishes it
             n = min(known - seq.num_computed, budget)
+            k = self._num_drafts(seq, budget, verify) if n == 1 else 0
+            n += k
             while (seq.num_computed + n > len(seq.blocks) * block_size  # fast path: fits already
                    and not self.cache.grow(seq, seq.num_computed + n)):
                 victim = next(s for s in reversed(self.running) if s.scheduled_step != step)
@@ -104,10 +117,29 @@ class Scheduler:
                     break
             if seq.status is not running:
                 break  # it was the youngest unplanned sequence: nothing after it can run either
-            self._add_segment(out, seq, n)
+            self._add_segment(out, seq, n, k)
             budget -= n
         self._admit(out, budget)
         return out
+
+    def _verify_counts(self) -> dict[int, int]:
+        """The verification scheduler's choice per speculating sequence that has confidences."""
+        if self.verify_scheduler is None:
+            return {}
+        seqs = [s for s in self.running if s.spec is not None and s.spec.drafts and s.spec.confidences]
+        if not seqs:
+            return {}
+        counts = self.verify_scheduler.choose([s.spec.confidences for s in seqs])  # type: ignore[union-attr]
+        return {s.seq_id: c for s, c in zip(seqs, counts, strict=True)}
+
+    @staticmethod
+    def _num_drafts(seq: Sequence, budget: int, verify: dict[int, int]) -> int:
+        """Drafts to verify in a decode of `seq`: what it holds, within the budget and its limit."""
+        if seq.spec is None or not seq.spec.drafts or seq.num_inflight:
+            return 0
+        room = seq.limit - len(seq.token_ids) - 1  # a step emits up to k + 1 tokens
+        held = len(seq.spec.drafts)
+        return max(0, min(held, verify.get(seq.seq_id, held), room, budget - 1))
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -127,24 +159,27 @@ class Scheduler:
             self._add_segment(out, seq, n)
             budget -= n
 
-    def _add_segment(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
+    def _add_segment(self, out: SchedulerOutput, seq: Sequence, n: int, num_drafts: int = 0) -> None:
         seq.scheduled_step = self._step
         start = seq.num_computed
         known = len(seq.token_ids)
-        ids = seq.token_ids[start:start + n]
-        if len(ids) < n:  # the last token is being sampled by the step in flight
+        ids = seq.token_ids[start:start + n - num_drafts]
+        if len(ids) < n - num_drafts:  # the last token is being sampled by the step in flight
             ids.append(PLACEHOLDER)
+        if num_drafts:
+            ids += seq.spec.drafts[:num_drafts]  # type: ignore[union-attr]
         seq.num_computed += n
-        sampling = seq.num_computed == known + seq.num_inflight
+        sampling = seq.num_computed - num_drafts == known + seq.num_inflight
         req = seq.request
         # prompt logprobs are collected once per request, by completion 0, even across recompute
         have = len(req.prompt_logprobs)
         want_prompt_lp = (req.params.prompt_logprobs is not None and seq.index == 0
                           and have < seq.prompt_len and start + n >= have)
-        logits: LogitsWanted = "all" if want_prompt_lp else ("last" if sampling else "none")
+        logits: LogitsWanted = ("all" if want_prompt_lp or num_drafts
+                                else "last" if sampling else "none")
         # the block list is shared, not copied: the cache manager only appends to it or replaces it
         seg = ScheduledSegment(seq, seq.slot, seq.blocks, start, ids, logits, [],
-                               req.params.prompt_logprobs if want_prompt_lp else None)
+                               req.params.prompt_logprobs if want_prompt_lp else None, num_drafts)
         if sampling:
             self._sample(seg, seq)
             if self.can_fork and seq.index == 0 and req.params.n > 1:
@@ -178,6 +213,8 @@ class Scheduler:
         self.running.remove(seq)
         self.cache.free(seq)
         seq.num_computed = 0
+        if seq.spec is not None:
+            seq.spec.clear()  # the recompute samples the next token afresh and drafts after it
         seq.status = SeqStatus.WAITING
         self.add(seq)
         self.num_preemptions += 1

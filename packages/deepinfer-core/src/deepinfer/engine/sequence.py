@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import torch
+
 from deepinfer.sampling.detokenizer import IncrementalDetokenizer
 from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import TokenLogprob
@@ -15,6 +17,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"
     ERROR = "error"  # a step it was in failed; `LLMEngine.step` raised the exception
+    GRAMMAR_ERROR = "grammar_error"  # its structured-output constraint failed (compile, timeout, dead end)
     PROMPT_TOO_LONG = "prompt_length_exceeded"  # prompt leaves no room under max_model_len
 
 
@@ -44,6 +47,23 @@ class Request:
 
 
 @dataclass(eq=False)
+class SpecState:
+    """Speculative decoding of one sequence: the drafts for the tokens after its newest one, and
+    counters of what verification did with earlier drafts."""
+
+    drafts: list[int] = field(default_factory=list)
+    probs: torch.Tensor | None = None  # [len(drafts), V] draft distributions on the device; None: one-hot
+    confidences: list[float] | None = None  # P(draft j accepted | earlier ones accepted), if estimated
+    num_drafts: int = 0  # drafts verified so far
+    num_accepted: int = 0  # of those, accepted
+    confidence_sum: float = 0.0  # summed estimates of the verified drafts that had one
+    num_estimated: int = 0
+
+    def clear(self) -> None:
+        self.drafts, self.probs, self.confidences = [], None, None
+
+
+@dataclass(eq=False)
 class Sequence:
     seq_id: int
     request: Request
@@ -64,6 +84,7 @@ class Sequence:
     logprobs: list[TokenLogprob | None] = field(default_factory=list)
     streamed: int = 0  # output tokens already handed out as stream deltas
     scheduled_step: int = 0  # last step that planned tokens for it
+    spec: SpecState | None = None  # set when the engine speculates for this sequence
 
     @property
     def num_outputs(self) -> int:

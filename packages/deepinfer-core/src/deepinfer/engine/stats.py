@@ -21,6 +21,16 @@ class EngineStats:
     steps: deque[StepStat] = field(default_factory=lambda: deque(maxlen=100_000))
     generated_tokens: int = 0
     num_preemptions: int = 0
+    # speculative decoding: sequence-steps that verified drafts, drafts verified, drafts accepted
+    spec_verify_steps: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+
+    def mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verifying sequence-step (accepted drafts + the target's token)."""
+        if not self.spec_verify_steps:
+            return None
+        return 1.0 + self.spec_accepted_tokens / self.spec_verify_steps
 
     def hidden_fraction(self) -> float | None:
         """Share of the per-step CPU work (schedule + post-process) during which the device was busy."""

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -23,6 +23,7 @@ from deepinfer.engine import EngineConfig, LLMEngine, RequestOutput
 from deepinfer.engine.llm_engine import check_text
 from deepinfer.engine.loader import TextTokenizer, default_cache_precision, load_model, resolve_dtype
 from deepinfer.sampling import SamplingParams
+from deepinfer.speculators import SpeculatorError
 
 if TYPE_CHECKING:
     from deepinfer.models.deepseek_v41.runtime import RuntimeOptions
@@ -90,6 +91,9 @@ class LLM:
             raise SettingError(str(config_error_from(exc))) from None
         precision = cache_precision or default_cache_precision(device)
         options = runtime_options(precision, replay_mode, replay_keep)
+        if config.speculator != "none":  # room to roll back rejected drafts
+            options = replace(options, max_backtrack=rollback_room(model_config.text.dspark_block_size,
+                                                                   config.num_draft_tokens))
         try:
             compute_dtype = resolve_dtype(dtype, device, model_config.dtype)
         except ValueError as exc:
@@ -103,7 +107,11 @@ class LLM:
                            tokenizer_dir)
         runtime = load_model(self.model_dir, backend=backend, dtype=compute_dtype, device=device,
                              options=options)
-        self._attach(LLMEngine(runtime, text_tokenizer, config, device), text_tokenizer)
+        try:
+            engine = LLMEngine(runtime, text_tokenizer, config, device)
+        except SpeculatorError as exc:
+            raise SettingError(f"speculator: {exc}") from None
+        self._attach(engine, text_tokenizer)
 
     @classmethod
     def from_engine(cls, engine: LLMEngine, model_dir: str | Path | None = None) -> LLM:
@@ -339,6 +347,15 @@ def runtime_options(cache_precision: str, replay_mode: str, replay_keep: int | N
         raise SettingError("replay_keep: needs replay_mode mask or compact")
     return RuntimeOptions(cache_precision=cache_precision, replay_mode=replay_mode,  # type: ignore[arg-type]
                           replay_keep=replay_keep)
+
+
+DEFAULT_ROLLBACK_ROOM = 8  # tokens, when num_draft_tokens is left to the speculator
+
+
+def rollback_room(dspark_block_size: int | None, num_draft_tokens: int | None) -> int:
+    """Rollback depth the runtime keeps for speculation: the drafts verified per step, at least the
+    DSpark default (block size + 1)."""
+    return max(num_draft_tokens or DEFAULT_ROLLBACK_ROOM, (dspark_block_size or 0) + 1)
 
 
 def load_tokenizer(model_dir: Path) -> TextTokenizer:

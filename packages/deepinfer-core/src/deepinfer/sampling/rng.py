@@ -11,6 +11,10 @@ import torch
 
 # Purposes keep independent streams for independent decisions at the same position.
 PURPOSE_SAMPLE = 0
+# speculative decoding (deepinfer.speculators): draft draws, acceptance tests, residual resamples
+PURPOSE_DRAFT = 1
+PURPOSE_ACCEPT = 2
+PURPOSE_RESIDUAL = 3
 
 _MASK64 = (1 << 64) - 1
 

@@ -31,7 +31,7 @@ SpecSchedule = Literal["fixed", "confidence"]
 
 @dataclass(frozen=True)
 class SpeculatorConfig:
-    num_draft_tokens: int  # K: most drafts a sequence verifies per step
+    num_draft_tokens: int | None = None  # K: most drafts per sequence and step; None: the proposer's default
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ProposeRequest:
     token_ids: Sequence[int]  # the whole sequence on the host (prompt + outputs), ending in that token
     params: SamplingParams
     seed: int  # int64 bit pattern; draft draws use rng.uniform(seed, draft position, PURPOSE_DRAFT)
-    num_drafts: int  # 1 <= num_drafts <= SpeculatorConfig.num_draft_tokens
+    num_drafts: int  # 1 <= num_drafts <= Proposer.num_draft_tokens
 
 
 @dataclass
@@ -68,6 +68,8 @@ class Proposal:
 
 class Proposer(Protocol):
     """A speculator plugin: the class registered under the `deepinfer.speculators` entry points."""
+
+    num_draft_tokens: int  # K in use: the config's, or the proposer's default
 
     @classmethod
     def build(cls, model: CausalLM, config: SpeculatorConfig) -> Proposer:

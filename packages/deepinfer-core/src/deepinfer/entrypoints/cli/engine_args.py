@@ -65,6 +65,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=non_negative_int, default=0,
                    help="engine seed: each request without --sampling-seed draws its own seed from it, "
                    "so a whole run is reproducible")
+    g.add_argument("--speculator", default="none",
+                   help="speculative decoding: dspark (the checkpoint's draft blocks), ngram (prompt lookup) "
+                   "or none; any plugin installed under the deepinfer.speculators entry points")
+    g.add_argument("--num-draft-tokens", type=positive_int, default=None, metavar="K",
+                   help="most drafts verified per sequence and step (default: the speculator's; "
+                   "dspark: the checkpoint's draft block size)")
+    g.add_argument("--spec-schedule", choices=["fixed", "confidence"], default="fixed",
+                   help="fixed: verify every draft; confidence: choose each step's verified drafts from the "
+                   "draft confidences and the measured step latency")
     add_runtime_args(parser)
 
 
@@ -75,7 +84,8 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
     engine = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   cache_bytes=args.cache_mb << 20 if args.cache_mb is not None else None,
-                  async_scheduling=not args.sync, seed=args.seed)
+                  async_scheduling=not args.sync, seed=args.seed, speculator=args.speculator,
+                  num_draft_tokens=args.num_draft_tokens, spec_schedule=args.spec_schedule)
     try:
         return LLM(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
                    max_model_len=args.max_model_len, cache_precision=args.cache_precision,
