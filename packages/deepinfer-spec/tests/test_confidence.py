@@ -9,7 +9,9 @@ import itertools
 import pytest
 import torch
 
+from deepinfer.speculators.interface import SpeculatorConfig
 from deepinfer_spec.confidence import (
+    ConfidenceScheduler,
     cumulative_confidence,
     expected_tokens_per_ms,
     schedule_verification,
@@ -136,3 +138,27 @@ def test_bad_inputs_are_named():
 def test_empty_batch():
     plan = schedule_verification(torch.zeros(0, 5), torch.ones(1))
     assert plan.total_tokens == 0 and plan.num_drafts.numel() == 0
+
+
+def test_scheduler_verifies_everything_until_profiled():
+    scheduler = ConfidenceScheduler(SpeculatorConfig(num_draft_tokens=3))
+    assert scheduler.choose([[0.9, 0.1, 0.0], [], [0.5]]) == [3, 0, 1]
+    scheduler.record(3, 7, 0.01)  # nothing to update yet
+
+
+def test_scheduler_chooses_from_the_profiled_curve():
+    scheduler = ConfidenceScheduler()
+    # Each token costs 1 ms over a 10 ms step: verify draft j when its cumulative confidence beats the
+    # batch's marginal rate. Profiled at sizes 1, 2, 4, 8, 9: exact for this linear cost.
+    scheduler.profile(lambda tokens: 10.0 + tokens, max_tokens=9)
+    assert scheduler.choose([[0.95, 0.9, 0.1], [0.2, 0.9], [0.9]]) == [2, 0, 1]
+    assert scheduler.choose([[], []]) == [0, 0]
+
+
+def test_scheduler_records_steps_into_the_curve():
+    scheduler = ConfidenceScheduler()
+    scheduler.profile(lambda tokens: 10.0 + tokens, max_tokens=8)
+    scheduler.record(num_seqs=2, num_tokens=8, seconds=0.030)
+    assert scheduler.curve.predict(8) > 18.0
+    with pytest.raises(ValueError, match="at least one token per sequence"):
+        scheduler.record(num_seqs=4, num_tokens=3, seconds=0.01)

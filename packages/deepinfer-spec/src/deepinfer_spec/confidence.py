@@ -13,14 +13,20 @@ over R*K + 1 candidates: exact, with no search over per-request choices.
 
 Under asynchronous scheduling the host picks the total from the confidences it has (one step older),
 and `split_fixed_total` redoes the per-request split on the device from the newest confidences with
-fixed shapes and no host sync.
+fixed shapes and no host sync. `ConfidenceScheduler` is the engine-facing object: host lists in,
+the latency curve profiled and tracked inside.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from deepinfer.speculators.interface import SpeculatorConfig
+from deepinfer_spec.latency import LatencyCurve, default_profile_sizes
 
 
 @dataclass(frozen=True)
@@ -139,3 +145,43 @@ def expected_tokens_per_ms(cum_conf: torch.Tensor, num_drafts: torch.Tensor, ste
     chosen = position < num_drafts.to(cum_conf.device)[:, None]
     expected = cum_conf.shape[0] + float((cum_conf * chosen).sum())
     return expected / float(step_ms[cum_conf.shape[0] + int(num_drafts.sum())])
+
+
+class ConfidenceScheduler:
+    """The engine's verification scheduler (`deepinfer.speculators.interface.VerifyScheduler`).
+
+    Until a latency curve exists (`profile`, or one passed in) every sequence verifies all its drafts,
+    as the official engine does without a performance curve; afterwards each step's choice maximises
+    expected tokens per millisecond, and every recorded step refines the curve.
+    """
+
+    def __init__(self, config: SpeculatorConfig | None = None, curve: LatencyCurve | None = None) -> None:
+        del config  # K comes with each step's confidences
+        self.curve = curve
+
+    def profile(self, time_step: Callable[[int], float], max_tokens: int, *, padded: bool = False) -> None:
+        """Build the curve from `time_step(total_tokens) -> ms` (a decode forward + verification of that
+        many query tokens) at `default_profile_sizes(max_tokens)`; `padded` when steps run as CUDA graphs
+        whose sizes are those buckets."""
+        self.curve = LatencyCurve.profile(time_step, default_profile_sizes(max_tokens), padded=padded)
+
+    def choose(self, confidences: list[list[float]]) -> list[int]:
+        """Per sequence, its drafts' conditional acceptance estimates c_1..c_m -> drafts to verify (0..m)."""
+        counts = [len(row) for row in confidences]
+        max_k = max(counts, default=0)
+        if self.curve is None or max_k == 0:
+            return counts
+        padded = np.zeros((len(confidences), max_k), dtype=np.float32)
+        for row, values in enumerate(confidences):
+            padded[row, : len(values)] = values
+        cum_conf = cumulative_confidence(torch.from_numpy(padded))
+        step_ms = self.curve.table(len(confidences) * (max_k + 1))
+        plan = schedule_verification(cum_conf, step_ms, max_drafts=torch.tensor(counts))
+        return plan.num_drafts.tolist()
+
+    def record(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
+        """A measured decode step: `num_tokens` query tokens of `num_seqs` sequences took `seconds`."""
+        if num_tokens < num_seqs:
+            raise ValueError(f"a step has at least one token per sequence: {num_tokens} < {num_seqs}")
+        if self.curve is not None:
+            self.curve.observe(num_tokens, seconds * 1e3)
