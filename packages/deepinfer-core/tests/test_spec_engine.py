@@ -1,0 +1,192 @@
+"""Speculative decoding through the engine on the toy model: greedy output equals no speculation
+(alone, batched, preempted, n > 1, stops inside an accepted run, logprobs), seeded sampling does not
+depend on the batch, counters and errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.sampling import SamplingParams
+from deepinfer.sampling.sampler import SampleRow
+from deepinfer.speculators import SpeculatorError, registry
+from deepinfer.speculators.interface import Proposal, ProposeBatch, SpeculatorConfig
+from deepinfer.speculators.verify import sample_drafts
+
+K = 3
+ToyLM = None  # the conftest's toy model class, set per test
+
+
+def toy_greedy(model, context: list[int], n: int) -> list[int]:
+    """The toy model's argmax continuation of `context` (its logits are a function of the prefix)."""
+    h, out = 0, []
+    for pos, tok in enumerate(context):
+        h = model._mix(h, tok, pos)
+    for pos in range(len(context), len(context) + n):
+        tok = int(model.table[h % model.table.shape[0]].argmax())
+        out.append(tok)
+        h = model._mix(h, tok, pos)
+    return out
+
+
+class OracleProposer:
+    """Deterministic drafts: the toy model's greedy continuation, wrong at every third position, so
+    steps accept some drafts and reject others."""
+
+    model = None
+
+    def __init__(self, num_draft_tokens: int):
+        self.num_draft_tokens = num_draft_tokens
+        self.released: list[int] = []
+
+    @classmethod
+    def build(cls, model, config: SpeculatorConfig) -> OracleProposer:
+        cls.model = model
+        return cls(config.num_draft_tokens or K)
+
+    def propose(self, batch: ProposeBatch) -> Proposal:
+        rows = []
+        for r in batch.requests:
+            drafts = toy_greedy(self.model, list(r.token_ids), r.num_drafts)
+            rows.append([(t + 1) % 300 if (r.position + 1 + j) % 3 == 0 else t for j, t in enumerate(drafts)])
+        width = max(len(d) for d in rows)
+        ids = torch.tensor([d + [0] * (width - len(d)) for d in rows])
+        return Proposal(ids, [len(d) for d in rows], confidences=torch.full(ids.shape, 0.5))
+
+    def release(self, seq_id: int) -> None:
+        self.released.append(seq_id)
+
+
+DRAFT_PARAMS = SamplingParams(temperature=3.0)
+
+
+class NoisyProposer(OracleProposer):
+    """Drafts drawn from a flattened version of the toy model's next-token distribution, whatever the
+    request's settings (probabilities handed to verification), on the draft stream of its seed."""
+
+    def propose(self, batch: ProposeBatch) -> Proposal:
+        tokens, probs = [], []
+        for r in batch.requests:
+            context, ts, ps = list(r.token_ids), [], []
+            for j in range(r.num_drafts):
+                h = 0
+                for pos, tok in enumerate(context):
+                    h = self.model._mix(h, tok, pos)
+                logits = self.model.table[h % self.model.table.shape[0]]
+                row = SampleRow(DRAFT_PARAMS, r.seed, r.position + 1 + j, 99)
+                t, p = sample_drafts(logits[None], [row], None)
+                ts.append(int(t))
+                ps.append(p[0])
+                context.append(int(t))
+            tokens.append(ts)
+            probs.append(ps)
+        width = max(len(t) for t in tokens)
+        pad = torch.zeros_like(probs[0][0])
+        return Proposal(torch.tensor([t + [0] * (width - len(t)) for t in tokens]), [len(t) for t in tokens],
+                        torch.stack([torch.stack(p + [pad] * (width - len(p))) for p in probs]))
+
+
+@pytest.fixture
+def speculators(monkeypatch):
+    found = {"oracle": OracleProposer, "noisy": NoisyProposer}
+    monkeypatch.setattr(registry, "available_speculators", lambda: found)
+    return found
+
+
+def prompts(k: int) -> list[list[int]]:
+    return [[3 + (7 * i + j) % 300 for j in range(3 + 5 * i % 17)] for i in range(k)]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def _toy_class(toy_models):
+    global ToyLM
+    ToyLM = toy_models[0]
+
+
+def toy():
+    model = ToyLM()
+    model.max_backtrack = K  # the toy rolls back any depth
+    return model
+
+
+def run(make_engine, drain, reqs, **config):
+    engine = make_engine(model=toy(), **config)
+    for i, (ids, params) in enumerate(reqs):
+        engine.add_request(ids, params, request_id=f"r{i}")
+    return drain(engine), engine
+
+
+def tokens(outs) -> dict[str, list[list[int]]]:
+    return {rid: [c.token_ids for c in o.outputs] for rid, o in outs.items()}
+
+
+@pytest.mark.usefixtures("speculators")
+@pytest.mark.parametrize("speculator", ["oracle", "noisy"])
+def test_greedy_equals_no_speculation_batched_and_alone(make_engine, drain, speculator):
+    reqs = [(p, GREEDY) for p in prompts(6)]
+    plain, _ = run(make_engine, drain, reqs)
+    spec, engine = run(make_engine, drain, reqs, speculator=speculator, num_draft_tokens=K)
+    assert tokens(spec) == tokens(plain)
+    stats = engine.stats
+    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens  # some drafts accepted, some rejected
+    assert max(s.num_tokens for s in stats.steps) > len(reqs)  # verification segments really ran
+    out = spec["r2"].outputs[0]
+    assert out.draft_tok > out.accept_tok > 0
+    assert (out.confidence is not None) == (speculator == "oracle")  # only the oracle estimates
+    alone, _ = run(make_engine, drain, reqs[2:3], speculator=speculator, num_draft_tokens=K)
+    assert tokens(alone)["r0"] == tokens(plain)["r2"]
+
+
+def test_preemption_n_and_stops_match_no_speculation(make_engine, drain, speculators):
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    reqs = [(p, long) for p in prompts(8)]
+    reqs.append((prompts(9)[8], SamplingParams(temperature=0, max_tokens=20, n=3, ignore_eos=True)))
+    # a stop token and max_tokens that fall inside accepted runs
+    first = toy_greedy(toy(), prompts(10)[9], 12)
+    reqs.append((prompts(10)[9], SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[first[7]],
+                                                 ignore_eos=True, logprobs=2)))
+    reqs.append((prompts(11)[10], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)))
+    plain, _ = run(make_engine, drain, reqs)
+    tight = dict(cache_bytes=24 * 32 + 12 * 64 + 32)
+    spec, engine = run(make_engine, drain, reqs, speculator="oracle", num_draft_tokens=K, **tight)
+    assert engine.scheduler.num_preemptions > 0
+    assert tokens(spec) == tokens(plain)
+    stopped, ref = spec["r9"].outputs[0], plain["r9"].outputs[0]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", first[7])
+    assert [lp.logprob for lp in stopped.logprobs] == [lp.logprob for lp in ref.logprobs]
+    assert len(spec["r10"].outputs[0].token_ids) == 5
+    # every sequence released once when it finished (8 + 3 completions + 2)
+    assert len(engine.proposer.released) == len(set(engine.proposer.released)) == 8 + 3 + 2
+
+
+def test_seeded_sampling_is_independent_of_the_batch(make_engine, drain, speculators):
+    reqs = [(p, SamplingParams(temperature=0.8, top_k=50, seed=100 + i, max_tokens=20, ignore_eos=True))
+            for i, p in enumerate(prompts(6))]
+    batched, engine = run(make_engine, drain, reqs, speculator="noisy", num_draft_tokens=K)
+    assert engine.stats.spec_accepted_tokens > 0
+    for i in (0, 3, 5):
+        alone, _ = run(make_engine, drain, reqs[i:i + 1], speculator="noisy", num_draft_tokens=K)
+        assert tokens(alone)["r0"] == tokens(batched)[f"r{i}"]
+
+
+def test_abort_mid_speculation_frees_everything(make_engine, drain, speculators):
+    engine = make_engine(model=toy(), speculator="oracle", num_draft_tokens=K)
+    for i, p in enumerate(prompts(3)):
+        engine.add_request(p, GREEDY, request_id=f"r{i}")
+    for _ in range(4):
+        engine.step()
+    engine.abort("r1")
+    outs = drain(engine)
+    assert outs["r1"].outputs[0].finish_reason == "abort"
+    assert len(outs["r0"].outputs[0].token_ids) == 24
+
+
+def test_bad_speculator_settings_are_named(make_engine, speculators):
+    listed = r"'medusa' is not installed \(installed: \['noisy', 'oracle'\]\)"
+    with pytest.raises(SpeculatorError, match=listed):
+        make_engine(model=toy(), speculator="medusa")
+    with pytest.raises(SpeculatorError, match="roll back only 3 tokens"):
+        make_engine(model=toy(), speculator="oracle", num_draft_tokens=4)
