@@ -3,8 +3,84 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+
+class FunctionTool(BaseModel):
+    """A tool the model may call: its name and the JSON Schema of its arguments (an object schema)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]+$")
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ToolCallConstraint(BaseModel):
+    """Tool calls in DeepSeek's DSML syntax (deepseek-recipe spec §6.3).
+
+    `required`: the output is one DSML block of one or more calls of these tools, each with arguments
+    valid under its schema. `auto`: free text, or free text followed by such a block. `opened`: the
+    prompt already ends with the block's opening tag (a required choice with thinking off).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tools: list[FunctionTool] = Field(min_length=1)
+    mode: Literal["auto", "required"] = "required"
+    dsml: Literal["v4", "v4.1"] = "v4.1"
+    opened: bool = False
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, v: list[FunctionTool]) -> list[FunctionTool]:
+        names = [t.name for t in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tool names must be unique, got {names}")
+        return v
+
+
+class StructuredOutputs(BaseModel):
+    """A constraint on the generated text: exactly one of `json_schema`, `json_object`, `regex`,
+    `grammar` (Lark, or GBNF/EBNF as llama.cpp writes it), `choice` or `tools`.
+
+    `start_after`: text of the token(s) after which the constraint starts (typically `"</think>"` for
+    a thinking prompt); before them generation is free. The grammar is checked here, so a malformed
+    schema, regex or grammar is a `ValueError` when the request is made.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    tools: ToolCallConstraint | None = None
+    start_after: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StructuredOutputs:
+        kinds = [k for k in _VALUED_KINDS if getattr(self, k) is not None]
+        kinds += ["json_object"] if self.json_object else []
+        if len(kinds) != 1:
+            raise ValueError("structured_outputs needs exactly one of json_schema, json_object, regex, "
+                             f"grammar, choice, tools; got {kinds or 'none'}")
+        from deepinfer.structured.grammar import check  # the backend checks the grammar's syntax
+
+        check(self)
+        return self
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: the name of its field."""
+        if self.json_object:
+            return "json_object"
+        return next(k for k in _VALUED_KINDS if getattr(self, k) is not None)
+
+
+_VALUED_KINDS = ("json_schema", "regex", "grammar", "choice", "tools")
 
 
 class SamplingParams(BaseModel):
@@ -37,6 +113,7 @@ class SamplingParams(BaseModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=20, description="top-k logprobs per prompt token")
     seed: int | None = Field(None, ge=0, lt=2**64, alias="seq_seed")
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -37,6 +37,7 @@ REFERENCE_OPS: dict[str, Callable] = {
     "apply_penalties": sampling.apply_penalties,
     "sample_tokens": sampling.sample_tokens,
     "compute_logprobs": sampling.compute_logprobs,
+    "apply_token_bitmask": sampling.apply_token_bitmask,
     "fp8_quantize": cache_quant.fp8_quantize,
     "fp8_dequantize": cache_quant.fp8_dequantize,
     "nvfp4_quantize": cache_quant.nvfp4_quantize,

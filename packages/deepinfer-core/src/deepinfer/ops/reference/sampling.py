@@ -73,3 +73,11 @@ def compute_logprobs(
         return chosen, lp[:, :0], lp[:, :0].long()
     top_v, top_i = lp.topk(k, dim=-1)
     return chosen, top_v, top_i
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Logits [B, V] with -inf at every token a structured-output bitmask [B, ceil(V / 32)] int32
+    forbids (bit t % 32 of word t // 32 clear); rows whose words are all -1 are unchanged."""
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[-1]]
+    return logits.masked_fill(~allowed, float("-inf"))
