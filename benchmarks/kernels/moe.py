@@ -1,12 +1,15 @@
 """The MoE sub-layer at Flash widths (384 experts, top-6, H 5120, I 2304, shared FP8 expert): the cuda
-backend's `moe` vs the reference op, against rooflines measured in the same run. Bytes counted are
-the weights the layer must read: the touched experts' packed FP4 + scales, the shared expert and the
-router. Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...]"""
+backend's `moe` vs the reference op, against rooflines measured in the same run, for both expert
+layouts (`fp4`: split-nibble FP4 as stored; `fp8`: re-encoded E4M3, twice the bytes). Bytes counted are
+the weights the layer must read: the touched experts' packed FP4 + scales (%copy_fp4), or the bytes the
+layout actually streams (%copy), plus the shared expert and the router.
+Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8]"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,18 +49,29 @@ def flash_layers(experts: int, topk: int, hidden: int, inter: int) -> tuple[MoEW
     return ours, build(ref_moe.prepare_experts, ref_linear.prepare_linear)
 
 
+def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
+    """`ours` with its experts re-encoded as E4M3 (from the release bytes the reference holds)."""
+    r = ref.experts
+    return replace(ours, experts=moe.prepare_experts(r.w1, r.w1_scale, r.w3, r.w3_scale, r.w2, r.w2_scale,
+                                                     fp8=True))
+
+
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
-          header: dict) -> None:
+          header: dict, layouts: list[str]) -> None:
     ours, ref = flash_layers(**dims)
+    variants = {"fp4": ours, "fp8": fp8_layout(ours, ref) if "fp8" in layouts else None}
     rows = []
     for t in tokens:
-        rows.append(_point(t, ours, ref, roof, dims))
-        write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
+        for layout in layouts:
+            rows.append(_point(t, variants[layout], ref, roof, dims, layout))
+            write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 
 
-def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], dims: dict[str, int]) -> dict:
+def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], dims: dict[str, int],
+           layout: str) -> dict:
     e, k, h, i = dims["experts"], dims["topk"], dims["hidden"], dims["inter"]
     per_expert = 3 * h * i // 2 + 3 * h * i // 32
+    streamed = 3 * h * i + 3 * h * i // 32 if layout == "fp8" else per_expert
     fixed = 3 * (h * i + h * i // 1024) + e * h * 2  # shared FP8 + scales, router
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
     got = moe.moe(x, ours)
@@ -67,15 +81,20 @@ def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], di
     tg = graph_ms([lambda: moe.moe(x, ours)]) if t <= 256 else None
     best = min(te, tg or te)
     t_ref, rel = None, None
-    if t in REF_TOKENS:
+    if t in REF_TOKENS and layout == "fp4":
         want = ref_moe.moe(x, ref)
         rel = float((got.float() - want.float()).norm() / want.float().norm())
         t_ref = eager_ms(lambda: ref_moe.moe(x, ref), 200)
+    elif t in REF_TOKENS:  # the same function whatever the layout: check it, the reference is timed once
+        want = ref_moe.moe(x, ref)
+        rel = float((got.float() - want.float()).norm() / want.float().norm())
     moved = touched * per_expert + fixed + 2 * x.numel() * 2
+    moved_layout = touched * streamed + fixed + 2 * x.numel() * 2
     flops = 2 * t * (k + 1) * 3 * h * i + 2 * t * h * e
     return {
-        "tokens": t, "touched": touched, "us": best * 1e3, "us_eager": te * 1e3,
-        "TB/s": moved / best / 1e9, "%copy": 100 * moved / best / 1e9 / roof["copy_tbs"],
+        "tokens": t, "layout": layout, "touched": touched, "us": best * 1e3, "us_eager": te * 1e3,
+        "TB/s": moved_layout / best / 1e9, "%copy": 100 * moved_layout / best / 1e9 / roof["copy_tbs"],
+        "%copy_fp4": 100 * moved / best / 1e9 / roof["copy_tbs"],
         "TFLOP/s": flops / best / 1e9, "%bf16": 100 * flops / best / 1e9 / roof["bf16_tflops"],
         "%fp8": 100 * flops / best / 1e9 / roof["fp8_tflops"],
         "ref_us": t_ref * 1e3 if t_ref else None, "x_vs_ref": t_ref / best if t_ref else None,
@@ -89,13 +108,15 @@ def main() -> None:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--experts", type=int, default=FLASH["experts"])
     ap.add_argument("--topk", type=int, default=FLASH["topk"])
+    ap.add_argument("--layouts", default="fp4,fp8", help="expert layouts to time: fp4 (stored), fp8")
     args = ap.parse_args()
     roof = rooflines()
     dims = {**FLASH, "experts": args.experts, "topk": args.topk}
     header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **roof, **dims,
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(header, flush=True)
-    bench(tuple(int(t) for t in args.tokens.split(",")), roof, dims, args.out, header)
+    tokens = tuple(int(t) for t in args.tokens.split(","))
+    bench(tokens, roof, dims, args.out, header, args.layouts.split(","))
 
 
 if __name__ == "__main__":

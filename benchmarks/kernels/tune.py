@@ -1,6 +1,7 @@
 """Tile-config sweep for the block-scaled linears and the MoE expert GEMMs at Flash shapes; writes the
 per-GPU JSON that deepinfer_kernels_cuda.configs reads (no autotuning at serve time).
-Usage (GPU): python3 benchmarks/kernels/tune.py [--out FILE] [--budget-s 150]"""
+Entries not re-tuned keep their values. Usage (GPU):
+python3 benchmarks/kernels/tune.py [--out FILE] [--budget-s 150] [--tokens 1,4096] [--no-moe]"""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def time_linear(x, prepared, cfg: TileConfig, m: int) -> float:
     return eager_ms(lambda: linear.block_linear(x, prepared, torch.bfloat16, cfg), 30)
 
 
-def tune_linears(table: dict, deadline: float) -> None:
+def tune_linears(table: dict, deadline: float, tokens: tuple[int, ...]) -> None:
     seen = set()
     for name, (n, k, groups, kind) in FLASH_LINEARS.items():
         if kind == "dense" or (n, k, groups) in seen:
@@ -68,7 +69,7 @@ def tune_linears(table: dict, deadline: float) -> None:
         seen.add((n, k, groups))
         weight, scale = make_weight(n, k, groups, kind)
         prepared = linear.prepare_linear(kind, weight, scale, groups)
-        for m in sorted(TOKENS, key=lambda m: (m not in (1, 4096), m)):  # the target points first
+        for m in sorted(tokens, key=lambda m: (m not in (1, 4096), m)):  # the target points first
             if time.time() > deadline:
                 return
             x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
@@ -117,13 +118,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None, help="default: the package's file for this GPU")
     ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="linear M values to tune")
+    ap.add_argument("--no-moe", action="store_true", help="tune the linears only")
     args = ap.parse_args()
     path = args.out or configs.gpu_file()
     deadline = time.time() + args.budget_s
-    table: dict[str, TileConfig] = {}
+    table = configs.load(path)
     try:
-        tune_moe(table, time.time() + args.budget_s * 0.4)
-        tune_linears(table, deadline)
+        if not args.no_moe:
+            tune_moe(table, time.time() + args.budget_s * 0.4)
+        tune_linears(table, deadline, tuple(int(t) for t in args.tokens.split(",")))
     finally:  # also on SIGINT (timeout -s INT): keep what was tuned
         configs.save(path, table)
         print(f"wrote {len(table)} configs to {path}", flush=True)

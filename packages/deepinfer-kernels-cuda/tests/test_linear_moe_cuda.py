@@ -5,6 +5,8 @@ difference is float32 summation order (plus, for bf16, a one-ulp flip where that
 rounding). Judged by relative Frobenius error: <= 1e-2 in bf16 (typically ~2e-3), <= 1e-5 in float32.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -99,6 +101,20 @@ def test_moe_matches_reference(cuda_ops, ref_ops, poison, tokens, dtype, images)
     got = cuda_ops.moe(x, ours, mask)
     want = ref_ops.moe(x, ref, mask)
     assert _rel_err(got, want) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_moe_fp8_experts_match_reference(cuda_ops, ref_ops, poison, tokens):
+    from deepinfer_kernels_cuda import moe
+
+    torch.manual_seed(tokens)
+    ours, ref = _moe_layers(cuda_ops, ref_ops, 32, 256, 128, 4, torch.bfloat16)
+    r = ref.experts
+    ours = dataclasses.replace(
+        ours, experts=moe.prepare_experts(r.w1, r.w1_scale, r.w3, r.w3_scale, r.w2, r.w2_scale, fp8=True)
+    )
+    x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16)
+    assert _rel_err(cuda_ops.moe(x, ours), ref_ops.moe(x, ref)) <= TOL[torch.bfloat16]
 
 
 def test_route_matches_reference(cuda_ops, ref_ops):

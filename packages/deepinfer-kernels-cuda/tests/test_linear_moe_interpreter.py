@@ -43,15 +43,16 @@ common = dict(gate=torch.randn(e, h).bfloat16(), bias=torch.randn(e) * 0.1, bias
 def layer(prep_e, prep_l):
     return MoEWeights(experts=prep_e(*w1, *w3, *w2), shared_w1=prep_l("fp8", *shared[0]),
                       shared_w3=prep_l("fp8", *shared[1]), shared_w2=prep_l("fp8", *shared[2]), **common)
-ours = layer(moe.prepare_experts, linear.prepare_linear)
 ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
-for t in (1, 5, 24):  # 3 and 15 assignments: decode GEMVs; 72: alignment and grouped GEMMs
-    assert (t * k <= moe.DECODE_ASSIGNMENTS) == (t < 24)
-    x = torch.randn(t, h)
-    mask = torch.rand(t) < 0.5
-    got = moe.moe(x, ours, mask)
-    want = ref_moe.moe(x, ref, mask)
-    assert rel(got, want) < 1e-5, (t, rel(got, want))
+for fp8 in (False, True):  # experts as split-layout FP4, or re-encoded as E4M3
+    ours = layer(lambda *w: moe.prepare_experts(*w, fp8=fp8), linear.prepare_linear)
+    for t in (1, 5, 24):  # 3 and 15 assignments: decode GEMVs; 72: alignment and grouped GEMMs
+        assert (t * k <= moe.DECODE_ASSIGNMENTS) == (t < 24)
+        x = torch.randn(t, h)
+        mask = torch.rand(t) < 0.5
+        got = moe.moe(x, ours, mask)
+        want = ref_moe.moe(x, ref, mask)
+        assert rel(got, want) < 1e-5, (fp8, t, rel(got, want))
 print("ok")
 """
 

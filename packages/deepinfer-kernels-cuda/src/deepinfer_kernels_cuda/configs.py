@@ -48,6 +48,11 @@ def _table(path: Path) -> dict[str, TileConfig]:
     return {k: TileConfig(**v) for k, v in json.loads(path.read_text()).items()}
 
 
+def load(path: Path) -> dict[str, TileConfig]:
+    """A copy of the table in `path` (empty if there is none)."""
+    return dict(_table(path))
+
+
 def save(path: Path, table: dict[str, TileConfig]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({k: asdict(v) for k, v in sorted(table.items())}, indent=1) + "\n")

@@ -20,11 +20,11 @@ def pow2(s, bias: tl.constexpr):
 
 
 @triton.jit
-def scale_groups(w, s, BN: tl.constexpr, BK: tl.constexpr):
-    """w [BN, BK] times s [BN, BK // 32]: one scale per row per run of 32 columns."""
-    if BK == _G:
+def scale_groups(w, s, BN: tl.constexpr, BK: tl.constexpr, G: tl.constexpr):
+    """w [BN, BK] times s [BN, BK // G]: one scale per row per run of G columns."""
+    if BK == G:
         return w * s
-    w3 = tl.reshape(w, (BN, BK // _G, _G))
+    w3 = tl.reshape(w, (BN, BK // G, G))
     return tl.reshape(w3 * s[:, :, None], (BN, BK))
 
 
@@ -59,15 +59,17 @@ def e2m1_pair_times_2pow_m14(packed):
 
 
 @triton.jit
-def fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                   BN: tl.constexpr, BK: tl.constexpr):
-    """FP8 weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK) with 32x32 block scales."""
+def fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+             BN: tl.constexpr, BK: tl.constexpr, SCALE_ROWS: tl.constexpr):
+    """FP8 weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK), one scale per SCALE_ROWS rows
+    per 32 columns: 32 for the 32x32-block linears, 1 for experts re-encoded from FP4."""
     offs_k = tl.multiple_of(k0, BK) + tl.arange(0, BK)  # alignment hint for vector loads
     # no `other`: rows past N only feed output rows that are never stored
     wq = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None])
     sk = k0 // _G + tl.arange(0, BK // _G)
-    s = tl.load(s_ptr + (offs_n // _G)[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
-    return scale_groups(wq.to(tl.float32), pow2(s, 0), BN, BK)
+    rows = offs_n // SCALE_ROWS
+    s = tl.load(s_ptr + rows[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    return scale_groups(wq.to(tl.float32), pow2(s, 0), BN, BK, _G)
 
 
 @triton.jit
@@ -79,18 +81,45 @@ def fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
     packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
     sk = k0 // _G + tl.arange(0, BK // _G)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
-    return scale_groups(e2m1_times_2pow_m14(packed), pow2(s, 14), BN, BK).to(tl.bfloat16)  # exact
+    return scale_groups(e2m1_times_2pow_m14(packed), pow2(s, 14), BN, BK, _G).to(tl.bfloat16)  # exact
 
 
 @triton.jit
-def fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_even, x_odd,
-                      BN: tl.constexpr, BK: tl.constexpr):
-    """Scaled products of packed FP4 rows offs_n x columns k0..k0+BK with one input row, given as its
-    even and odd columns [BK/2]: float32 [BN, BK/2], each entry the sum of a column pair's products."""
-    kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)
+def split_columns(k0, BK: tl.constexpr):
+    """Input columns of the low and high nibbles of the packed bytes k0/2 .. (k0 + BK)/2 - 1 in the
+    split layout (`split_nibbles`): byte j of each 32-column group holds columns j and j + 16."""
+    c = tl.arange(0, BK // 2)
+    lo = k0 + (c // 16) * 32 + c % 16
+    return lo, lo + 16
+
+
+@triton.jit
+def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr):
+    """Split-layout FP4 rows offs_n x columns k0..k0+BK: (low, high) nibble values * 2^-14 as float32
+    [BN, BK/2] and the matching scales 2^(s+14) [BN, BK/32] (one per 16 bytes)."""
+    kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
+    # no `other`: rows past N only feed output rows that are never stored
     packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
     sk = k0 // _G + tl.arange(0, BK // _G)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
     lo, hi = e2m1_pair_times_2pow_m14(packed)
-    pairs = tl.reshape(lo * x_even[None, :] + hi * x_odd[None, :], (BN, BK // _G, _G // 2))
-    return tl.reshape(pairs * pow2(s, 14)[:, :, None], (BN, BK // 2))
+    return lo, hi, pow2(s, 14)
+
+
+@triton.jit
+def fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                   BN: tl.constexpr, BK: tl.constexpr):
+    """Split-layout FP4 rows offs_n x columns k0..k0+BK as two BF16 tiles [BN, BK/2] (exact): the
+    columns `split_columns` names, low nibbles then high."""
+    lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+    return (scale_groups(lo, sc, BN, BK // 2, _G // 2).to(tl.bfloat16),
+            scale_groups(hi, sc, BN, BK // 2, _G // 2).to(tl.bfloat16))
+
+
+@triton.jit
+def fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi,
+                      BN: tl.constexpr, BK: tl.constexpr):
+    """Split-layout FP4 rows offs_n x columns k0..k0+BK times one input row, given at the low and high
+    nibbles' columns [BK/2]: float32 [BN, BK/2], each entry a column pair's scaled products summed."""
+    lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+    return scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, _G // 2)

@@ -32,9 +32,10 @@ import triton.language as tl
 
 from deepinfer.ops.reference import linear as reference_linear
 from deepinfer_kernels_cuda import configs
-from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile, fp8_block_tile
+from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile, fp8_tile
 
 Kind = Literal["fp8", "fp4", "dense"]
+_BLOCK_ROWS = tl.constexpr(GROUP)  # FP8 weights: one scale per 32x32 block
 _KIND_CODE = {"fp8": 0, "fp4": 1}
 # torch.mm(..., out_dtype=) (aten::mm.dtype): BF16 operands, float32 accumulation and output
 _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
@@ -115,7 +116,7 @@ def _block_linear_kernel(
         xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (x_col + offs_k)[:, None], mask=m_mask[None, :],
                      other=0.0)
         if KIND == 0:
-            w = fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+            w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _BLOCK_ROWS)
         else:
             w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
         acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision="ieee" if IEEE else None)
@@ -143,7 +144,7 @@ def _gemv_kernel(
     acc = tl.zeros((BN, BM, BK), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         if KIND == 0:
-            w = fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+            w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _BLOCK_ROWS)
         else:
             w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK).to(tl.float32)
         xt = tl.load(x_rows + (k0 + tl.arange(0, BK))[None, :], mask=m_mask[:, None], other=0.0)

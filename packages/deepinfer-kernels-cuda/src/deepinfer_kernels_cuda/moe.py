@@ -20,7 +20,7 @@ weighted activation rounded before w2, each expert's w2 output rounded before th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -29,20 +29,29 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels_cuda import configs
-from deepinfer_kernels_cuda.dequant import GROUP, fp4_gemv_products, fp4_group_tile, fp8_block_tile
+from deepinfer_kernels_cuda.dequant import (
+    GROUP,
+    fp4_gemv_products,
+    fp4_split_tile,
+    fp8_tile,
+    split_columns,
+)
 from deepinfer_kernels_cuda.linear import PreparedLinear, linear, mm_out
 
 
 @dataclass(frozen=True)
 class PreparedExperts:
-    """Stacked routed experts, packed FP4 as uint8 and UE8M0 scales as uint8, contiguous."""
+    """Stacked routed experts, contiguous, UE8M0 scales as uint8: packed FP4 as uint8 in the split layout
+    (`split_nibbles`), or with `fp8` each E2M1 value re-encoded as E4M3 (exact: E2M1 is a subset of
+    E4M3), twice the bytes for a cheaper decode."""
 
-    w1: torch.Tensor  # [E, I, H/2]
+    w1: torch.Tensor  # [E, I, H/2] (FP4) | [E, I, H] (FP8)
     s1: torch.Tensor  # [E, I, H/32]
     w3: torch.Tensor
     s3: torch.Tensor
-    w2: torch.Tensor  # [E, H, I/2]
+    w2: torch.Tensor  # [E, H, I/2] | [E, H, I]
     s2: torch.Tensor  # [E, H, I/32]
+    fp8: bool = False
 
     @property
     def n_experts(self) -> int:
@@ -61,8 +70,36 @@ def _stack(t: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     return (torch.stack(list(t)) if isinstance(t, (list, tuple)) else t).contiguous().view(torch.uint8)
 
 
-def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale) -> PreparedExperts:
-    """Stack (lists of [I, H/2] or stacked [E, ...]) packed FP4 experts into the kernels' layout."""
+def split_nibbles(packed: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """Release packing (byte c holds columns 2c, 2c + 1) -> split layout: in each 32-column group, byte j
+    holds columns j (low nibble) and j + 16 (high). A kernel then decodes the low and high nibbles of a
+    tile as two contiguous column runs that share one scale, with no interleave. `chunk` experts at a
+    time bound the temporary memory."""
+    out = torch.empty_like(packed)
+    for e in range(0, packed.shape[0], chunk):
+        b = packed[e:e + chunk]
+        codes = torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2).unflatten(-1, (-1, 2, 16))
+        out[e:e + chunk] = (codes[..., 0, :] | (codes[..., 1, :] << 4)).flatten(-2)
+    return out
+
+
+_E2M1_AS_E4M3 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]).to(
+    torch.float8_e4m3fn).view(torch.uint8)
+
+
+def e2m1_to_e4m3(packed: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """Release-packed FP4 [E, N, K/2] -> E4M3 [E, N, K], value for value."""
+    table = _E2M1_AS_E4M3.to(packed.device)
+    out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=torch.uint8, device=packed.device)
+    for e in range(0, packed.shape[0], chunk):
+        b = packed[e:e + chunk].long()
+        out[e:e + chunk] = table[torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)]
+    return out.view(torch.float8_e4m3fn)
+
+
+def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False) -> PreparedExperts:
+    """Stack (lists of [I, H/2] or stacked [E, ...]) packed FP4 experts into the kernels' layout (FP4
+    split, or E4M3 with `fp8`)."""
     p = PreparedExperts(*(_stack(t) for t in (w1, w1_scale, w3, w3_scale, w2, w2_scale)))
     e, i, h = p.n_experts, p.inter, p.hidden
     want = {"w1": (e, i, h // 2), "w1_scale": (e, i, h // GROUP), "w3": (e, i, h // 2),
@@ -73,7 +110,8 @@ def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale) -> PreparedExperts
             raise ValueError(f"experts {name}: shape {tuple(got[name].shape)}, expected {shape}")
     if h % GROUP or i % GROUP:
         raise ValueError(f"experts hidden {h} / intermediate {i}: must be multiples of {GROUP}")
-    return p
+    convert = e2m1_to_e4m3 if fp8 else split_nibbles
+    return replace(p, w1=convert(p.w1), w3=convert(p.w3), w2=convert(p.w2), fp8=fp8)
 
 
 # --- routing
@@ -218,10 +256,39 @@ def align(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
 
 
 @triton.jit
+def _expert_inputs(rows_ptr, valid, k0, W_FP8: tl.constexpr, BK: tl.constexpr):
+    """The input tile [K, tokens] that columns k0..k0+BK of the weight meet: whole (FP8), or split into
+    the columns of the low and high nibbles (FP4)."""
+    if W_FP8:
+        a = tl.load(rows_ptr + (k0 + tl.arange(0, BK))[:, None], mask=valid[None, :], other=0.0)
+        b = a
+    else:
+        cols_lo, cols_hi = split_columns(k0, BK)
+        a = tl.load(rows_ptr + cols_lo[:, None], mask=valid[None, :], other=0.0)
+        b = tl.load(rows_ptr + cols_hi[:, None], mask=valid[None, :], other=0.0)
+    return a, b
+
+
+@triton.jit
+def _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                W_FP8: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """acc + W[offs_n, k0:k0+BK] @ (the `_expert_inputs` tile), the weight decoded to x's dtype."""
+    if W_FP8:
+        w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 1)
+        acc = tl.dot(w.to(x_a.dtype), x_a, acc, input_precision="ieee" if IEEE else None)
+    else:
+        w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        acc = tl.dot(w_lo.to(x_a.dtype), x_a, acc, input_precision="ieee" if IEEE else None)
+        acc = tl.dot(w_hi.to(x_a.dtype), x_b, acc, input_precision="ieee" if IEEE else None)
+    return acc
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
-    TOPK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    TOPK: tl.constexpr, W_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -240,13 +307,13 @@ def _gate_up_kernel(
     s3_e = s3_ptr + expert.to(tl.int64) * stride_se
     acc_g = tl.zeros((BN, BM), dtype=tl.float32)
     acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+    x_rows = x_ptr + token[None, :] * stride_xm
     for k0 in range(0, H, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        xt = tl.load(x_ptr + token[None, :] * stride_xm + offs_k[:, None], mask=valid[None, :], other=0.0)
-        g = fp4_group_tile(w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-        acc_g = tl.dot(g.to(xt.dtype), xt, acc_g, input_precision="ieee" if IEEE else None)
-        u = fp4_group_tile(w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-        acc_u = tl.dot(u.to(xt.dtype), xt, acc_u, input_precision="ieee" if IEEE else None)
+        x_a, x_b = _expert_inputs(x_rows, valid, k0, W_FP8, BK)
+        acc_g = _expert_dot(acc_g, x_a, x_b, w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn,
+                            W_FP8, BN, BK, IEEE)
+        acc_u = _expert_dot(acc_u, x_a, x_b, w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn,
+                            W_FP8, BN, BK, IEEE)
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(acc_g.to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(acc_u.to(out_ty).to(tl.float32), -limit), limit)
@@ -260,7 +327,7 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, w2_ptr, s2_ptr, row_assign_ptr, block_expert_ptr, y_ptr,
     H, inter, stride_we, stride_wn, stride_se, stride_sn,
-    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    W_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -277,10 +344,9 @@ def _down_kernel(
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     act_rows = act_ptr + rows[None, :].to(tl.int64) * inter
     for k0 in range(0, inter, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        at = tl.load(act_rows + offs_k[:, None], mask=valid[None, :], other=0.0)
-        w = fp4_group_tile(w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-        acc = tl.dot(w.to(at.dtype), at, acc, input_precision="ieee" if IEEE else None)
+        a_a, a_b = _expert_inputs(act_rows, valid, k0, W_FP8, BK)
+        acc = _expert_dot(acc, a_a, a_b, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn,
+                          W_FP8, BN, BK, IEEE)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
     tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
 
@@ -297,15 +363,19 @@ _GEMV_BN, _GEMV_BK, _GEMV_WARPS = 16, 256, 4
 def _row_products(x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                   KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Products of weight rows offs_n x columns k0..k0+BK with one input row: float32 [BN, BK] for FP8
-    (32x32 block scales), column-pair sums [BN, BK/2] for packed FP4 (1x32 scales)."""
+    (KIND 0: 32x32 block scales, the shared expert; KIND 2: 1x32, experts re-encoded from FP4), column-pair
+    sums [BN, BK/2] for split-layout FP4 (KIND 1)."""
     if KIND == 0:
         xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
-        p = fp8_block_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK) * xk[None, :]
+        p = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 32) * xk[None, :]
+    elif KIND == 2:
+        xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
+        p = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 1) * xk[None, :]
     else:
-        pair = k0 + 2 * tl.arange(0, BK // 2)
-        x_even = tl.load(x_row + pair).to(tl.float32)
-        x_odd = tl.load(x_row + pair + 1).to(tl.float32)
-        p = fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_even, x_odd, BN, BK)
+        cols_lo, cols_hi = split_columns(k0, BK)
+        x_lo = tl.load(x_row + cols_lo).to(tl.float32)
+        x_hi = tl.load(x_row + cols_hi).to(tl.float32)
+        p = fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi, BN, BK)
     return p
 
 
@@ -313,10 +383,12 @@ def _row_products(x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
 def _gate_up_gemv_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
-    TOPK: tl.constexpr, KIND: tl.constexpr, ROUTED: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    TOPK: tl.constexpr, KIND: tl.constexpr, PACK: tl.constexpr, ROUTED: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr,
 ):
     """act[a] = SwiGLU(x[a // TOPK] W1^T, x W3^T), times assignment a's routing weight when ROUTED
-    (FP4 experts picked by ids); not ROUTED: the shared expert, one program row per token."""
+    (experts picked by ids); not ROUTED: the shared expert, one program row per token. PACK: weight
+    columns per `_row_products` column (2 for FP4)."""
     a = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = offs_n < inter
@@ -327,8 +399,8 @@ def _gate_up_gemv_kernel(
         w3_ptr += expert * stride_we
         s1_ptr += expert * stride_se
         s3_ptr += expert * stride_se
-    acc_g = tl.zeros((BN, BK // (1 + KIND)), dtype=tl.float32)
-    acc_u = tl.zeros((BN, BK // (1 + KIND)), dtype=tl.float32)
+    acc_g = tl.zeros((BN, BK // PACK), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, H, BK):
         acc_g += _row_products(x_row, w1_ptr, s1_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
         acc_u += _row_products(x_row, w3_ptr, s3_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
@@ -344,7 +416,7 @@ def _gate_up_gemv_kernel(
 @triton.jit
 def _down_gemv_kernel(
     act_ptr, w2_ptr, s2_ptr, ids_ptr, y_ptr, H, inter, stride_we, stride_wn, stride_se, stride_sn,
-    BN: tl.constexpr, BK: tl.constexpr,
+    KIND: tl.constexpr, PACK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     a = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -353,9 +425,9 @@ def _down_gemv_kernel(
     w2_e = w2_ptr + expert * stride_we
     s2_e = s2_ptr + expert * stride_se
     act_row = act_ptr + a.to(tl.int64) * inter
-    acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
+    acc = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, inter, BK):
-        acc += _row_products(act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, 1, BN, BK)
+        acc += _row_products(act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -365,18 +437,20 @@ def routed_experts_decode(
     """`routed_experts` for few assignments through the GEMV kernels (same rounding points)."""
     t, k = ids.shape
     i, h = experts.inter, experts.hidden
+    kind, pack = (2, 1) if experts.fp8 else (1, 2)
     act = torch.empty((t * k, i), dtype=x.dtype, device=x.device)
     _gate_up_gemv_kernel[(t * k, triton.cdiv(i, _GEMV_BN))](
         x, experts.w1, experts.s1, experts.w3, experts.s3, ids.reshape(-1), weights.reshape(-1), act,
         i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
         experts.s1.stride(0), experts.s1.stride(1), float(swiglu_limit),
-        TOPK=k, KIND=1, ROUTED=True, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK), num_warps=_GEMV_WARPS,
+        TOPK=k, KIND=kind, PACK=pack, ROUTED=True, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
+        num_warps=_GEMV_WARPS,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
     _down_gemv_kernel[(t * k, triton.cdiv(h, _GEMV_BN))](
         act, experts.w2, experts.s2, ids.reshape(-1), y,
         h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
-        BN=_GEMV_BN, BK=configs.block_k(i, _GEMV_BK), num_warps=_GEMV_WARPS,
+        KIND=kind, PACK=pack, BN=_GEMV_BN, BK=configs.block_k(i, _GEMV_BK), num_warps=_GEMV_WARPS,
     )
     return y
 
@@ -391,7 +465,8 @@ def _shared_gate_up_decode(
     _gate_up_gemv_kernel[(t, triton.cdiv(i, _GEMV_BN))](
         x, w1.weight, w1.scale, w3.weight, w3.scale, act, act, act,  # ids / routing weights unused
         i, h, x.stride(0), 0, w1.weight.stride(0), 0, w1.scale.stride(0), float(limit),
-        TOPK=1, KIND=0, ROUTED=False, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK), num_warps=_GEMV_WARPS,
+        TOPK=1, KIND=0, PACK=1, ROUTED=False, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
+        num_warps=_GEMV_WARPS,
     )
     return act
 
@@ -431,14 +506,15 @@ def routed_experts(
         i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
         experts.s1.stride(0), experts.s1.stride(1),
         float(swiglu_limit),
-        TOPK=k, BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(h, cfg.block_k), IEEE=ieee,
+        TOPK=k, W_FP8=experts.fp8, BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(h, cfg.block_k),
+        IEEE=ieee,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
     _down_kernel[(al.blocks, triton.cdiv(h, cfg.block_n))](
         act, experts.w2, experts.s2, al.row_assign, al.block_expert, y,
         h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
-        BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(i, cfg.block_k), IEEE=ieee,
+        W_FP8=experts.fp8, BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(i, cfg.block_k), IEEE=ieee,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
