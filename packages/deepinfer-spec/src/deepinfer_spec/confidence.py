@@ -11,15 +11,16 @@ of a is nonincreasing, those are per-request prefixes (a stable sort keeps ties 
 ranking of all drafts gives the best split for every total at once, and the best total is an argmax
 over R*K + 1 candidates: exact, with no search over per-request choices.
 
-Under asynchronous scheduling the host picks the total from the confidences it has (one step older),
-and `split_fixed_total` redoes the per-request split on the device from the newest confidences with
-fixed shapes and no host sync. `ConfidenceScheduler` is the engine-facing object: host lists in,
-the latency curve profiled and tracked inside.
+`schedule_verification` decides on the host (numpy: the decision is needed as host integers anyway,
+and every step pays for it). Under asynchronous scheduling the host picks the total from the
+confidences it has (one step older), and `split_fixed_total` redoes the per-request split on the device
+from the newest confidences (torch, fixed shapes, no host sync). `ConfidenceScheduler` is the
+engine-facing object: host lists in, the latency curve profiled and tracked inside.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +34,7 @@ from deepinfer_spec.latency import LatencyCurve, default_profile_sizes
 class VerifyPlan:
     """One decode step's verification choice."""
 
-    num_drafts: torch.Tensor  # [R] int64: drafts each request verifies (its seqlen_q is 1 + this)
+    num_drafts: np.ndarray  # [R] int64: drafts each request verifies (its seqlen_q is 1 + this)
     total_tokens: int  # R + num_drafts.sum(): the step's query tokens before any graph padding
     expected_tokens: float  # R + the sum of the chosen cumulative confidences
     step_ms: float  # step_ms[total_tokens]
@@ -44,47 +45,22 @@ def cumulative_confidence(confidence: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(confidence, dim=-1)
 
 
-def _proposed_values(cum_conf: torch.Tensor, max_drafts: torch.Tensor | None) -> torch.Tensor:
-    """Flat [R*K] cumulative confidences; drafts at j >= max_drafts[r] (not proposed) become -1."""
-    if cum_conf.dim() != 2:
+def _check_shape(cum_conf: np.ndarray | torch.Tensor, max_drafts: Sized | None) -> tuple[int, int]:
+    if cum_conf.ndim != 2:
         raise ValueError(
             f"cumulative confidences must be [requests, drafts], got shape {tuple(cum_conf.shape)}"
         )
-    values = cum_conf if cum_conf.is_floating_point() else cum_conf.float()
-    if max_drafts is not None:
-        if max_drafts.shape != cum_conf.shape[:1]:
-            raise ValueError(
-                f"max_drafts must be [{cum_conf.shape[0]}] (one per request), got {tuple(max_drafts.shape)}"
-            )
-        position = torch.arange(cum_conf.shape[1], device=cum_conf.device)
-        values = torch.where(position < max_drafts.to(cum_conf.device)[:, None], values, -1.0)
-    return values.reshape(-1)
-
-
-def _count_first(
-    values: torch.Tensor, order: torch.Tensor, num_selected: int, shape: torch.Size
-) -> torch.Tensor:
-    """Per-request count of proposed drafts among the first `num_selected` ranked ones.
-
-    The ranking is a stable descending sort of nonincreasing rows, so each count is a prefix length.
-    """
-    selected = torch.zeros(order.numel(), dtype=torch.int64, device=order.device)
-    selected[order[:num_selected]] = 1
-    return (selected * (values >= 0)).view(shape).sum(dim=1)
-
-
-def _check_confidences(cum_conf: torch.Tensor) -> None:
-    if not bool(((cum_conf >= 0) & (cum_conf <= 1)).all()):
-        raise ValueError("cumulative confidences must lie in [0, 1] (NaN found or out of range)")
-    if bool((cum_conf[:, 1:] > cum_conf[:, :-1]).any()):
+    if max_drafts is not None and len(max_drafts) != cum_conf.shape[0]:
         raise ValueError(
-            "cumulative confidences must be nonincreasing along the drafts (pass cumulative_confidence(c), "
-            "not the per-position c)"
+            f"max_drafts must hold one count per request ({cum_conf.shape[0]}), got {len(max_drafts)}"
         )
+    return cum_conf.shape[0], cum_conf.shape[1]
 
 
 def schedule_verification(
-    cum_conf: torch.Tensor, step_ms: torch.Tensor, max_drafts: torch.Tensor | None = None
+    cum_conf: np.ndarray | torch.Tensor,
+    step_ms: np.ndarray | torch.Tensor,
+    max_drafts: Sequence[int] | np.ndarray | None = None,
 ) -> VerifyPlan:
     """The per-request draft counts that maximise expected tokens per millisecond (host variant).
 
@@ -92,29 +68,48 @@ def schedule_verification(
     step_ms [>= R*(K+1) + 1]: predicted step milliseconds indexed by the step's total query tokens
         (`LatencyCurve.table`), positive.
     max_drafts [R] (optional): drafts actually proposed per request; the rest are never verified.
-    Ties go to the smaller total. Returns Python numbers, so on an accelerator this syncs once.
+    Host arrays (a CPU tensor is viewed, not copied). Ties go to the smaller total.
     """
-    values = _proposed_values(cum_conf, max_drafts)
-    _check_confidences(cum_conf)
-    num_requests, max_k = cum_conf.shape
+    num_requests, max_k = _check_shape(cum_conf, max_drafts)
+    if isinstance(cum_conf, torch.Tensor) and cum_conf.device.type != "cpu":
+        raise ValueError(
+            f"schedule_verification decides on the host; got confidences on {cum_conf.device} "
+            "(split a chosen total on the device with split_fixed_total)"
+        )
+    conf = np.asarray(cum_conf, dtype=np.float64)
+    if not ((conf >= 0) & (conf <= 1)).all():
+        raise ValueError("cumulative confidences must lie in [0, 1] (NaN found or out of range)")
+    if (conf[:, 1:] > conf[:, :-1]).any():
+        raise ValueError(
+            "cumulative confidences must be nonincreasing along the drafts (pass cumulative_confidence(c), "
+            "not the per-position c)"
+        )
     last_total = num_requests * (max_k + 1)
-    if step_ms.dim() != 1 or step_ms.numel() <= last_total:
+    latency = np.asarray(step_ms, dtype=np.float64)
+    if latency.ndim != 1 or latency.size <= last_total:
         raise ValueError(
             f"step_ms must be 1-D with an entry for every total up to {last_total} tokens "
-            f"(R={num_requests}, K={max_k}), got shape {tuple(step_ms.shape)}"
+            f"(R={num_requests}, K={max_k}), got shape {latency.shape}"
         )
-    ranked, order = torch.sort(values, descending=True, stable=True)
-    gains = ranked.clamp(min=0)
-    expected = torch.cat([gains.new_zeros(1), torch.cumsum(gains, dim=0)]) + num_requests
-    latency = step_ms[num_requests : last_total + 1].to(device=gains.device, dtype=gains.dtype)
-    rate = expected / latency
-    rate[int((ranked >= 0).sum()) + 1 :] = float("-inf")  # totals that would need unproposed drafts
-    best = int(torch.argmax(rate))  # the first maximum: the smallest best total
+    if max_drafts is not None:  # unproposed drafts rank after every proposed one
+        conf = np.where(np.arange(max_k) < np.asarray(max_drafts)[:, None], conf, -1.0)
+    values = conf.reshape(-1)
+    order = np.argsort(-values, kind="stable")
+    ranked = values[order]
+    num_proposed = int(np.count_nonzero(ranked >= 0))
+    expected = np.empty(num_proposed + 1)
+    expected[0] = 0.0
+    np.cumsum(ranked[:num_proposed], out=expected[1:])
+    expected += num_requests
+    rate = expected / latency[num_requests : num_requests + num_proposed + 1]
+    best = int(np.argmax(rate))  # the first maximum: the smallest best total
+    chosen = np.zeros(values.size, dtype=np.int64)
+    chosen[order[:best]] = 1
     return VerifyPlan(
-        num_drafts=_count_first(values, order, best, cum_conf.shape),
+        num_drafts=chosen.reshape(num_requests, max_k).sum(axis=1),
         total_tokens=num_requests + best,
         expected_tokens=float(expected[best]),
-        step_ms=float(latency[best]),
+        step_ms=float(latency[num_requests + best]),
     )
 
 
@@ -124,27 +119,35 @@ def split_fixed_total(
     """Split a step total chosen earlier among the requests by their newest confidences (device variant).
 
     Gives the `total_tokens - R` drafts with the largest cumulative confidence (fewer if fewer are
-    proposed); fixed shapes and no host sync, so it runs on the device inside an asynchronous step.
-    Inputs as `schedule_verification`; returns num_drafts [R] int64 on cum_conf's device. Values are
-    not checked (that would sync).
+    proposed), the same ranking as `schedule_verification`; fixed shapes and no host sync, so it runs
+    on the device inside an asynchronous step. cum_conf [R, K] and max_drafts [R] as there, on one
+    device; returns num_drafts [R] int64 there. Values are not checked (that would sync).
     """
-    values = _proposed_values(cum_conf, max_drafts)
-    num_requests, max_k = cum_conf.shape
+    num_requests, max_k = _check_shape(cum_conf, max_drafts)
     if not num_requests <= total_tokens <= num_requests * (max_k + 1):
         raise ValueError(
             f"total_tokens must be in [{num_requests}, {num_requests * (max_k + 1)}] for "
             f"R={num_requests} requests and K={max_k} drafts, got {total_tokens}"
         )
+    values = cum_conf.float()
+    if max_drafts is not None:
+        proposed = torch.arange(max_k, device=cum_conf.device) < max_drafts[:, None]
+        values = torch.where(proposed, values, -1.0)
+    values = values.reshape(-1)
     order = torch.sort(values, descending=True, stable=True).indices
-    return _count_first(values, order, total_tokens - num_requests, cum_conf.shape)
+    chosen = torch.zeros(values.numel(), dtype=torch.int64, device=values.device)
+    chosen[order[: total_tokens - num_requests]] = 1
+    return (chosen * (values >= 0)).view(num_requests, max_k).sum(dim=1)
 
 
-def expected_tokens_per_ms(cum_conf: torch.Tensor, num_drafts: torch.Tensor, step_ms: torch.Tensor) -> float:
+def expected_tokens_per_ms(
+    cum_conf: np.ndarray | torch.Tensor, num_drafts: Sequence[int] | np.ndarray, step_ms: np.ndarray
+) -> float:
     """The objective of a given choice: (R + chosen cumulative confidences) / step_ms[total tokens]."""
-    position = torch.arange(cum_conf.shape[1], device=cum_conf.device)
-    chosen = position < num_drafts.to(cum_conf.device)[:, None]
-    expected = cum_conf.shape[0] + float((cum_conf * chosen).sum())
-    return expected / float(step_ms[cum_conf.shape[0] + int(num_drafts.sum())])
+    conf = np.asarray(cum_conf, dtype=np.float64)
+    counts = np.asarray(num_drafts)
+    chosen = np.arange(conf.shape[1]) < counts[:, None]
+    return (conf.shape[0] + float(conf[chosen].sum())) / float(step_ms[conf.shape[0] + int(counts.sum())])
 
 
 class ConfidenceScheduler:
@@ -171,12 +174,10 @@ class ConfidenceScheduler:
         max_k = max(counts, default=0)
         if self.curve is None or max_k == 0:
             return counts
-        padded = np.zeros((len(confidences), max_k), dtype=np.float32)
-        for row, values in enumerate(confidences):
-            padded[row, : len(values)] = values
-        cum_conf = cumulative_confidence(torch.from_numpy(padded))
+        padded = np.array([[*row, *[0.0] * (max_k - len(row))] for row in confidences], dtype=np.float64)
         step_ms = self.curve.table(len(confidences) * (max_k + 1))
-        plan = schedule_verification(cum_conf, step_ms, max_drafts=torch.tensor(counts))
+        ragged = counts if min(counts) < max_k else None
+        plan = schedule_verification(np.cumprod(padded, axis=1), step_ms, max_drafts=ragged)
         return plan.num_drafts.tolist()
 
     def record(self, num_seqs: int, num_tokens: int, seconds: float) -> None:

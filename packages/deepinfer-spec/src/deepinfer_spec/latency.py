@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from itertools import pairwise
 
 import numpy as np
-import torch
 
 _MIN_MS = 1e-3
 
@@ -61,7 +60,7 @@ class LatencyCurve:
         self._ms = np.array([_check_ms(ms, f"step_ms[{i}]") for i, ms in enumerate(step_ms)])
         self.padded = padded
         self.ema = ema
-        self._table: torch.Tensor | None = None
+        self._table: np.ndarray | None = None
 
     @classmethod
     def profile(
@@ -108,11 +107,11 @@ class LatencyCurve:
         """Predicted milliseconds of a step with `total_tokens` query tokens."""
         return float(self._predict(np.asarray([total_tokens]))[0])
 
-    def table(self, max_tokens: int) -> torch.Tensor:
-        """step_ms[t] for every total t in [0, max_tokens] (float64, CPU), as `schedule_verification`
-        takes it; cached until the next `observe`."""
-        if self._table is None or self._table.numel() <= max_tokens:
-            self._table = torch.from_numpy(self._predict(np.arange(max_tokens + 1)))
+    def table(self, max_tokens: int) -> np.ndarray:
+        """step_ms[t] for every total t in [0, max_tokens] (float64; longer if cached longer), as
+        `schedule_verification` takes it; cached until the next `observe`."""
+        if self._table is None or self._table.size <= max_tokens:
+            self._table = self._predict(np.arange(max_tokens + 1))
         return self._table
 
     def observe(self, total_tokens: int, ms: float) -> None:
