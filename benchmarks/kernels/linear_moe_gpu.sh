@@ -13,8 +13,8 @@ python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" 
 section() { echo "== $1 $(date -u +%T)"; }
 section tests
 timeout -s INT "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --rootdir=../.. --tb=line \
-    ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_cuda.py \
-    ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_slice_cuda.py ../../tests/test_op_conformance.py \
+    ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_cuda.py ../../tests/test_op_conformance.py \
+    ../../packages/deepinfer-kernels-cuda/tests/test_linear_moe_slice_cuda.py \
     -k "linear or moe or route or align" -rA -s > "$out/tests.txt" 2>&1
 tail -4 "$out/tests.txt"
 if [ "${TUNE_S:-130}" != 0 ]; then
