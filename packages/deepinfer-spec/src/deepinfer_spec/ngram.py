@@ -4,7 +4,8 @@ deterministic (one-hot), and exact verification keeps the output the target's wh
 
 Each sequence keeps an index from n-gram to the end position of its latest occurrence that has a
 following token; appending tokens only indexes the n-grams the new tokens complete, so a step costs
-O(new tokens * n-gram lengths) however long the history is (memory: one dict entry per token and n).
+O(new tokens * n-gram lengths) however long the history is (memory: one int -> int dict entry per
+token and n, about 100 bytes).
 
 Acceptance estimates for confidence scheduling come from the drafts themselves: the tokens a
 sequence emits next show which of its previous drafts matched the target's choice. With one-hot
@@ -43,8 +44,10 @@ class NgramIndex:
         self.min_n = min_n
         self.max_n = max_n
         self.tokens: list[int] = []
-        # n-gram (a tuple; lengths never collide) -> end index of its latest occurrence with a follower
-        self._latest_end: dict[tuple[int, ...], int] = {}
+        # hash of the n-gram tuple -> end index of its latest occurrence with a follower. Int keys keep
+        # the dict out of the garbage collector's traversals (tuple keys made every collection walk
+        # millions of entries); a 64-bit hash collision can only cost a rejected draft.
+        self._latest_end: dict[int, int] = {}
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens; index the n-grams that now have a following token (those ending before the
@@ -58,14 +61,14 @@ class NgramIndex:
             if start > last_end:
                 continue
             columns = (history[start - n + 1 + i : last_end - n + 2 + i] for i in range(n))
-            self._latest_end.update(zip(zip(*columns), range(start, last_end + 1)))
+            self._latest_end.update(zip(map(hash, zip(*columns)), range(start, last_end + 1)))
 
     def propose(self, max_drafts: int) -> tuple[list[int], int]:
         """Up to `max_drafts` tokens that followed the latest earlier occurrence of the longest
         matching suffix, and that suffix's length n; ([], 0) when no suffix of length >= min_n recurs."""
         history = self.tokens
         for n in range(min(self.max_n, len(history)), self.min_n - 1, -1):
-            end = self._latest_end.get(tuple(history[len(history) - n :]))
+            end = self._latest_end.get(hash(tuple(history[len(history) - n :])))
             if end is not None:
                 return history[end + 1 : end + 1 + max_drafts], n
         return [], 0
