@@ -1,0 +1,179 @@
+"""Speculative decoding on the real runtime (tiny random config with DSpark blocks): greedy output with
+the DSpark proposer and with a partly right proposer equals no speculation; after rejections every
+live cache entry and state equals a no-speculation run's; the DSpark proposer's drafts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+
+from deepinfer.cache import BLOCK_TOKENS
+from deepinfer.entrypoints.llm import LLM, SettingError
+from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, load_runtime
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.sampling import SamplingParams
+from deepinfer.speculators import registry
+from deepinfer.speculators.interface import Proposal, ProposeBatch, ProposeRequest, SpeculatorConfig
+from deepinfer.testing import write_tiny_checkpoint
+
+dspark_mod = pytest.importorskip("deepinfer_spec.dspark")
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint("dspark", tmp_path_factory.mktemp("spec"), seed=3)
+
+
+def prompts(k: int, vocab: int = 700) -> list[list[int]]:
+    return [[5 + (13 * i + 7 * j) % vocab for j in range(9 + 4 * i)] for i in range(k)]
+
+
+class ReferenceProposer:
+    """Drafts the known greedy continuation of each prompt, wrong at every third position."""
+
+    reference: ClassVar[dict[tuple[int, ...], list[int]]] = {}
+
+    def __init__(self, k: int):
+        self.num_draft_tokens = k
+
+    @classmethod
+    def build(cls, model, config: SpeculatorConfig) -> ReferenceProposer:
+        return cls(config.num_draft_tokens or 3)
+
+    def propose(self, batch: ProposeBatch) -> Proposal:
+        rows = []
+        for r in batch.requests:
+            prompt = next(p for p in self.reference if tuple(r.token_ids[:len(p)]) == p)
+            ref = self.reference[prompt][len(r.token_ids) - len(prompt):][:r.num_drafts]
+            rows.append([t + 1 if (r.position + 1 + j) % 3 == 0 else t for j, t in enumerate(ref)])
+        width = max(1, *(len(d) for d in rows))
+        ids = torch.tensor([d + [0] * (width - len(d)) for d in rows])
+        return Proposal(ids, [len(d) for d in rows])
+
+    def release(self, seq_id: int) -> None:
+        pass
+
+
+@pytest.fixture
+def speculators(monkeypatch):
+    found = {"dspark": dspark_mod.DSparkProposer, "reference": ReferenceProposer}
+    monkeypatch.setattr(registry, "available_speculators", lambda: found)
+
+
+def generate(path: Path, reqs, **kwargs) -> tuple[list[list[list[int]]], LLM]:
+    llm = LLM(path, max_model_len=96, max_num_seqs=4, log_stats_interval=0, **kwargs)
+    outs = llm.generate(prompt_token_ids=[p for p, _ in reqs], sampling_params=[s for _, s in reqs])
+    return [[c.token_ids for c in o.outputs] for o in outs], llm
+
+
+@pytest.mark.usefixtures("speculators")
+def test_greedy_speculation_equals_no_speculation(checkpoint: Path) -> None:
+    reqs = [(p, GREEDY) for p in prompts(3)]
+    reqs.append((prompts(4)[3], SamplingParams(temperature=0, max_tokens=10, n=2, ignore_eos=True)))
+    plain, _ = generate(checkpoint, reqs)
+    drafted, llm = generate(checkpoint, reqs, speculator="dspark")
+    assert drafted == plain
+    assert llm.engine.stats.spec_draft_tokens > 0
+    ReferenceProposer.reference = {tuple(p): out[0] for (p, _), out in zip(reqs, plain, strict=True)}
+    referenced, llm = generate(checkpoint, reqs, speculator="reference", num_draft_tokens=3)
+    assert referenced == plain
+    stats = llm.engine.stats
+    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
+
+
+def live_state(rt: DeepseekV41Runtime, slot: int, blocks: list[int], length: int) -> dict[str, torch.Tensor]:
+    """Every cache entry and state a forward at position `length` may read: window keys of the last W
+    positions (backbone and DSpark blocks), compressor partial groups, compressed KV and index keys of
+    the completed groups, the Engram id history."""
+    cfg, cache, state = rt.cfg, rt.cache, {}
+    w = cfg.sliding_window
+    for spec in cfg.layers:
+        ring = cache.window(spec.index)
+        state[f"window.{spec.index}"] = torch.stack(
+            [ring.data[slot, p % ring.length] for p in range(max(0, length - w), length)])
+        if not spec.owns_compressor:
+            continue
+        r = spec.compress_ratio
+        per_block = BLOCK_TOKENS // r
+        for kind in ("kv", "index"):
+            pool = cache.compressed_kv(spec.index) if kind == "kv" else cache.index_keys(spec.index)
+            state[f"{kind}.{spec.index}"] = torch.stack(
+                [pool.data[blocks[j // per_block], j % per_block] for j in range(length // r)])
+        if r > 1 and length % r:
+            comp = cache.compressor_state(spec.index)
+            state[f"compressor.{spec.index}"] = torch.stack(
+                [comp.data[slot, p % comp.length] for p in range(length // r * r, length)])
+    if rt.history is not None:
+        hl = rt.history_len
+        state["engram"] = torch.stack([rt.history[slot, p % hl] for p in range(max(0, length - hl), length)])
+    return state
+
+
+def test_state_after_rejections_equals_no_speculation(checkpoint: Path) -> None:
+    rt = load_runtime(checkpoint, options=RuntimeOptions(max_backtrack=5))
+    rt.allocate_cache(3, 3)
+    prompt = prompts(1)[0]
+    n = len(prompt)
+    truth = prompt + [(7 * i + 3) % 700 + 5 for i in range(18)]
+    for slot in (1, 2):
+        rt.reset_slot(slot)
+        rt.forward(ForwardBatch([SequenceSegment(slot, [slot], 0, prompt, "last")]))
+    # slot 1: one token at a time
+    for p in range(n, len(truth)):
+        rt.forward(ForwardBatch([SequenceSegment(1, [1], p, [truth[p]], "last")]))
+    # slot 2: verification segments [token, drafts...] that accept `good` drafts, then restart after them
+    pos = n
+    for good, bad in [(1, 3), (0, 4), (2, 2), (4, 0), (0, 1), (1, 2)]:
+        drafts = truth[pos + 1:pos + 1 + good] + [1 + t % 600 for t in range(pos, pos + bad)]
+        rt.forward(ForwardBatch([SequenceSegment(2, [2], pos, [truth[pos], *drafts], "all")]))
+        pos += good + 1
+    rt.forward(ForwardBatch([SequenceSegment(2, [2], pos, truth[pos:], "all")]))
+    a, b = live_state(rt, 1, [1], len(truth)), live_state(rt, 2, [2], len(truth))
+    assert a.keys() == b.keys() and len(a) > 10
+    for name in a:
+        if name == "engram":
+            assert torch.equal(a[name], b[name])
+        else:  # raw float32 entries ("exact" cache); one-row and multi-row matmuls round differently
+            torch.testing.assert_close(a[name].view(torch.float32), b[name].view(torch.float32),
+                                       rtol=1e-4, atol=1e-5, msg=name)
+    # and the drafts from that state are the same
+    out = rt.dspark.draft(rt.cache, [1, 2], [len(truth)] * 2, [9, 9])
+    torch.testing.assert_close(out.base_logits[0], out.base_logits[1], atol=1e-4, rtol=0)
+
+
+def test_dspark_proposer_draws_from_its_distributions(checkpoint: Path) -> None:
+    rt = load_runtime(checkpoint, options=RuntimeOptions(max_backtrack=5))
+    rt.allocate_cache(3, 3)
+    proposer = dspark_mod.DSparkProposer.build(rt, SpeculatorConfig(None))
+    assert proposer.num_draft_tokens == rt.dspark.block_size
+    ids = prompts(2)
+    requests = []
+    for slot, p in zip((1, 2), ids, strict=True):
+        rt.reset_slot(slot)
+        rt.forward(ForwardBatch([SequenceSegment(slot, [slot], 0, p[:-1], "none")]))
+        params = SamplingParams(temperature=0.9, top_k=40, seed=slot)
+        requests.append(ProposeRequest(slot, slot, len(p) - 1, p, params, 1000 + slot, 3 + slot - 1))
+    sampled = torch.tensor([p[-1] for p in ids])
+    both = proposer.propose(ProposeBatch(requests, sampled))
+    assert both.num_drafts == [3, 4] and both.token_ids.shape == (2, 4)
+    probs = both.probs
+    assert probs is not None and probs.shape == (2, 4, rt.vocab_size)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4))
+    assert (probs.gather(2, both.token_ids[..., None]) > 0).all()
+    assert ((probs > 0).sum(-1) <= 40).all()  # the request's top-k applies to drafts
+    assert both.confidences is not None and ((both.confidences > 0) & (both.confidences < 1)).all()
+    alone = proposer.propose(ProposeBatch(requests[1:], sampled[1:]))
+    assert torch.equal(alone.token_ids[0], both.token_ids[1])  # keyed by seed and position only
+
+
+def test_dspark_needs_draft_blocks(tmp_path: Path, speculators) -> None:
+    path = write_tiny_checkpoint("swa_only", tmp_path, seed=1)
+    with pytest.raises(SettingError, match="speculator: speculator 'dspark' needs a checkpoint with DSpark"):
+        LLM(path, speculator="dspark", max_model_len=64)
+    with pytest.raises(SettingError, match=r"'nope' is not installed \(installed: \['dspark', 'reference'\]"):
+        LLM(path, speculator="nope", max_model_len=64)
