@@ -11,6 +11,10 @@ Returned tensors keep their storage dtype: FP8 weights `float8_e4m3fn`, FP4 expe
 confidence-head weights may be either, spec §13.6). The model dequantises per use
 (`deepinfer.checkpoint.formats`). Vision weights (`vision.*`, `aligner.*`, `image_*`) are not
 loaded yet; other unknown tensors are ignored with a warning, as the official loader does.
+
+One rank of several (an active `deepinfer.distributed` state, or an explicit `shard`) validates every
+header the same way but maps only its share: the backbone routed experts of its expert slots and its
+block of rows of each Engram table.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from tqdm import tqdm
 from deepinfer.checkpoint.inventory import DTYPE_BYTES, TORCH_DTYPES, TensorSpec, inventory
 from deepinfer.checkpoint.safetensors_io import INDEX_FILE, SINGLE_FILE, HeaderEntry, HeaderError, read_header
 from deepinfer.config import ModelConfig, load_model_config
+from deepinfer.distributed.state import ParallelState, parallel_state
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +194,16 @@ def _has_nonfinite(t: torch.Tensor, dtype: str) -> bool:
     return False
 
 
+def _rows(shard: ParallelState | None, name: str, spec: TensorSpec) -> tuple[int, int] | None:
+    """The row range of `name` this rank maps (an Engram table under sharding), None for all of it."""
+    return None if shard is None else shard.row_range(name, spec.shape[0])
+
+
+def _nbytes(e: HeaderEntry, rows: tuple[int, int] | None) -> int:
+    size = e.end - e.begin
+    return size if rows is None else size // e.shape[0] * (rows[1] - rows[0])
+
+
 def load_checkpoint(
     path: str | Path,
     config: ModelConfig | None = None,
@@ -196,12 +211,15 @@ def load_checkpoint(
     check_values: bool = True,
     materialize: bool = False,
     progress: bool = True,
+    shard: ParallelState | None = None,
 ) -> Checkpoint:
     """Validate and load the checkpoint in directory `path` (config from its config.json by default).
 
     `materialize=True` copies every tensor out of the memory map into process memory (so every byte
     is read now); by default tensors are views of the map and FP4 bytes are paged in on first use.
+    `shard` (default: the active parallel state) loads only that rank's experts and Engram rows.
     """
+    shard = shard if shard is not None else parallel_state()
     t0 = time.perf_counter()
     root = Path(path)
     config = config if config is not None else load_model_config(root)
@@ -215,9 +233,11 @@ def load_checkpoint(
         log.warning("ignoring %d tensors the config does not use, e.g. %s", len(unknown), unknown[:3])
     t_headers = time.perf_counter() - t0
 
-    total = sum(found[n].entry.end - found[n].entry.begin for n in specs)
+    wanted = {name: _rows(shard, name, specs[name]) for name in specs
+              if shard is None or shard.keeps_expert(name, config.text.n_routed_experts)}
+    total = sum(_nbytes(found[n].entry, rows) for n, rows in wanted.items())
     by_file: dict[Path, list[str]] = {}
-    for name in specs:
+    for name in wanted:
         by_file.setdefault(found[name].file, []).append(name)
     tensors: dict[str, torch.Tensor] = {}
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="loading", disable=not progress)
@@ -229,17 +249,20 @@ def load_checkpoint(
         for name in names:
             e = found[name].entry
             t = _view(data, e)
+            if wanted[name] is not None:
+                t = t[slice(*wanted[name])]
             if materialize:
                 t = t.clone()
             if check_values and _has_nonfinite(t, e.dtype):
                 raise CheckpointError(f"tensor {name!r} in {file.name}: contains NaN or Inf values")
             tensors[name] = t
-            bar.update(e.end - e.begin)
+            bar.update(_nbytes(e, wanted[name]))
     bar.close()
     seconds = time.perf_counter() - t0
     stats = LoadStats(len(files), len(tensors), total, seconds, t_headers)
     log.info(
-        "loaded %d tensors, %.3f GB from %d file(s) in %.2f s (%.2f GB/s; headers %.3f s)",
+        "%sloaded %d tensors, %.3f GB from %d file(s) in %.2f s (%.2f GB/s; headers %.3f s)",
+        f"rank {shard.rank}/{shard.world_size}: " if shard is not None else "",
         stats.tensors,
         total / 1e9,
         stats.files,

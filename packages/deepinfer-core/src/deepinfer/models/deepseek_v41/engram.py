@@ -4,7 +4,8 @@ Rows depend on the current token and up to N-1 previous tokens of the same seque
 compressed vocabulary (the checkpoint tokenizer's normalised vocabulary). Image tokens, and the start
 of the sequence, block the look-back: that shift and every further one become the pad id. The runtime
 builds those n-grams for all rows of a step at once; per Engram layer, one hash op gives their table
-rows and one lookup op gathers them for all rows.
+rows and one lookup op gathers them for all rows. With row-sharded tables (an active
+`deepinfer.distributed` state) each rank holds a block of rows and first fetches the rows it needs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.config import TextConfig, engram_multipliers, engram_primes
+from deepinfer.distributed.engram_shard import EngramShard
+from deepinfer.distributed.state import parallel_state
 from deepinfer.models.deepseek_v41.linear import Linear, check_scale, make_linear
 from deepinfer.models.deepseek_v41.weights import WeightError, Weights
 from deepinfer.ops import Ops
@@ -63,7 +66,7 @@ class EngramHasher:
 class Engram:
     """One Engram layer: FP8 table, key/value projection and the per-stream sigmoid gate."""
 
-    table: torch.Tensor  # [rows, D] float8_e4m3fn
+    table: torch.Tensor  # [rows, D] float8_e4m3fn (sharded: this rank's block of rows)
     table_scale: torch.Tensor  # [rows, D/32] UE8M0
     wkv: Linear  # [(m+1)H, heads*D]: m keys then one shared value
     gate_weight: torch.Tensor  # [m, H] = q_weight * k_weight (folded norm weights)
@@ -72,12 +75,18 @@ class Engram:
     eps: float
     ops: Ops
     dtype: torch.dtype
+    shard: EngramShard | None = None
 
     @classmethod
     def load(cls, w: Weights, cfg: TextConfig, k: int, ops: Ops, dtype: torch.dtype) -> Engram:
         m, h, d = cfg.hc_mult, cfg.hidden_size, cfg.engram_head_dim
         heads = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
         rows = cfg.engram_rows[k]
+        shard = None
+        if (par := parallel_state()) is not None:
+            shard = par.engram_shard(rows)
+            begin, end = par.engram_rows(rows)
+            rows = end - begin
         table = w.get("embed.weight", (rows, d))
         if table.dtype != torch.float8_e4m3fn:
             raise WeightError(f"{w.name('embed.weight')}: dtype {table.dtype}, expected F8_E4M3")
@@ -91,12 +100,16 @@ class Engram:
             eps=cfg.rms_norm_eps,
             ops=ops,
             dtype=dtype,
+            shard=shard,
         )
 
     def __call__(
         self, streams: torch.Tensor, rows: torch.Tensor, token_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        e = self.ops.engram_lookup(self.table, self.table_scale, rows, self.dtype)
+        table, scale = self.table, self.table_scale
+        if self.shard is not None:
+            table, scale, rows = self.shard.gather(table, scale, rows)
+        e = self.ops.engram_lookup(table, scale, rows, self.dtype)
         keys, value = self.wkv(e).split((self.m * self.hidden, self.hidden), dim=-1)
         keys = keys.unflatten(-1, (self.m, self.hidden))
         return self.ops.engram_gate(streams, keys, value, self.gate_weight, token_mask, self.eps)

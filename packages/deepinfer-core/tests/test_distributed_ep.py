@@ -1,0 +1,82 @@
+"""Two ranks on the CPU (gloo): expert parallelism + row-sharded Engram + attention data parallelism
+against the single-process model, with uneven prompt counts (one rank runs dummy forwards while the
+other still works), an EPLB rebalance over redundant expert slots, and DP generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.distributed.frontend import DataParallelLLM, score_rank
+from deepinfer.distributed.launch import spawn
+from deepinfer.distributed.placement import imbalance
+from deepinfer.engine.loader import load_model
+from deepinfer.entrypoints.llm import LLM
+from deepinfer.sampling import SamplingParams
+from deepinfer.testing import write_tiny_checkpoint
+
+PROMPTS = [list(range(3, 40)), [7, 8, 9, 10] * 12, list(range(5, 60, 2)), list(range(20, 31))]
+SHARES = [PROMPTS[:3], PROMPTS[3:]]  # rank 1 idles (dummy forwards) while rank 0 scores two more
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    return str(write_tiny_checkpoint("engram", tmp_path_factory.mktemp("dist") / "engram", seed=5))
+
+
+@pytest.fixture(scope="module")
+def single(checkpoint) -> list[torch.Tensor]:
+    torch.set_num_threads(1)
+    return load_model(checkpoint).score(PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(checkpoint):
+    """Score, rebalance the experts from the measured loads (2 redundant slots), score again."""
+    return spawn(score_rank, 2, checkpoint, SHARES, {}, 1, timeout_s=120, redundant_experts=2, threads=1)
+
+
+def test_logits_equal_the_single_process_run(single, two_ranks):
+    for round_ in range(2):
+        got = two_ranks[0][0][round_] + two_ranks[1][0][round_]
+        assert len(got) == len(PROMPTS)
+        for ref, out in zip(single, got):
+            torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+
+
+def test_idle_rank_joins_every_exchange_with_dummy_forwards(two_ranks):
+    (_, busy), (_, idle) = two_ranks
+    assert busy["ticks"] == idle["ticks"] == 2 * 4  # two rounds of 3 forwards + one final idle tick
+    assert busy["dummy_forwards"] == 0 and idle["dummy_forwards"] == 2 * 2
+    assert busy["moe_layers"] == idle["moe_layers"] == 3
+
+
+def test_eplb_rebalance_lowers_the_measured_imbalance(two_ranks):
+    (_, r0), (_, r1) = two_ranks
+    assert r0["rebalances"] == r1["rebalances"] and len(r0["rebalances"]) == 1
+    planned = r0["rebalances"][0]
+    assert all(after <= before for before, after in planned)
+    # pairs each rank's experts computed, per layer, in the round before and after the rebalance
+    measured = [[imbalance(torch.tensor(loads)) for loads in zip(a, b)]
+                for a, b in zip(r0["pairs_received"], r1["pairs_received"])]
+    assert sum(measured[1]) < sum(measured[0])
+
+
+def test_moe_traffic_is_at_most_every_pair_both_ways(two_ranks):
+    hidden, topk = 128, 2
+    per_pair = 2 * hidden * 4 + 8  # the row out and its output back in float32, plus weight and slot
+    sent = sum(report["moe_bytes_sent"] for _, report in two_ranks)
+    pairs = sum(report["moe_tokens"] for _, report in two_ranks) * topk  # tokens summed over layers
+    assert 0 < sent <= pairs * per_pair  # only pairs whose expert lives on the other rank travel
+
+
+def test_data_parallel_generate_matches_one_engine(checkpoint):
+    prompts = [p[:n] for p, n in zip(PROMPTS + PROMPTS[:1], (30, 12, 7, 9, 21))]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    dp = DataParallelLLM(checkpoint, dp=2, llm_kwargs={"device": "cpu"}, timeout_s=120, threads=1)
+    got = dp.generate(prompt_token_ids=prompts, sampling_params=params)
+    llm = LLM(checkpoint, device="cpu")
+    ref = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    llm.close()
+    assert [o.request_id for o in got] == [o.request_id for o in ref]
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
