@@ -163,6 +163,20 @@ def test_scheduler_records_steps_into_the_curve():
     scheduler = ConfidenceScheduler()
     scheduler.profile(lambda tokens: 10.0 + tokens, max_tokens=8)
     scheduler.record(num_seqs=2, num_tokens=8, seconds=0.030)
+    assert scheduler.curve.sizes.tolist() == [1, 2, 4, 8] and not scheduler.curve.padded
     assert scheduler.curve.predict(8) > 18.0
     with pytest.raises(ValueError, match="at least one token per sequence"):
         scheduler.record(num_seqs=4, num_tokens=3, seconds=0.01)
+
+
+def test_scheduler_profiles_graph_buckets():
+    timed: list[int] = []
+
+    def time_step(tokens: int) -> float:
+        timed.append(tokens)
+        return 10.0 + tokens
+
+    scheduler = ConfidenceScheduler()
+    scheduler.profile(time_step, 24, sizes=[8, 16, 24], padded=True)
+    assert sorted(set(timed)) == [8, 16, 24]
+    assert scheduler.curve.predict(9) == 26.0

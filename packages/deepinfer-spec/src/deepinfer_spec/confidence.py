@@ -162,11 +162,20 @@ class ConfidenceScheduler:
         del config  # K comes with each step's confidences
         self.curve = curve
 
-    def profile(self, time_step: Callable[[int], float], max_tokens: int, *, padded: bool = False) -> None:
+    def profile(
+        self,
+        time_step: Callable[[int], float],
+        max_tokens: int,
+        *,
+        sizes: Sequence[int] | None = None,
+        padded: bool = False,
+    ) -> None:
         """Build the curve from `time_step(total_tokens) -> ms` (a decode forward + verification of that
-        many query tokens) at `default_profile_sizes(max_tokens)`; `padded` when steps run as CUDA graphs
-        whose sizes are those buckets."""
-        self.curve = LatencyCurve.profile(time_step, default_profile_sizes(max_tokens), padded=padded)
+        many query tokens) at `sizes` (default: `default_profile_sizes(max_tokens)`). With CUDA graphs
+        pass their bucket sizes and `padded=True`: a step then costs its whole bucket."""
+        self.curve = LatencyCurve.profile(
+            time_step, default_profile_sizes(max_tokens) if sizes is None else sizes, padded=padded
+        )
 
     def choose(self, confidences: list[list[float]]) -> list[int]:
         """Per sequence, its drafts' conditional acceptance estimates c_1..c_m -> drafts to verify (0..m)."""
