@@ -3,6 +3,7 @@
 Three variants per batch size, K drafts each, random confidences and a linear latency curve:
   choose  the engine path: ConfidenceScheduler.choose from host lists (padding, cumulative product,
           the exact greedy over totals, back to lists);
+  padded  ConfidenceScheduler.choose_padded from a [R, K] host array (Proposal.confidences on the CPU);
   host    schedule_verification on numpy arrays (the decision alone);
   device  split_fixed_total on --device (the asynchronous-step split of a fixed total; on CUDA it is
           timed as launched work with events, no host sync inside).
@@ -63,6 +64,7 @@ def measure(batch: int, drafts: int, device: torch.device, repeats: int) -> dict
     curve = LatencyCurve(sizes, [20.0 + 0.02 * size for size in sizes])
     scheduler = ConfidenceScheduler(curve=curve)
     rows = confidences.tolist()
+    padded, counts = confidences.numpy(), [drafts] * batch
     cum_conf = cumulative_confidence(confidences)
     host_conf = cum_conf.numpy()
     step_ms = curve.table(max_tokens)
@@ -73,6 +75,7 @@ def measure(batch: int, drafts: int, device: torch.device, repeats: int) -> dict
         "drafts": drafts,
         "chosen_total": plan.total_tokens,
         "choose_us": _median_us(lambda: scheduler.choose(rows), repeats),
+        "padded_us": _median_us(lambda: scheduler.choose_padded(padded, counts), repeats),
         "host_us": _median_us(lambda: schedule_verification(host_conf, step_ms), repeats),
         "device": str(device),
         "device_us": _device_us(lambda: split_fixed_total(on_device, plan.total_tokens), repeats, device),
@@ -93,11 +96,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     results = [measure(int(b), args.drafts, device, args.repeats) for b in args.batches.split(",")]
-    print(f"{'batch':>6} {'K':>3} {'total':>6} {'choose us':>10} {'host us':>9} {'device us':>10}  device")
+    header = ("batch", "K", "total", "choose us", "padded us", "host us", "device us", "device")
+    print("{:>6} {:>3} {:>6} {:>10} {:>10} {:>9} {:>10}  {}".format(*header))
     for r in results:
         print(
             f"{r['batch']:>6} {r['drafts']:>3} {r['chosen_total']:>6} {r['choose_us']:>10.1f} "
-            f"{r['host_us']:>9.1f} {r['device_us']:>10.1f}  {r['device']}"
+            f"{r['padded_us']:>10.1f} {r['host_us']:>9.1f} {r['device_us']:>10.1f}  {r['device']}"
         )
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -159,6 +159,15 @@ def test_scheduler_chooses_from_the_profiled_curve():
     assert scheduler.choose([[], []]) == [0, 0]
 
 
+def test_scheduler_padded_input_ignores_padding():
+    scheduler = ConfidenceScheduler()
+    scheduler.profile(lambda tokens: 10.0 + tokens, max_tokens=9)
+    padded = torch.tensor([[0.95, 0.9, 0.1], [0.2, 0.9, float("nan")], [0.9, 7.0, -1.0]])
+    assert scheduler.choose_padded(padded, [3, 2, 1]).tolist() == [2, 0, 1]
+    with pytest.raises(ValueError, match="one draft count per row"):
+        scheduler.choose_padded(padded, [3, 2])
+
+
 def test_scheduler_records_steps_into_the_curve():
     scheduler = ConfidenceScheduler()
     scheduler.profile(lambda tokens: 10.0 + tokens, max_tokens=8)

@@ -68,7 +68,7 @@ def schedule_verification(
     step_ms [>= R*(K+1) + 1]: predicted step milliseconds indexed by the step's total query tokens
         (`LatencyCurve.table`), positive.
     max_drafts [R] (optional): drafts actually proposed per request; the rest are never verified.
-    Host arrays (a CPU tensor is viewed, not copied). Ties go to the smaller total.
+    Host arrays (numpy or CPU tensors). Ties go to the smaller total.
     """
     num_requests, max_k = _check_shape(cum_conf, max_drafts)
     if isinstance(cum_conf, torch.Tensor) and cum_conf.device.type != "cpu":
@@ -181,13 +181,28 @@ class ConfidenceScheduler:
         """Per sequence, its drafts' conditional acceptance estimates c_1..c_m -> drafts to verify (0..m)."""
         counts = [len(row) for row in confidences]
         max_k = max(counts, default=0)
-        if self.curve is None or max_k == 0:
-            return counts
         padded = np.array([[*row, *[0.0] * (max_k - len(row))] for row in confidences], dtype=np.float64)
-        step_ms = self.curve.table(len(confidences) * (max_k + 1))
-        ragged = counts if min(counts) < max_k else None
-        plan = schedule_verification(np.cumprod(padded, axis=1), step_ms, max_drafts=ragged)
-        return plan.num_drafts.tolist()
+        return self.choose_padded(padded.reshape(len(counts), max_k), counts).tolist()
+
+    def choose_padded(
+        self, confidences: np.ndarray | torch.Tensor, num_drafts: Sequence[int] | np.ndarray
+    ) -> np.ndarray:
+        """`choose` on a padded [R, K] host array of conditional estimates (entries past a row's
+        num_drafts ignored), e.g. `Proposal.confidences` moved to the CPU: no per-row Python work."""
+        counts = np.asarray(num_drafts, dtype=np.int64)
+        conf = np.asarray(confidences, dtype=np.float64)
+        if conf.ndim != 2 or counts.shape != (conf.shape[0],):
+            raise ValueError(
+                f"confidences must be [R, K] with one draft count per row, "
+                f"got {conf.shape} and {counts.shape}"
+            )
+        if self.curve is None or conf.size == 0:
+            return counts
+        step_ms = self.curve.table(conf.shape[0] * (conf.shape[1] + 1))
+        ragged = counts if counts.min() < conf.shape[1] else None
+        # Zero past each row's count, whatever the padding holds (NaN included).
+        proposed = np.where(np.arange(conf.shape[1]) < counts[:, None], conf, 0.0)
+        return schedule_verification(np.cumprod(proposed, axis=1), step_ms, ragged).num_drafts
 
     def record(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
         """A measured decode step: `num_tokens` query tokens of `num_seqs` sequences took `seconds`."""
