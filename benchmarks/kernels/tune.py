@@ -20,7 +20,7 @@ from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
 GEMV = [  # M <= GEMV_M: (block_n, block_k at M=1, num_warps, num_stages), split-K swept around the default
-    (16, 512, 4, 1), (16, 1024, 8, 1), (32, 256, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 3), (32, 512, 8, 1),
+    (8, 1024, 4, 1), (16, 512, 4, 1), (4, 1024, 4, 1), (8, 2048, 8, 1), (16, 1024, 8, 1), (32, 256, 4, 1),
 ]
 SMALL_M = [  # (block_n, block_k, num_warps, num_stages), split-K swept around the default
     (64, 256, 4, 4), (64, 128, 4, 6), (128, 256, 8, 3), (64, 512, 4, 3),
