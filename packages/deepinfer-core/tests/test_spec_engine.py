@@ -4,6 +4,8 @@ depend on the batch, counters and errors."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -190,3 +192,34 @@ def test_bad_speculator_settings_are_named(make_engine, speculators):
         make_engine(model=toy(), speculator="medusa")
     with pytest.raises(SpeculatorError, match="roll back only 3 tokens"):
         make_engine(model=toy(), speculator="oracle", num_draft_tokens=4)
+
+
+def test_confidence_schedule_keeps_greedy_output(make_engine, drain, speculators):
+    pytest.importorskip("deepinfer_spec.confidence")
+    reqs = [(p, GREEDY) for p in prompts(5)]
+    plain, _ = run(make_engine, drain, reqs)
+    spec, engine = run(make_engine, drain, reqs, speculator="oracle", num_draft_tokens=K,
+                       spec_schedule="confidence")
+    assert tokens(spec) == tokens(plain)
+    assert engine.scheduler.verify_scheduler.curve is not None  # profiled at start-up
+
+
+def test_structured_output_verifies_against_the_masked_target(make_engine, drain, speculators,
+                                                               synthetic_tokenizer):
+    regex = r"(\d{3}-\d{4}|[a-z]{2,6}@[a-z]{2,5}\.(com|org))"
+    reqs = {f"r{i}": ([0, 5 + i, 6, 7], SamplingParams(temperature=0, max_tokens=60,
+                                                       structured_outputs={"regex": regex}))
+            for i in range(4)}
+    reqs["free"] = ([0, 40, 41], GREEDY)
+    outs = []
+    for config in ({}, {"speculator": "oracle", "num_draft_tokens": K}):
+        model = ToyLM(vocab_size=synthetic_tokenizer.vocab_size)
+        model.max_backtrack = K
+        engine = make_engine(model=model, tokenizer=synthetic_tokenizer, max_model_len=128, **config)
+        for rid, (prompt, params) in reqs.items():
+            engine.add_request(prompt, params, request_id=rid)
+        outs.append({rid: o.outputs[0] for rid, o in drain(engine).items()})
+    plain, spec = outs
+    assert {r: o.token_ids for r, o in spec.items()} == {r: o.token_ids for r, o in plain.items()}
+    assert all(re.fullmatch(regex, spec[f"r{i}"].text) for i in range(4))
+    assert sum(spec[f"r{i}"].accept_tok for i in range(4)) > 0  # constrained rows verified drafts too

@@ -86,6 +86,8 @@ class LLMEngine:
         # The model always runs on this thread, so both modes execute it identically; sync mode just
         # waits for each step before planning the next.
         self._worker: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step")
+        if verify_scheduler is not None:
+            self._profile_verification(verify_scheduler)
         self._inflight: deque[tuple[SchedulerOutput, float, Future[StepResult]]] = deque()
         self.requests: dict[str, Request] = {}
         self._ready: list[RequestOutput] = []  # outputs due without a step (aborts, over-long prompts)
@@ -252,6 +254,21 @@ class LLMEngine:
             self._prev_end = None  # idle from here on is not overhead
         self._maybe_log()
         return outputs
+
+    def _profile_verification(self, verify_scheduler: VerifyScheduler) -> None:
+        """Time decode-shaped steps of up to every running sequence verifying all its drafts (on the
+        worker thread, where the model always runs) for the confidence scheduler's latency curve."""
+        assert self.proposer is not None
+        width = self.proposer.num_draft_tokens + 1
+        seqs = min(self.config.max_num_seqs, self.cache.num_slots, self.cache.num_blocks)
+        slots, blocks = list(range(1, seqs + 1)), list(range(1, seqs + 1))
+        assert self._worker is not None
+        worker = self._worker
+
+        def time_step(num_tokens: int) -> float:
+            return worker.submit(self.runner.time_verification, num_tokens, width, slots, blocks).result()
+
+        verify_scheduler.profile(time_step, min(self.config.token_budget, seqs * width))
 
     def _fail_inflight(self) -> None:
         """A step failed: finish the sequences of every step in flight (later ones may build on its

@@ -20,12 +20,15 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from deepinfer.engine.scheduler import PLACEHOLDER, ScheduledSegment, SchedulerOutput
 from deepinfer.engine.sequence import Request, Sequence
 from deepinfer.models.interface import CausalLM, ForwardBatch, SequenceSegment
+from deepinfer.ops import get_ops
+from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import (
     PendingLogprobs,
     SampleOutput,
@@ -37,6 +40,12 @@ from deepinfer.sampling.sampler import (
 from deepinfer.speculators.interface import Proposal, ProposeBatch, Proposer, ProposeRequest
 from deepinfer.speculators.verify import verify
 from deepinfer.structured.manager import StructuredManager
+
+_PROFILE_PARAMS = SamplingParams(temperature=0)
+
+
+def _no_token_in_flight(seq: Sequence) -> int:
+    raise AssertionError("speculative steps run synchronously: every token is on the host")
 
 
 @runtime_checkable
@@ -192,6 +201,26 @@ class ModelRunner:
 
     # ---- speculative decoding (sync mode: every sequence's tokens are on the host)
 
+    def time_verification(self, num_tokens: int, width: int, slots: list[int], blocks: list[int]) -> float:
+        """Milliseconds of a decode-shaped step: `num_tokens` query tokens as segments of `width` (one per
+        slot, at position 0, one block each), logits for every row, greedy verification of a draft on
+        every row but the segments' last. The slots are reset afterwards."""
+        segments, drafts = [], []
+        for i, first in enumerate(range(0, num_tokens, width)):
+            n = min(width, num_tokens - first)
+            segments.append(SequenceSegment(slots[i], [blocks[i]], 0, [0] * n, "all"))
+            drafts += [0] * (n - 1) + [-1]
+        rows = [SampleRow(_PROFILE_PARAMS, 0, j, 0) for j in range(num_tokens)]
+        for s in segments:
+            self.model.reset_slot(s.slot)
+        start = time.perf_counter()
+        logits = self.model.forward(ForwardBatch(segments)).logits
+        verify(logits, rows, drafts, None, self.sampler.eos_token_id, self.sampler.ops).tokens.tolist()
+        ms = (time.perf_counter() - start) * 1e3
+        for s in segments:
+            self.model.reset_slot(s.slot)
+        return ms
+
     def _speculate(self, logits: torch.Tensor, offsets: list[int], sched: SchedulerOutput) -> list[Verified]:
         """Verify every sampled row, then draft after each speculating sequence's new tokens."""
         items: list[tuple[Sequence, ScheduledSegment, int]] = []  # (sequence, segment, first row)
@@ -210,7 +239,7 @@ class ModelRunner:
                 if k:
                     held = None if seq.spec is None or seq.spec.probs is None else seq.spec.probs[:k]
                     probs.append((held, ds))
-        picked = logits.index_select(0, to_device(rows, logits.device))
+        picked = self._constrain(logits.index_select(0, to_device(rows, logits.device)), items)
         draft_probs = None
         if any(p is not None for p, _ in probs):  # deterministic runs among them: one-hot
             vocab, dev = picked.shape[-1], picked.device
@@ -226,6 +255,21 @@ class ModelRunner:
             r += k + 1
         self._propose(verified, logits.device)
         return verified
+
+    def _constrain(self, logits: torch.Tensor, items: list[tuple[Sequence, ScheduledSegment, int]]
+                   ) -> torch.Tensor:
+        """Structured output: each verification row masked by the grammar state after the drafts
+        before it (the target distribution a plain decode would sample from)."""
+        if not any(seq.request.params.structured_outputs is not None for seq, _, _ in items):
+            return logits
+        masks = []
+        for seq, s, _ in items:
+            k = s.num_drafts
+            drafts = s.token_ids[len(s.token_ids) - k:]
+            masks.append(self.structured.draft_rows(seq, s.start_pos + len(s.token_ids) - k, drafts,
+                                                    _no_token_in_flight))
+        mask = torch.from_numpy(np.concatenate(masks)).to(logits.device)
+        return (self.sampler.ops or get_ops(device=logits.device)).apply_token_bitmask(logits, mask)
 
     def _propose(self, verified: list[Verified], device: torch.device) -> None:
         """Ask the proposer for the drafts after each speculating sequence's newest token."""

@@ -17,7 +17,7 @@ acceptance test; None means the drafts are deterministic) and per-draft acceptan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -85,6 +85,10 @@ class Proposer(Protocol):
 
 class VerifyScheduler(Protocol):
     """Chooses, per step, how many of its drafts each speculating sequence verifies."""
+
+    def profile(self, time_step: Callable[[int], float], max_tokens: int) -> None:
+        """Build the step-latency curve at start-up: `time_step(total query tokens) -> milliseconds` of a
+        decode-shaped forward + verification, for totals up to `max_tokens`."""
 
     def choose(self, confidences: list[list[float]]) -> list[int]:
         """Per sequence, its drafts' conditional acceptance estimates c_1..c_m (m = drafts it holds)
