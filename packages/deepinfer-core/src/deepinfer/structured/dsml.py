@@ -6,7 +6,8 @@ A block is `"\\n\\n" open "\\n" invoke+ close`; an invoke is `<DSML invoke name=
 `</DSML invoke>\\n`. Plain-string arguments (`{"type": "string"}`, or a string enum) are raw text
 (`string="true"`), everything else is JSON under the property's schema (`string="false"`). Arguments
 follow the schema's property order; required ones are always present, others optional; no others.
-Raw text may not contain `</` followed by the DSML marker (it would end the value early).
+Raw text may not contain `</` followed by the DSML marker (it would end the value early); its
+minLength/maxLength bound the characters.
 
 `｜DSML｜` is one token in DeepSeek's tokenizers. Where the tokenizer marks it special, llguidance
 matches it only by id (`<[id]>`), never inside text; otherwise it is text like any other.
@@ -70,11 +71,16 @@ def _argument(g: _Writer, key: str, schema: Any, param: str) -> str:
         head = g.lit("<", DSML, f'{param} name="{key}" string="true">')
         if "enum" in schema:
             return f"{head} ({' | '.join(_quote(v) for v in schema['enum'])}) {close}"
+        bounds = f"{{{schema.get('minLength', 0)},{schema.get('maxLength', '')}}}"
+        value = "(?s:.*)" if bounds == "{0,}" else f"(?s:.{bounds})"
+        name = f"{{}}_{schema.get('minLength', 0)}_{schema.get('maxLength', 'inf')}"
         if g.dsml_id is None:  # one lazy lexeme: the value ends at the first "</" + marker
-            g.define(f"raw[lazy]: /(?s:.*)/ {_quote('</' + DSML + param + '>' + chr(10))}")
-            return f"{head} raw"
-        g.define(r"RAW_LT: /(?s:.*)<\//")  # the special marker cannot occur in the text
-        return f"{head} RAW_LT {g.lit(DSML, param + '>' + chr(10))}"
+            rule = name.format("raw")
+            g.define(f"{rule}[lazy]: /{value}/ {_quote('</' + DSML + param + '>' + chr(10))}")
+            return f"{head} {rule}"
+        rule = name.format("RAW").upper()  # the special marker cannot occur in the text
+        g.define(f"{rule}: /{value}<\\//")
+        return f"{head} {rule} {g.lit(DSML, param + '>' + chr(10))}"
     head = g.lit("<", DSML, f'{param} name="{key}" string="false">')
     sub = dict(schema) if isinstance(schema, dict) else {}
     sub["x-guidance"] = JSON_STYLE
@@ -82,10 +88,10 @@ def _argument(g: _Writer, key: str, schema: Any, param: str) -> str:
 
 
 def _raw_string(schema: Any) -> bool:
-    """A plain string (or string enum): the recipe's `string="true"` form, raw text."""
+    """A plain string, maybe length-bounded, or a string enum: the recipe's `string="true"` raw text."""
     if not isinstance(schema, dict) or schema.get("type") != "string":
         return False
-    constraints = set(schema) - {"type", "description", "title", "enum"}
+    constraints = set(schema) - {"type", "description", "title", "enum", "minLength", "maxLength"}
     return not constraints and all(isinstance(v, str) for v in schema.get("enum", []))
 
 
