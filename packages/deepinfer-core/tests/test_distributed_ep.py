@@ -1,16 +1,19 @@
 """Two ranks on the CPU (gloo): expert parallelism + row-sharded Engram + attention data parallelism
 against the single-process model, with uneven prompt counts (one rank runs dummy forwards while the
-other still works), an EPLB rebalance over redundant expert slots, and DP generation."""
+other still works), an EPLB rebalance over redundant expert slots, and `generate --dp 2 --ep 2`."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
-from deepinfer.distributed.frontend import DataParallelLLM, score_rank
+from deepinfer.distributed.frontend import score_rank
 from deepinfer.distributed.launch import spawn
 from deepinfer.distributed.placement import imbalance
 from deepinfer.engine.loader import load_model
+from deepinfer.entrypoints.cli.main import main
 from deepinfer.entrypoints.llm import LLM
 from deepinfer.sampling import SamplingParams
 from deepinfer.testing import write_tiny_checkpoint
@@ -70,13 +73,23 @@ def test_moe_traffic_is_at_most_every_pair_both_ways(two_ranks):
     assert 0 < sent <= pairs * per_pair  # only pairs whose expert lives on the other rank travel
 
 
-def test_data_parallel_generate_matches_one_engine(checkpoint):
+def test_cli_generate_on_two_ranks_matches_one_engine(checkpoint, capsys):
+    """`deepinfer generate --dp 2 --ep 2`: 5 requests of uneven lengths spread least-loaded over the
+    ranks (so one rank finishes first and idles), outputs in request order, greedy tokens identical."""
     prompts = [p[:n] for p, n in zip(PROMPTS + PROMPTS[:1], (30, 12, 7, 9, 21))]
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    dp = DataParallelLLM(checkpoint, dp=2, llm_kwargs={"device": "cpu"}, timeout_s=120, threads=1)
-    got = dp.generate(prompt_token_ids=prompts, sampling_params=params)
+    argv = ["--log-level", "WARNING", "generate", "--model", checkpoint, "--dp", "2", "--ep", "2",
+            "--dist-timeout", "120", "--temperature", "0", "--max-tokens", "6", "--ignore-eos", "--json"]
+    for p in prompts:
+        argv += ["--prompt-ids", ",".join(map(str, p))]
+    assert main(argv) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     llm = LLM(checkpoint, device="cpu")
-    ref = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    ref = llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(
+        temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     llm.close()
-    assert [o.request_id for o in got] == [o.request_id for o in ref]
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert [r["request_id"] for r in got] == [o.request_id for o in ref]
+    assert [r["outputs"][0]["token_ids"] for r in got] == [o.outputs[0].token_ids for o in ref]
+
+
+def test_cli_rejects_ep_other_than_dp(checkpoint):
+    assert main(["generate", "--model", checkpoint, "--prompt-ids", "1,2", "--dp", "2", "--ep", "4"]) == 2

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import signal
 import socket
 import threading
@@ -20,11 +19,13 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tqdm import tqdm
 
 from deepinfer.distributed.state import ParallelState
 
@@ -49,28 +50,34 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
           redundant_experts: int = 0, threads: int | None = None) -> list[Any]:
     """Run `fn(state, *args)` on `world_size` new ranks -> their return values in rank order."""
     ctx = mp.get_context("spawn")
-    results: queue.Queue = ctx.Queue()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world_size)}
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
     procs = [
         ctx.Process(target=_rank_main, name=f"deepinfer-rank{r}", daemon=True,
-                    args=(fn, args, {**env, "RANK": str(r)}, timeout_s, redundant_experts, threads, results))
+                    args=(fn, args, {**env, "RANK": str(r)}, timeout_s, redundant_experts, threads,
+                          pipes[r][1]))
         for r in range(world_size)
     ]
     for p in procs:
         p.start()
+    for _, sender in pipes:
+        sender.close()  # the child holds the only sending end: a dead child reads as EOF
+    readers = {reader: r for r, (reader, _) in enumerate(pipes)}
     done: dict[int, Any] = {}
     failures: dict[int, str] = {}
     first_failure: float | None = None
     try:
         while len(done) < world_size:
-            try:
-                rank, ok, payload = results.get(timeout=0.1)
+            for reader in wait(list(readers), timeout=0.1):
+                r = readers.pop(reader)  # type: ignore[index]
+                try:
+                    ok, payload = reader.recv()  # type: ignore[union-attr]
+                except EOFError:
+                    continue  # died without a word: its exit code tells
                 if ok:
-                    done[rank] = pickle.loads(payload)
+                    done[r] = pickle.loads(payload)
                 else:
-                    failures[rank] = payload
-            except queue.Empty:
-                pass
+                    failures[r] = payload
             for r, p in enumerate(procs):
                 if r not in done and r not in failures and p.exitcode not in (None, 0):
                     failures[r] = f"process died ({_exit_reason(p.exitcode)})"
@@ -86,8 +93,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
             p.join(5)
             if p.is_alive():
                 p.kill()
-        results.close()
-        results.cancel_join_thread()
+        for reader, _ in pipes:
+            reader.close()
     if failures:
         # ranks that died first: they are the cause, the others' errors are usually their consequence
         order = sorted(failures, key=lambda r: (not failures[r].startswith("process died"), r))
@@ -96,9 +103,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
 
 
 def _rank_main(fn: Callable[..., Any], args: tuple, env: dict[str, str], timeout_s: float,
-               redundant_experts: int, threads: int | None, results: queue.Queue) -> None:
+               redundant_experts: int, threads: int | None, result: Connection) -> None:
     os.environ.update(env)
-    rank = int(env["RANK"])
+    tqdm.set_lock(threading.RLock())  # its default, a multiprocessing semaphore, leaks when a rank ends
     if threads is not None:
         torch.set_num_threads(threads)
     _exit_with_parent()
@@ -106,13 +113,11 @@ def _rank_main(fn: Callable[..., Any], args: tuple, env: dict[str, str], timeout
         state = init_from_env(timeout_s, redundant_experts)
         payload = pickle.dumps(fn(state, *args))
     except BaseException as exc:  # reported to the launcher, which stops the group
-        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
-        results.close()
-        results.join_thread()
+        result.send((False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+        result.close()
         os._exit(1)
-    results.put((rank, True, payload))
-    results.close()
-    results.join_thread()
+    result.send((True, payload))
+    result.close()
     dist.destroy_process_group()
 
 

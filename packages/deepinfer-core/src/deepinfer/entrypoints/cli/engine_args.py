@@ -86,10 +86,15 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
                   cache_bytes=args.cache_mb << 20 if args.cache_mb is not None else None,
                   async_scheduling=not args.sync, seed=args.seed, speculator=args.speculator,
                   num_draft_tokens=args.num_draft_tokens, spec_schedule=args.spec_schedule)
+    kwargs = dict(backend=args.backend, dtype=args.dtype, device=args.device,
+                  max_model_len=args.max_model_len, cache_precision=args.cache_precision,
+                  replay_mode=args.replay_mode, replay_keep=args.replay_keep, **engine)
+    if getattr(args, "dp", 1) > 1:  # generate --dp: ranks of deepinfer.distributed
+        from deepinfer.distributed.cli import data_parallel_llm
+
+        return data_parallel_llm(args, kwargs)  # type: ignore[return-value]
     try:
-        return LLM(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
-                   max_model_len=args.max_model_len, cache_precision=args.cache_precision,
-                   replay_mode=args.replay_mode, replay_keep=args.replay_keep, **engine)
+        return LLM(args.model, **kwargs)
     except SettingError as exc:
         raise UsageError(option_names(str(exc))) from None
 

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 
+from deepinfer.distributed.cli import add_parallel_args
 from deepinfer.entrypoints.cli.engine_args import (
     add_engine_args,
     add_sampling_args,
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--stream", action="store_true", help="print text as it is generated (one prompt)")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     add_engine_args(parser)
+    add_parallel_args(parser)
     add_sampling_args(parser)
     parser.set_defaults(func=run)
 
@@ -39,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if bool(args.prompt) == bool(args.prompt_ids):
         raise UsageError("give --prompt or --prompt-ids (not both)")
+    if args.stream and args.dp > 1:
+        raise UsageError("--stream: not available with --dp")
     if args.stream and len(args.prompt or args.prompt_ids) != 1:
         raise UsageError("--stream takes a single prompt")
     params = sampling_from_args(args)
