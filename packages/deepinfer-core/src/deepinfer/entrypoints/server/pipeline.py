@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -43,9 +44,33 @@ def sampling_params(state: ServerState, converted: Any, prompt_len: int, body: d
     try:
         return SamplingParams(
             n=n, max_tokens=max_tokens, temperature=io.temperature, top_p=io.top_p, seed=seed,
-            logprobs=(io.top_logprobs or 0) if io.logprobs else None, **extras)
+            logprobs=(io.top_logprobs or 0) if io.logprobs else None,
+            structured_outputs=output_constraint(state, converted), **extras)
     except ValueError as exc:
         raise APIError(400, f"invalid sampling parameters: {exc}") from None
+
+
+def output_constraint(state: ServerState, converted: Any) -> dict[str, Any] | None:
+    """`StructuredOutputs` fields for the recipe's OutputConstraint (response_format, tools). A thinking
+    prompt constrains only what follows `</think>`, so the reasoning stays free."""
+    oc = converted.inference_options.output_constraint
+    if oc is None:
+        return None
+    po = converted.parsing_options
+    thinking = po.thinking_initial_stage == state.recipe.ThinkingInitialStage.ReasoningStart
+    so: dict[str, Any] = {"start_after": "</think>"} if thinking else {}
+    if oc.kind == "json":
+        so |= {"json_schema": oc.schema} if oc.schema else {"json_object": True}
+    elif oc.kind == "regex":
+        so["regex"] = oc.schema
+    elif oc.kind in ("tool_call", "tool_call_required"):
+        tools = [{"name": t["function"]["name"], "parameters": t["function"].get("parameters") or {}}
+                 for t in json.loads(oc.schema)]
+        so["tools"] = {"tools": tools, "mode": "auto" if oc.kind == "tool_call" else "required",
+                       "opened": bool(po.starts_in_tool_calls)}
+    else:
+        raise ValueError(f"unsupported output constraint {oc.kind!r}")
+    return so
 
 
 class ChoiceParser:
