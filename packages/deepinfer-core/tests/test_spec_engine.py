@@ -129,6 +129,7 @@ def tokens(outs) -> dict[str, list[list[int]]]:
 @pytest.mark.parametrize("speculator", ["oracle", "noisy"])
 def test_greedy_equals_no_speculation_batched_and_alone(make_engine, drain, speculator):
     reqs = [(p, GREEDY) for p in prompts(6)]
+    reqs.append((list(range(5, 75)), GREEDY))  # prefilled in chunks of the 32-token budget, beside decodes
     plain, _ = run(make_engine, drain, reqs)
     spec, engine = run(make_engine, drain, reqs, speculator=speculator, num_draft_tokens=K)
     assert tokens(spec) == tokens(plain)

@@ -300,18 +300,22 @@ class LLMEngine:
                     req.prompt_logprobs.append(lp)
         now = time.time()
         touched: dict[str, tuple[Request, list[Sequence]]] = {}  # requests with outputs due
-        emitted = result.emitted  # the host copy of the step's samples (async: queued a step ago)
-        for seq, tokens, logprobs in emitted:
+        appended = 0
+        for seq, tokens, logprobs in result.emitted:  # host copies (async: queued a step ago)
             seq.num_inflight -= 1
             if seq.status is SeqStatus.FINISHED:
                 continue  # planned before its stop was seen (async) or aborted: discard
-            finished = any(self._append(seq, t, lp, now) for t, lp in zip(tokens, logprobs, strict=True))
+            finished = False
+            for token, logprob in zip(tokens, logprobs, strict=True):  # a stop ends an accepted run
+                appended += 1
+                if finished := self._append(seq, token, logprob, now):
+                    break
             if finished or seq.request.stream:
                 touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
         if result.verified is not None:
             self._record_speculation(result)
         outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
-        self.stats.generated_tokens += sum(len(tokens) for _, tokens, _ in emitted)
+        self.stats.generated_tokens += appended
         self.stats.num_preemptions = self.scheduler.num_preemptions
         idle = None if self._prev_end is None else max(0.0, result.start - self._prev_end)
         self._prev_end = result.end

@@ -80,7 +80,8 @@ class Proposer(Protocol):
     def propose(self, batch: ProposeBatch) -> Proposal: ...
 
     def release(self, seq_id: int) -> None:
-        """The sequence finished, was aborted or preempted: drop any per-sequence state."""
+        """The sequence finished or was aborted: drop any per-sequence state. (A preempted sequence
+        keeps its id and is proposed for again once recomputed, with the same history.)"""
 
 
 class VerifyScheduler(Protocol):
