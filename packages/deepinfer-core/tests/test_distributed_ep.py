@@ -75,10 +75,12 @@ def test_moe_traffic_is_at_most_every_pair_both_ways(two_ranks):
 
 def test_cli_generate_on_two_ranks_matches_one_engine(checkpoint, capsys):
     """`deepinfer generate --dp 2 --ep 2`: 5 requests of uneven lengths spread least-loaded over the
-    ranks (so one rank finishes first and idles), outputs in request order, greedy tokens identical."""
+    ranks (so one rank finishes first and idles), EPLB rebalancing every 3 forwards over 2 redundant
+    slots while they run, outputs in request order, greedy tokens identical."""
     prompts = [p[:n] for p, n in zip(PROMPTS + PROMPTS[:1], (30, 12, 7, 9, 21))]
     argv = ["--log-level", "WARNING", "generate", "--model", checkpoint, "--dp", "2", "--ep", "2",
-            "--dist-timeout", "120", "--temperature", "0", "--max-tokens", "6", "--ignore-eos", "--json"]
+            "--dist-timeout", "120", "--redundant-experts", "2", "--eplb-interval", "3",
+            "--temperature", "0", "--max-tokens", "6", "--ignore-eos", "--json"]
     for p in prompts:
         argv += ["--prompt-ids", ",".join(map(str, p))]
     assert main(argv) == 0
@@ -89,6 +91,17 @@ def test_cli_generate_on_two_ranks_matches_one_engine(checkpoint, capsys):
     llm.close()
     assert [r["request_id"] for r in got] == [o.request_id for o in ref]
     assert [r["outputs"][0]["token_ids"] for r in got] == [o.outputs[0].token_ids for o in ref]
+
+
+@pytest.mark.slow
+def test_four_ranks_match_the_single_process_run(checkpoint, single):
+    shares = [PROMPTS[:1], [], PROMPTS[1:3], PROMPTS[3:]]  # one rank gets nothing at all
+    ranks = spawn(score_rank, 4, checkpoint, shares, {}, 1, timeout_s=300, redundant_experts=4, threads=1)
+    for round_ in range(2):
+        got = [t for rounds, _ in ranks for t in rounds[round_]]
+        for ref, out in zip(single, got, strict=True):
+            torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+    assert ranks[1][1]["dummy_forwards"] == ranks[1][1]["ticks"] - 2  # idle in every round
 
 
 def test_cli_rejects_ep_other_than_dp(checkpoint):

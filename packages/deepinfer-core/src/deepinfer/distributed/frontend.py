@@ -118,8 +118,8 @@ def _generate_rank(state: ParallelState, model: str, llm_kwargs: dict[str, Any],
         lock = LockStep(runtime.model, state.group, eplb_interval)
         lock.attach(runtime)
         outputs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        llm.close()  # waits for a step launched ahead (async scheduling), which still ticks
         lock.drain()
-        llm.close()
     return outputs, rank_report(lock)
 
 
