@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from deepinfer.tokenizer import compressed_vocab
-from deepinfer.training.corpus import Manifest, build_manifest, is_eval_file, list_corpus_files, stdlib_root
-from deepinfer.training.tokenizer import (
+from tools.train.corpus import Manifest, build_manifest, is_eval_file, list_corpus_files, stdlib_root
+from tools.train.tokenizer import (
     SPECIAL_TOKENS,
     TrainedTokenizer,
     train_corpus_tokenizer,
@@ -42,7 +42,14 @@ def _write_corpus(root: Path) -> Path:
 def test_selection_rule_and_determinism(tmp_path: Path) -> None:
     root = _write_corpus(tmp_path / "lib")
     first = build_manifest(root)
-    assert first.files == ("alpha.py", "pkg/__init__.py", "pkg/beta.py", "pkg/gamma.py")
+    assert first.files == (
+        "alpha.py",
+        "pkg/__init__.py",
+        "pkg/beta.py",
+        "pkg/gamma.py",
+        "pkg/tests/helper.py",
+        "test/test_alpha.py",
+    )
     assert build_manifest(root) == first
     assert first.train_bytes + first.eval_bytes == sum(len((root / f).read_bytes()) for f in first.files)
 
@@ -90,7 +97,7 @@ def test_real_stdlib_listing() -> None:
     files = list_corpus_files(stdlib_root())
     assert "os.py" in files and "json/decoder.py" in files
     assert files == sorted(files)
-    assert not any(part in {"test", "tests", "site-packages"} for f in files for part in f.split("/")[:-1])
+    assert not any(part in {"site-packages", "__pycache__"} for f in files for part in f.split("/")[:-1])
 
 
 @pytest.fixture(scope="module")

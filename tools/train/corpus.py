@@ -1,9 +1,9 @@
 """The training corpus: the Python standard library's source, which every machine has.
 
-Selection rule: every `*.py` file under the stdlib root, except files below a directory named
-`site-packages` or `dist-packages` (third-party code), below a test directory (`test`, `tests`,
-`idle_test`: the stdlib's own test suites are large and full of deliberately odd code), or whose
-bytes are not valid UTF-8. Files are sorted by relative POSIX path. The digest is SHA-256 over every
+Selection rule: every `*.py` file under the stdlib root, the stdlib's own test suites included (they
+are more than half of the code), except files below a directory named `site-packages` or
+`dist-packages` (third-party code) or `__pycache__`, or whose bytes are not valid UTF-8. Files are
+sorted by relative POSIX path. The digest is SHA-256 over every
 (relative path, file bytes) pair, each length-prefixed so that no two corpora share a byte stream.
 The held-out split is a pure function of the relative path, so it is stable when files are added or
 removed. Python versions ship different stdlibs: the manifest records which one it came from.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 DEFAULT_EVAL_FRACTION = 0.02
 _SPLIT_BUCKETS = 10_000
 

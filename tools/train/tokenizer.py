@@ -17,7 +17,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from deepinfer.tokenizer import CompressedVocab, compressed_vocab, save_tokenizer
 from deepinfer.tokenizer.synthetic import BOS, CHAT_SPECIAL_TOKENS, EOS, PAD, PLACEHOLDERS
-from deepinfer.training.corpus import Manifest, read_texts
+from tools.train.corpus import Manifest, read_texts
 
 log = logging.getLogger(__name__)
 

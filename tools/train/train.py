@@ -1,0 +1,304 @@
+"""Train the default model end to end: target (bf16 autocast, fp32 master weights, AdamW), release
+export (FP8/FP4 post-training quantisation), DSpark drafter on the frozen release target, evaluation.
+
+    python -m tools.train.train --out OUT [--tokenizer tokenizer.json] [--steps N | --time-budget S]
+                                [--draft-steps N | --draft-time-budget S] [--device cuda] [--seed 0]
+
+OUT receives: checkpoint/ (release format, with tokenizer), manifest.json (corpus files + digest),
+log.jsonl (one record per logged step), metrics.json (the numbers docs/training.md reports),
+loss.png (train/held-out curves), and state.pt (resumable training state; `--resume OUT/state.pt`).
+Given a seed and step counts the run is deterministic up to GPU kernel nondeterminism; a time budget
+fixes the step count after calibration and logs it, so `--steps` reproduces the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from deepinfer.tokenizer import compressed_vocab
+from tools.train import dspark
+from tools.train.checkpoint import read_release, write_release
+from tools.train.config import default_model_config
+from tools.train.corpus import build_manifest
+from tools.train.data import eval_windows, random_windows, token_stream
+from tools.train.evaluate import acceptance, held_out_loss
+from tools.train.model import DeepseekV41Train
+from tools.train.plot import plot_curves
+from tools.train.tokenizer import train_corpus_tokenizer
+
+log = logging.getLogger("train")
+CALIBRATION_STEPS = 20
+AUX_WEIGHT = 0.1
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def _optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    decay = [p for p in params if p.ndim >= 2]
+    other = [p for p in params if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+
+
+class Logger:
+    def __init__(self, path: Path):
+        self.f = path.open("a")
+        self.records: list[dict] = []
+
+    def __call__(self, **rec) -> None:
+        self.records.append(rec)
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+        log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
+
+
+def train_loop(
+    stage: str,
+    model: DeepseekV41Train,
+    params: list[torch.nn.Parameter],
+    loss_fn,
+    args,
+    steps: int | None,
+    budget: float | None,
+    peak_lr: float,
+    logger: Logger,
+    state_path: Path,
+    resume: dict | None,
+    eval_fn=None,
+) -> int:
+    """Generic loop: seeded batches, AdamW, warmup + cosine; returns the number of steps run."""
+    opt = _optimizer(params, peak_lr)
+    gen = torch.Generator().manual_seed(args.seed + (0 if stage == "target" else 1))
+    start = 0
+    if resume and resume.get("stage") == stage:
+        opt.load_state_dict(resume["optimizer"])
+        gen.set_state(resume["generator"])
+        start, steps = resume["step"], resume["total"]
+    total = steps or 10**9
+    tokens_per_step = args.batch * args.seq
+    t0, step = time.perf_counter(), start
+    while step < total:
+        if step == start + CALIBRATION_STEPS and steps is None:
+            rate = (time.perf_counter() - t0) / CALIBRATION_STEPS
+            total = start + max(CALIBRATION_STEPS + 1, int(budget / rate))
+            log.info(
+                "%s: %.3f s/step -> %d steps in the budget (reproduce with the step count)",
+                stage,
+                rate,
+                total,
+            )
+        for group in opt.param_groups:  # before calibration total is open-ended: still warming up
+            group["lr"] = lr_at(step, total, peak_lr, args.warmup)
+        batch = random_windows(args.stream, args.batch, args.seq + 1, gen)
+        with torch.autocast(args.device.type, dtype=torch.bfloat16, enabled=args.device.type == "cuda"):
+            loss, parts = loss_fn(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if stage == "target":
+            model.update_router_bias(1e-3)
+        step += 1
+        if step % args.log_every == 0 or step == total:
+            elapsed = time.perf_counter() - t0
+            rec = {
+                "stage": stage,
+                "step": step,
+                "lr": opt.param_groups[0]["lr"],
+                "tok_per_s": (step - start) * tokens_per_step / elapsed,
+                "elapsed_s": elapsed,
+            }
+            rec.update({k: float(v) for k, v in parts.items()})
+            if eval_fn is not None and (step % (args.log_every * 5) == 0 or step == total):
+                rec["held_out"] = eval_fn()
+            logger(**rec)
+    torch.save(
+        {
+            "stage": stage,
+            "step": step,
+            "total": total,
+            "optimizer": opt.state_dict(),
+            "generator": gen.get_state(),
+            "model": model.state_dict(),
+        },
+        state_path,
+    )
+    return step
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, help="existing tokenizer.json (default: train one)")
+    ap.add_argument("--corpus-root", type=Path, help="a stdlib tree to train on (default: this interpreter's)")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument(
+        "--time-budget", type=float, default=300.0, help="seconds of target training (no --steps)"
+    )
+    ap.add_argument("--draft-steps", type=int)
+    ap.add_argument("--draft-time-budget", type=float, default=90.0)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--draft-lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--anchors", type=int, default=16, help="draft anchors per sequence")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--eval-windows", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--device", type=torch.device, default=torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    ap.add_argument("--resume", type=Path)
+    ap.add_argument("--state", type=Path, help="where to save the resumable state (default: OUT/state.pt)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.manual_seed(args.seed)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint"
+    state_path = args.state or out / "state.pt"
+
+    manifest = build_manifest(args.corpus_root)
+    manifest.write(out / "manifest.json")
+    if args.tokenizer:
+        tokenizer = Tokenizer.from_file(str(args.tokenizer))
+    else:
+        tokenizer = train_corpus_tokenizer(manifest, out / "tokenizer").tokenizer
+    config = default_model_config(tokenizer)
+    t0 = time.perf_counter()
+    args.stream = token_stream(manifest, tokenizer, "train").to(args.device)
+    held = eval_windows(token_stream(manifest, tokenizer, "eval"), args.seq + 1, args.eval_windows).to(
+        args.device
+    )
+    log.info(
+        "tokenised: train %d tokens, held-out %d windows, %.1f s",
+        args.stream.numel(),
+        held.shape[0],
+        time.perf_counter() - t0,
+    )
+    model = DeepseekV41Train(config, compressed_vocab(tokenizer).token_map, seed=args.seed).to(args.device)
+    resume = torch.load(args.resume, map_location=args.device) if args.resume else None
+    if resume:
+        model.load_state_dict(resume["model"])
+    logger = Logger(out / "log.jsonl")
+    metrics: dict = {
+        "config": "tools/train/config.py",
+        "corpus_digest": manifest.digest,
+        "python": manifest.python_version,
+        "train_tokens": args.stream.numel(),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+    def target_loss(batch: torch.Tensor):
+        hidden, _, aux = model(batch[:, :-1])
+        ce = F.cross_entropy(model.logits(hidden).flatten(0, 1), batch[:, 1:].flatten())
+        aux_loss = torch.stack(aux).mean()
+        return ce + AUX_WEIGHT * aux_loss, {"loss": ce.detach(), "indexer_kl": aux_loss.detach()}
+
+    target_params = [
+        p for n, p in zip(model.names, (model.p(n) for n in model.names)) if not n.startswith("mtp.")
+    ]
+    evaluate = lambda: held_out_loss(model, held[:64], bf16=True)  # noqa: E731
+    if not resume or resume.get("stage") == "target":
+        model.train()
+        t1 = time.perf_counter()
+        steps = train_loop(
+            "target",
+            model,
+            target_params,
+            target_loss,
+            args,
+            args.steps,
+            args.time_budget,
+            args.lr,
+            logger,
+            state_path,
+            resume,
+            evaluate,
+        )
+        metrics["target_steps"] = steps
+        metrics["target_seconds"] = time.perf_counter() - t1
+        metrics["target_tok_per_s"] = logger.records[-1]["tok_per_s"]
+        resume = None
+    model.eval()
+    metrics["held_out_bf16"] = held_out_loss(model, held, bf16=True)
+    metrics["held_out_fp32"] = held_out_loss(model, held, bf16=False)
+    write_release(config, model.named_tensors(), tokenizer, ckpt)
+    _, release = read_release(ckpt)
+    model.load_tensors(release)  # the drafter trains on the target exactly as it ships
+    metrics["held_out_release_fp32"] = held_out_loss(model, held, bf16=False)
+    metrics["held_out_release_bf16"] = held_out_loss(model, held, bf16=True)
+    log.info("held-out: %s", {k: v for k, v in metrics.items() if k.startswith("held_out")})
+
+    draft_params = [model.p(n) for n in model.names if n.startswith("mtp.")]
+    for n in model.names:
+        model.p(n).requires_grad_(n.startswith("mtp."))
+    bsz = config.text.dspark_block_size
+    anchor_gen = torch.Generator().manual_seed(args.seed + 2)
+
+    def draft_loss(batch: torch.Tensor):
+        ids = batch[:, :-1]
+        with torch.no_grad():
+            _, feats, _ = model(ids)
+        anchors = torch.randint(1, ids.shape[1] - bsz, (ids.shape[0], args.anchors), generator=anchor_gen)
+        anchors = anchors.to(ids.device)
+        ce, bce, hit = dspark.draft_losses(model, ids, feats, anchors)
+        parts = {"draft_ce": ce.detach(), "conf_bce": bce.detach()}
+        parts.update({f"hit{j}": h for j, h in enumerate(hit.tolist())})
+        return ce + bce, parts
+
+    t1 = time.perf_counter()
+    metrics["draft_steps"] = train_loop(
+        "draft",
+        model,
+        draft_params,
+        draft_loss,
+        args,
+        args.draft_steps,
+        args.draft_time_budget,
+        args.draft_lr,
+        logger,
+        state_path,
+        resume,
+    )
+    metrics["draft_seconds"] = time.perf_counter() - t1
+    metrics["draft_tok_per_s"] = logger.records[-1]["tok_per_s"]
+    model.eval()
+    write_release(config, model.named_tensors(), tokenizer, ckpt)
+    _, release = read_release(ckpt)
+    model.load_tensors(release)
+    metrics["acceptance"] = acceptance(model, held[:64, :129], new_tokens=64)
+    metrics["checkpoint_bytes"] = sum(f.stat().st_size for f in ckpt.iterdir())
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    recs = [r for r in logger.records if r["stage"] == "target"]
+    plot_curves(
+        [
+            [(r["step"], r["loss"]) for r in recs],
+            [(r["step"], r["held_out"]) for r in recs if "held_out" in r],
+        ],
+        out / "loss.png",
+    )
+    log.info("metrics: %s", json.dumps(metrics))
+
+
+if __name__ == "__main__":
+    main()
