@@ -3,7 +3,7 @@
 //! Converts Chat Completions, Anthropic Messages and OpenAI Responses requests into a conversation,
 //! renders it into the DeepSeek V4 / V4.1 prompt and token ids, and parses model output back into
 //! reasoning, content and tool calls, producing protocol responses and stream chunks.
-//! The `python` feature adds the PyO3 bindings exposed as `deepseek_recipe._native`.
+//! No Python here: the `deepseek-recipe-python` crate in `bindings/` builds `deepseek_recipe._native` on it.
 
 pub mod conversation;
 pub mod convert;
@@ -19,6 +19,3 @@ pub mod response;
 pub mod stream;
 pub mod tokenizer;
 pub mod tokens;
-
-#[cfg(feature = "python")]
-mod python;

@@ -2,7 +2,6 @@
 //! name them.
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "python", pyo3::pyclass(eq, frozen, module = "deepseek_recipe._native"))]
 pub enum ModelVersion {
     DeepseekV4Pro,
     DeepseekV41Flash,

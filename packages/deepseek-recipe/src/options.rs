@@ -7,7 +7,6 @@ use crate::tokens::SpecialTokens;
 
 /// Where the stream parser starts in thinking mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "python", pyo3::pyclass(eq, frozen, module = "deepseek_recipe._native"))]
 pub enum ThinkingInitialStage {
     /// A new assistant turn: leading newlines of the reasoning are dropped.
     ReasoningStart,
@@ -50,14 +49,12 @@ impl Default for ParsingOptions {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "python", pyo3::pyclass(eq, frozen, module = "deepseek_recipe._native"))]
 pub enum WebSearchBehavior {
     Drop,
     Reject,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "python", pyo3::pyclass(eq, frozen, module = "deepseek_recipe._native"))]
 pub enum ReasoningContentBehavior {
     FillEmpty,
     Reject,

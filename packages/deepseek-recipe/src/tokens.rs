@@ -2,7 +2,6 @@
 
 /// A kind of special token the renderer and the stream parser know about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "python", pyo3::pyclass(eq, frozen, module = "deepseek_recipe._native"))]
 pub enum SpecialToken {
     Bos,
     Eos,

@@ -2,10 +2,6 @@
 
 /// Why the backend stopped generating.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(eq, frozen, name = "InferenceFinishReason", module = "deepseek_recipe._native")
-)]
 pub enum FinishReason {
     Stop,
     Length,

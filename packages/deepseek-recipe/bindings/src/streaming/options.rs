@@ -2,17 +2,30 @@
 
 use pyo3::prelude::*;
 
-use crate::options::{ParsingOptions, ThinkingInitialStage};
-use crate::python::tokens::PySpecialTokens;
-use crate::stream::{FinishReason, InferenceChunk, PromptUsage, TokenLogprob};
+use deepseek_recipe::options::{ParsingOptions, ThinkingInitialStage};
+use deepseek_recipe::stream::{FinishReason, InferenceChunk, PromptUsage, TokenLogprob};
+
+use crate::mirror::py_enum;
+use crate::tokens::PySpecialTokens;
+
+py_enum!(
+    /// Where the stream parser starts in thinking mode.
+    PyThinkingInitialStage mirrors ThinkingInitialStage as "ThinkingInitialStage" {
+        ReasoningStart, ReasoningContinuation, ContentContinuation,
+    }
+);
 
 #[pymethods]
-impl ThinkingInitialStage {
-    #[pyo3(name = "starts_in_reasoning")]
-    fn py_starts_in_reasoning(&self) -> bool {
-        self.starts_in_reasoning()
+impl PyThinkingInitialStage {
+    fn starts_in_reasoning(&self) -> bool {
+        ThinkingInitialStage::from(*self).starts_in_reasoning()
     }
 }
+
+py_enum!(
+    /// Why the backend stopped generating.
+    PyFinishReason mirrors FinishReason as "InferenceFinishReason" { Stop, Length, ContentFilter }
+);
 
 #[pyclass(name = "ParsingOptions", module = "deepseek_recipe._native")]
 #[derive(Clone)]
@@ -29,7 +42,7 @@ impl PyParsingOptions {
         parse_tool_calls: bool,
         starts_in_tool_calls: bool,
         parse_json_output: bool,
-        thinking_initial_stage: Option<ThinkingInitialStage>,
+        thinking_initial_stage: Option<PyThinkingInitialStage>,
         stop_sequences: Option<Vec<String>>,
         special_tokens: Option<PySpecialTokens>,
     ) -> Self {
@@ -37,7 +50,7 @@ impl PyParsingOptions {
             parse_tool_calls,
             starts_in_tool_calls,
             parse_json_output,
-            thinking_initial_stage,
+            thinking_initial_stage: thinking_initial_stage.map(Into::into),
             stop_sequences: stop_sequences.unwrap_or_default(),
             special_tokens: special_tokens.map(|s| s.inner).unwrap_or_default(),
         };
@@ -69,12 +82,12 @@ impl PyParsingOptions {
         self.inner.parse_json_output = value;
     }
     #[getter]
-    fn thinking_initial_stage(&self) -> Option<ThinkingInitialStage> {
-        self.inner.thinking_initial_stage
+    fn thinking_initial_stage(&self) -> Option<PyThinkingInitialStage> {
+        self.inner.thinking_initial_stage.map(Into::into)
     }
     #[setter]
-    fn set_thinking_initial_stage(&mut self, value: Option<ThinkingInitialStage>) {
-        self.inner.thinking_initial_stage = value;
+    fn set_thinking_initial_stage(&mut self, value: Option<PyThinkingInitialStage>) {
+        self.inner.thinking_initial_stage = value.map(Into::into);
     }
     #[getter]
     fn stop_sequences(&self) -> Vec<String> {
@@ -153,8 +166,8 @@ impl PyInferenceChunk {
     }
 
     #[staticmethod]
-    fn finish(finish_reason: FinishReason) -> Self {
-        Self { inner: InferenceChunk::Finish(finish_reason) }
+    fn finish(finish_reason: PyFinishReason) -> Self {
+        Self { inner: InferenceChunk::Finish(finish_reason.into()) }
     }
 
     #[getter]
@@ -181,9 +194,9 @@ impl PyInferenceChunk {
         }
     }
     #[getter]
-    fn finish_reason(&self) -> Option<FinishReason> {
+    fn finish_reason(&self) -> Option<PyFinishReason> {
         match self.inner {
-            InferenceChunk::Finish(reason) => Some(reason),
+            InferenceChunk::Finish(reason) => Some(reason.into()),
             _ => None,
         }
     }
@@ -211,10 +224,10 @@ impl PyInferenceChunk {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<ThinkingInitialStage>()?;
+    m.add_class::<PyThinkingInitialStage>()?;
     m.add_class::<PyParsingOptions>()?;
     m.add_class::<PyPromptUsage>()?;
-    m.add_class::<FinishReason>()?;
+    m.add_class::<PyFinishReason>()?;
     m.add_class::<PyInferenceChunk>()?;
     Ok(())
 }

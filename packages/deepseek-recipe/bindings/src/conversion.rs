@@ -7,20 +7,26 @@ use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-use super::render::PyConversation;
-use super::tokens::PySpecialTokens;
-use super::value::to_value;
-use crate::conversation::{ConversationRequest, Echo, InferenceOptions, ModelVersion, OutputConstraint};
-use crate::convert::{self, chat, messages, responses, Body};
-use crate::error::{ConversionError as RustConversionError, RequestParseError};
-use crate::options::{ConversionOptions, ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior};
-use crate::response::chat::ChatConfig;
-use crate::response::messages::MessagesGenerator;
-use crate::response::responses::{custom_tool_names, ResponsesConfig};
-use super::streaming::generators::Once;
-use super::streaming::{
+use deepseek_recipe::conversation::{
+    ConversationRequest, Echo, InferenceOptions, ModelVersion, OutputConstraint,
+};
+use deepseek_recipe::convert::{self, chat, messages, responses, Body};
+use deepseek_recipe::error::{ConversionError as RustConversionError, RequestParseError};
+use deepseek_recipe::options::{
+    ConversionOptions, ReasoningContentBehavior, ThinkingInitialStage, WebSearchBehavior,
+};
+use deepseek_recipe::response::chat::ChatConfig;
+use deepseek_recipe::response::messages::MessagesGenerator;
+use deepseek_recipe::response::responses::{custom_tool_names, ResponsesConfig};
+
+use crate::mirror::py_enum;
+use crate::render::PyConversation;
+use crate::streaming::generators::Once;
+use crate::streaming::{
     PyChatCompletionChunkGenerator, PyMessagesChunkGenerator, PyParsingOptions, PyResponsesChunkGenerator,
 };
+use crate::tokens::PySpecialTokens;
+use crate::value::to_value;
 
 create_exception!(_native, ConversionError, PyException, "A protocol request is invalid or cannot be converted.");
 
@@ -57,14 +63,13 @@ fn consumed() -> PyErr {
     PyRuntimeError::new_err("protocol request has been consumed")
 }
 
-#[pymethods]
-impl ModelVersion {}
-
-#[pymethods]
-impl WebSearchBehavior {}
-
-#[pymethods]
-impl ReasoningContentBehavior {}
+py_enum!(PyModelVersion mirrors ModelVersion as "ModelVersion" { DeepseekV4Pro, DeepseekV41Flash });
+py_enum!(PyWebSearchBehavior mirrors WebSearchBehavior as "WebSearchBehavior" { Drop, Reject });
+py_enum!(
+    PyReasoningContentBehavior mirrors ReasoningContentBehavior as "ReasoningContentBehavior" {
+        FillEmpty, Reject,
+    }
+);
 
 #[pyclass(name = "ConversionOptions", module = "deepseek_recipe._native", frozen)]
 #[derive(Clone)]
@@ -84,24 +89,24 @@ impl PyConversionOptions {
 impl PyConversionOptions {
     #[new]
     #[pyo3(signature = (*, default_thinking_mode=true,
-        reasoning_content_behavior=ReasoningContentBehavior::FillEmpty,
-        responses_web_search=WebSearchBehavior::Drop, messages_web_search=WebSearchBehavior::Reject,
-        thinking_max_tokens_upper_bound=crate::options::DEFAULT_MAX_TOKENS_UPPER_BOUND,
-        non_thinking_max_tokens_upper_bound=crate::options::DEFAULT_MAX_TOKENS_UPPER_BOUND))]
+        reasoning_content_behavior=PyReasoningContentBehavior::FillEmpty,
+        responses_web_search=PyWebSearchBehavior::Drop, messages_web_search=PyWebSearchBehavior::Reject,
+        thinking_max_tokens_upper_bound=deepseek_recipe::options::DEFAULT_MAX_TOKENS_UPPER_BOUND,
+        non_thinking_max_tokens_upper_bound=deepseek_recipe::options::DEFAULT_MAX_TOKENS_UPPER_BOUND))]
     fn new(
         default_thinking_mode: bool,
-        reasoning_content_behavior: ReasoningContentBehavior,
-        responses_web_search: WebSearchBehavior,
-        messages_web_search: WebSearchBehavior,
+        reasoning_content_behavior: PyReasoningContentBehavior,
+        responses_web_search: PyWebSearchBehavior,
+        messages_web_search: PyWebSearchBehavior,
         thinking_max_tokens_upper_bound: u32,
         non_thinking_max_tokens_upper_bound: u32,
     ) -> Self {
         Self {
             inner: ConversionOptions {
                 default_thinking_mode,
-                reasoning_content_behavior,
-                responses_web_search,
-                messages_web_search,
+                reasoning_content_behavior: reasoning_content_behavior.into(),
+                responses_web_search: responses_web_search.into(),
+                messages_web_search: messages_web_search.into(),
                 thinking_max_tokens_upper_bound,
                 non_thinking_max_tokens_upper_bound,
                 ..ConversionOptions::default()
@@ -113,16 +118,16 @@ impl PyConversionOptions {
         self.inner.default_thinking_mode
     }
     #[getter]
-    fn reasoning_content_behavior(&self) -> ReasoningContentBehavior {
-        self.inner.reasoning_content_behavior
+    fn reasoning_content_behavior(&self) -> PyReasoningContentBehavior {
+        self.inner.reasoning_content_behavior.into()
     }
     #[getter]
-    fn responses_web_search(&self) -> WebSearchBehavior {
-        self.inner.responses_web_search
+    fn responses_web_search(&self) -> PyWebSearchBehavior {
+        self.inner.responses_web_search.into()
     }
     #[getter]
-    fn messages_web_search(&self) -> WebSearchBehavior {
-        self.inner.messages_web_search
+    fn messages_web_search(&self) -> PyWebSearchBehavior {
+        self.inner.messages_web_search.into()
     }
     #[getter]
     fn thinking_max_tokens_upper_bound(&self) -> u32 {
@@ -133,8 +138,9 @@ impl PyConversionOptions {
         self.inner.non_thinking_max_tokens_upper_bound
     }
     #[getter]
-    fn model_versions_by_name(&self) -> BTreeMap<String, ModelVersion> {
-        self.inner.model_versions_by_name.clone()
+    fn model_versions_by_name(&self) -> BTreeMap<String, PyModelVersion> {
+        let versions = self.inner.model_versions_by_name.iter();
+        versions.map(|(name, &version)| (name.clone(), version.into())).collect()
     }
     #[getter]
     fn special_tokens(&self) -> PySpecialTokens {
@@ -143,25 +149,26 @@ impl PyConversionOptions {
     fn with_default_thinking_mode(&self, default_thinking_mode: bool) -> Self {
         self.with(|o| o.default_thinking_mode = default_thinking_mode)
     }
-    fn with_reasoning_content_behavior(&self, reasoning_content_behavior: ReasoningContentBehavior) -> Self {
-        self.with(|o| o.reasoning_content_behavior = reasoning_content_behavior)
+    fn with_reasoning_content_behavior(&self, reasoning_content_behavior: PyReasoningContentBehavior) -> Self {
+        self.with(|o| o.reasoning_content_behavior = reasoning_content_behavior.into())
     }
-    fn with_responses_web_search(&self, responses_web_search: WebSearchBehavior) -> Self {
-        self.with(|o| o.responses_web_search = responses_web_search)
+    fn with_responses_web_search(&self, responses_web_search: PyWebSearchBehavior) -> Self {
+        self.with(|o| o.responses_web_search = responses_web_search.into())
     }
-    fn with_messages_web_search(&self, messages_web_search: WebSearchBehavior) -> Self {
-        self.with(|o| o.messages_web_search = messages_web_search)
+    fn with_messages_web_search(&self, messages_web_search: PyWebSearchBehavior) -> Self {
+        self.with(|o| o.messages_web_search = messages_web_search.into())
     }
     fn with_special_tokens(&self, special_tokens: &PySpecialTokens) -> Self {
         self.with(|o| o.special_tokens = special_tokens.inner.clone())
     }
-    fn with_model_alias(&self, model: String, model_version: ModelVersion) -> Self {
+    fn with_model_alias(&self, model: String, model_version: PyModelVersion) -> Self {
         self.with(|o| {
-            o.model_versions_by_name.insert(model, model_version);
+            o.model_versions_by_name.insert(model, model_version.into());
         })
     }
-    fn with_model_versions_by_name(&self, model_versions_by_name: BTreeMap<String, ModelVersion>) -> Self {
-        self.with(|o| o.model_versions_by_name = model_versions_by_name)
+    fn with_model_versions_by_name(&self, model_versions_by_name: BTreeMap<String, PyModelVersion>) -> Self {
+        let versions = model_versions_by_name.into_iter().map(|(name, v)| (name, v.into())).collect();
+        self.with(|o| o.model_versions_by_name = versions)
     }
     fn with_thinking_max_tokens_upper_bound(&self, thinking_max_tokens_upper_bound: u32) -> Self {
         self.with(|o| o.thinking_max_tokens_upper_bound = thinking_max_tokens_upper_bound)
@@ -233,8 +240,8 @@ pub struct PyConversationRequest {
 #[pymethods]
 impl PyConversationRequest {
     #[new]
-    fn new(conversation: &PyConversation, model_version: ModelVersion) -> Self {
-        Self { inner: ConversationRequest::new(conversation.inner.clone(), model_version) }
+    fn new(conversation: &PyConversation, model_version: PyModelVersion) -> Self {
+        Self { inner: ConversationRequest::new(conversation.inner.clone(), model_version.into()) }
     }
     #[getter]
     fn conversation(&self) -> PyConversation {
@@ -249,8 +256,8 @@ impl PyConversationRequest {
         PyParsingOptions { inner: self.inner.parsing_options.clone() }
     }
     #[getter]
-    fn model_version(&self) -> ModelVersion {
-        self.inner.model_version
+    fn model_version(&self) -> PyModelVersion {
+        self.inner.model_version.into()
     }
     #[getter]
     fn stream(&self) -> bool {
@@ -383,9 +390,9 @@ protocol_request!("ResponsesRequest", PyResponsesRequest, responses::ResponsesRe
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConversionError", m.py().get_type::<ConversionError>())?;
-    m.add_class::<ModelVersion>()?;
-    m.add_class::<WebSearchBehavior>()?;
-    m.add_class::<ReasoningContentBehavior>()?;
+    m.add_class::<PyModelVersion>()?;
+    m.add_class::<PyWebSearchBehavior>()?;
+    m.add_class::<PyReasoningContentBehavior>()?;
     m.add_class::<PyConversionOptions>()?;
     m.add_class::<PyOutputConstraint>()?;
     m.add_class::<PyInferenceOptions>()?;

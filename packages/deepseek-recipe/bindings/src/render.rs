@@ -3,13 +3,14 @@
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::messages::{PyImageSource, PyMessage, PyToolDefinition};
-use super::tokenizer::PyTokenizer;
-use super::tokens::PySpecialTokens;
-use super::value::{to_py, to_value};
-use crate::conversation::{Conversation, ReasoningEffort, ResponseFormat, ToolChoice};
-use crate::render::{PromptFormat, RenderedPrompt, Renderer};
-use crate::tokenizer::Tokenizer;
+use deepseek_recipe::conversation::{Conversation, ReasoningEffort, ResponseFormat, ToolChoice};
+use deepseek_recipe::render::{PromptFormat, RenderedPrompt, Renderer};
+use deepseek_recipe::tokenizer::Tokenizer;
+
+use crate::messages::{PyImageSource, PyMessage, PyToolDefinition};
+use crate::tokenizer::PyTokenizer;
+use crate::tokens::PySpecialTokens;
+use crate::value::{to_py, to_value};
 
 #[pyclass(name = "Conversation", module = "deepseek_recipe._native", frozen)]
 #[derive(Clone)]

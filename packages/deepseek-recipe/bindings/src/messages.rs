@@ -4,9 +4,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::value::{to_py, to_value};
-use crate::image_source::{ImageData, ImageDetail, ImageSource};
-use crate::messages::{ImageContent, Message, ToolCall, ToolDefinition};
+use deepseek_recipe::image_source::{ImageData, ImageDetail, ImageSource};
+use deepseek_recipe::messages::{ImageContent, Message, ToolCall, ToolDefinition};
+
+use crate::value::{to_py, to_value};
 
 #[pyclass(name = "ToolCall", module = "deepseek_recipe._native", frozen)]
 #[derive(Clone)]

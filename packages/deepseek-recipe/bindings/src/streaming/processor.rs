@@ -3,17 +3,18 @@
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 
+use deepseek_recipe::response::chat::ChatGenerator;
+use deepseek_recipe::response::messages::MessagesGenerator;
+use deepseek_recipe::response::responses::ResponsesGenerator;
+use deepseek_recipe::stream::InferenceChunk;
+use deepseek_recipe::stream::processor::{StreamError, StreamProcessor};
+
+use crate::tokenizer::PyTokenizer;
 use super::generators::{
     PyChatCompletionChunk, PyChatCompletionChunkGenerator, PyMessagesChunkGenerator, PyMessagesStreamEvent,
     PyResponsesChunkGenerator, PyResponsesStreamEvent,
 };
 use super::options::{PyInferenceChunk, PyParsingOptions};
-use crate::python::tokenizer::PyTokenizer;
-use crate::response::chat::ChatGenerator;
-use crate::response::messages::MessagesGenerator;
-use crate::response::responses::ResponsesGenerator;
-use crate::stream::processor::{StreamError, StreamProcessor};
-use crate::stream::InferenceChunk;
 
 #[allow(clippy::large_enum_variant)] // one per Python object; boxing buys nothing
 enum Processor {

@@ -5,11 +5,14 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::python::conversion::PyResponsesEcho;
-use crate::response::chat::{ChatChunk, ChatConfig, ChatGenerator, ChatResponse};
-use crate::response::messages::{MessagesEvent, MessagesGenerator, MessagesResponse};
-use crate::response::responses::{ResponsesConfig, ResponsesEvent, ResponsesGenerator, ResponsesResponse};
-use crate::stream::PromptUsage;
+use deepseek_recipe::response::chat::{ChatChunk, ChatConfig, ChatGenerator, ChatResponse};
+use deepseek_recipe::response::messages::{MessagesEvent, MessagesGenerator, MessagesResponse};
+use deepseek_recipe::response::responses::{
+    ResponsesConfig, ResponsesEvent, ResponsesGenerator, ResponsesResponse,
+};
+use deepseek_recipe::stream::PromptUsage;
+
+use crate::conversion::PyResponsesEcho;
 
 /// A generator that a stream processor or a builder consumes exactly once.
 pub struct Once<T>(Mutex<Option<T>>);

@@ -8,13 +8,14 @@ use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::image_source::ImageDetail;
-use crate::images::fetch::ImageFetcher;
-use crate::images::preprocess::{preprocess, PreprocessOptions};
-use crate::images::resolve::{resolve, ImageQuota};
-use crate::images::tokens::CalcResizeError as RustCalcResizeError;
-use crate::images::{ImageError as RustImageError, ImageInfo, MultiModalData};
-use crate::python::messages::PyImageSource;
+use deepseek_recipe::image_source::ImageDetail;
+use deepseek_recipe::images::fetch::ImageFetcher;
+use deepseek_recipe::images::preprocess::{preprocess, PreprocessOptions};
+use deepseek_recipe::images::resolve::{resolve, ImageQuota};
+use deepseek_recipe::images::tokens::CalcResizeError as RustCalcResizeError;
+use deepseek_recipe::images::{ImageError as RustImageError, ImageInfo, MultiModalData};
+
+use crate::messages::PyImageSource;
 
 create_exception!(_native, ImageError, PyException, "A failure to resolve, fetch, or preprocess images.");
 create_exception!(_native, CalcResizeError, PyValueError, "The image token calculation did not converge.");

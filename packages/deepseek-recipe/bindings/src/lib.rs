@@ -1,8 +1,10 @@
-//! PyO3 bindings: the `deepseek_recipe._native` module. Each submodule registers its own classes.
+//! PyO3 bindings of the `deepseek-recipe` core: the `deepseek_recipe._native` module. Each submodule
+//! registers its own classes.
 use pyo3::prelude::*;
 
 pub mod conversion;
 pub mod messages;
+mod mirror;
 pub mod render;
 pub mod streaming;
 pub mod tokenizer;

@@ -3,7 +3,7 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::tokenizer::Tokenizer;
+use deepseek_recipe::tokenizer::Tokenizer;
 
 #[pyclass(name = "Tokenizer", module = "deepseek_recipe._native", frozen)]
 pub struct PyTokenizer {

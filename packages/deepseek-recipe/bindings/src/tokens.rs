@@ -2,13 +2,22 @@
 
 use pyo3::prelude::*;
 
-use crate::tokens::{SpecialToken, SpecialTokens};
+use deepseek_recipe::tokens::{SpecialToken, SpecialTokens};
+
+use crate::mirror::py_enum;
+
+py_enum!(
+    /// A kind of special token the renderer and the stream parser know about.
+    PySpecialToken mirrors SpecialToken as "SpecialToken" {
+        Bos, Eos, ThinkingStart, ThinkingEnd, System, User, Assistant, LatestReminder, Dsml, Image,
+        Ref, RefEnd, Box, BoxEnd, Point, PointEnd, Polygon, PolygonEnd,
+    }
+);
 
 #[pymethods]
-impl SpecialToken {
-    #[pyo3(name = "default_str")]
-    fn py_default_str(&self) -> &'static str {
-        self.default_str()
+impl PySpecialToken {
+    fn default_str(&self) -> &'static str {
+        SpecialToken::from(*self).default_str()
     }
 }
 
@@ -60,13 +69,13 @@ impl PySpecialTokens {
         Self { inner }
     }
 
-    fn token(&self, token: SpecialToken) -> String {
-        self.inner.token(token).to_owned()
+    fn token(&self, token: PySpecialToken) -> String {
+        self.inner.token(token.into()).to_owned()
     }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<SpecialToken>()?;
+    m.add_class::<PySpecialToken>()?;
     m.add_class::<PySpecialTokens>()?;
     Ok(())
 }
