@@ -73,8 +73,13 @@ class DeepseekV41Runtime:
         self.history: torch.Tensor | None = None  # Engram: [slots, history_len] ids, position p at p % len
         self.last_is_consumer = model.blocks[-1].spec.is_yoco_consumer
         self.graphs: DecodeGraphs | None = None
-        if options.cuda_graphs and self.device.type != "cuda":
+        self.use_graphs = options.cuda_graphs and self.device.type == "cuda"
+        if options.cuda_graphs and not self.use_graphs:
             logger.info("CUDA graphs: not available on %s, every step runs eagerly", self.device)
+        elif self.use_graphs and any(blk.moe.ep is not None for blk in model.blocks):
+            # expert parallelism exchanges row counts through the host: a step is not capturable
+            self.use_graphs = False
+            logger.info("CUDA graphs: off under expert parallelism, every step runs eagerly")
 
     # --- cache management (interface.CausalLM)
 
@@ -99,7 +104,7 @@ class DeepseekV41Runtime:
         geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
         self.builder = MetadataBuilder(geometry, self.device)
         self.graphs = None  # graphs read the cache's addresses: recaptured for a new cache
-        if self.options.cuda_graphs and self.device.type == "cuda":
+        if self.use_graphs:
             self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, CudaRecorder())
 
     def reset_slot(self, slot: int) -> None:
