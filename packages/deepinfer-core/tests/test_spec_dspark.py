@@ -177,3 +177,20 @@ def test_dspark_needs_draft_blocks(tmp_path: Path, speculators) -> None:
         LLM(path, speculator="dspark", max_model_len=64)
     with pytest.raises(SettingError, match=r"'nope' is not installed \(installed: \['dspark', 'reference'\]"):
         LLM(path, speculator="nope", max_model_len=64)
+
+
+TRAINED = Path(__file__).resolve().parents[3] / "checkpoints" / "tiny-stdlib"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (TRAINED / "config.json").exists(), reason="the trained default model is not here")
+@pytest.mark.usefixtures("speculators")
+def test_trained_default_model_accepts_drafts_and_keeps_greedy_output() -> None:
+    texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "import os\nimport sys\nfor name in"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = []
+    for kwargs in ({}, {"speculator": "dspark"}):
+        llm = LLM(TRAINED, max_model_len=256, max_num_seqs=2, log_stats_interval=0, **kwargs)
+        outs.append([o.outputs[0].token_ids for o in llm.generate(texts, params, use_tqdm=False)])
+    assert outs[0] == outs[1]
+    assert llm.engine.stats.mean_accepted_length() > 1.5  # a trained drafter, unlike random weights
