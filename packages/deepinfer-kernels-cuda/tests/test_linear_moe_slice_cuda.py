@@ -40,8 +40,9 @@ def _reference_forward():
 
 def _run(config, tensors, token_map, backend: str, dtype: torch.dtype, prompt: list[int],
          decode: list[int] | None) -> list[torch.Tensor]:
-    """Logits of the prefill (every position) then of each decode step; decode None: greedy (argmax)."""
-    runtime = build_runtime(config, tensors, dtype=dtype, ops=get_ops(backend, "cuda"),
+    """Logits of the prefill (every position) then of each decode step; decode None: greedy (argmax).
+    The runtime releases checkpoint entries it has consumed: it gets its own dict of the tensors."""
+    runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=get_ops(backend, "cuda"),
                             engram_token_map=token_map, options=RuntimeOptions(cache_precision="release"))
     steps = len(decode) if decode is not None else 4
     blocks = -(-(len(prompt) + steps) // runtime.cache_layout().block_size)

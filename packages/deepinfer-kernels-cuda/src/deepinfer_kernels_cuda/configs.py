@@ -72,9 +72,9 @@ def block_k(k: int, want: int) -> int:
 def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """Shape heuristic: weight streaming for small M, 128-row tiles for large M; split-K wherever the
     output tiles alone leave SMs idle (about 2 programs per SM, each with >= 4 K steps)."""
-    if m <= GEMV_M:  # 8-row tiles: many programs, each streaming 16-byte loads (tuned at M=1 on the H200)
-        bk = block_k(k, 1024 // m_bucket(m))
-        bn, bm, warps, stages = 8, m_bucket(m), 4, 1
+    if m <= GEMV_M:  # 16-row tiles: many programs, each streaming 16-byte loads
+        bk = block_k(k, 512 // m_bucket(m))
+        bn, bm, warps, stages = 16, m_bucket(m), 4, 1
     elif m <= 64:
         bk = block_k(k, 256 if kernel == "fp8" else 128)
         bn, bm, warps, stages = 64, max(16, m_bucket(m)), 4, 4

@@ -59,44 +59,17 @@ def e2m1_pair_times_2pow_m14(packed):
 
 
 @triton.jit
-def load_tile(w_ptr, s_ptr, offs_n, k0, mask, stride_wn, stride_sn,
-              BN: tl.constexpr, BK: tl.constexpr, PACK: tl.constexpr, SCALE_ROWS: tl.constexpr):
-    """Stored bytes of weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK): values [BN, BK/PACK]
-    (PACK 2: packed FP4) and UE8M0 scales [BN, BK/32], one per SCALE_ROWS rows per 32 columns. `mask`
-    [BN, 1] selects what is read: masked values are unspecified (they only feed outputs that are never
-    stored), masked scales 127."""
-    kb = tl.multiple_of(k0 // PACK, BK // PACK) + tl.arange(0, BK // PACK)  # alignment hint: wide loads
-    raw = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=mask)
-    sk = k0 // _G + tl.arange(0, BK // _G)
-    s = tl.load(s_ptr + (offs_n // SCALE_ROWS)[:, None] * stride_sn + sk[None, :], mask=mask, other=127)
-    return raw, s
-
-
-@triton.jit
-def step_rows(offs_n, n_mask, k0, k_end):
-    """`load_tile` mask [BN, 1] for the step at column k0: the valid rows, none once k0 reaches k_end."""
-    return (n_mask & (offs_n * 0 + k0 < k_end))[:, None]
-
-
-@triton.jit
-def fp8_decode(raw, s, BN: tl.constexpr, BK: tl.constexpr):
-    """`load_tile` bytes of an FP8 weight -> float32 [BN, BK], scales applied."""
-    return scale_groups(raw.to(tl.float32), pow2(s, 0), BN, BK, _G)
-
-
-@triton.jit
 def fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
              BN: tl.constexpr, BK: tl.constexpr, SCALE_ROWS: tl.constexpr):
     """FP8 weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK), one scale per SCALE_ROWS rows
     per 32 columns: 32 for the 32x32-block linears, 1 for experts re-encoded from FP4."""
-    raw, s = load_tile(w_ptr, s_ptr, offs_n, k0, n_mask[:, None], stride_wn, stride_sn, BN, BK, 1, SCALE_ROWS)
-    return fp8_decode(raw, s, BN, BK)
-
-
-@triton.jit
-def fp4_decode(raw, s, BN: tl.constexpr, BK: tl.constexpr):
-    """`load_tile` bytes of a release-packed FP4 weight -> float32 [BN, BK], scales applied."""
-    return scale_groups(e2m1_times_2pow_m14(raw), pow2(s, 14), BN, BK, _G)
+    offs_k = tl.multiple_of(k0, BK) + tl.arange(0, BK)  # alignment hint for vector loads
+    # no `other`: rows past N only feed output rows that are never stored
+    wq = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None])
+    sk = k0 // _G + tl.arange(0, BK // _G)
+    rows = offs_n // SCALE_ROWS
+    s = tl.load(s_ptr + rows[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    return scale_groups(wq.to(tl.float32), pow2(s, 0), BN, BK, _G)
 
 
 @triton.jit
@@ -104,8 +77,11 @@ def fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                    BN: tl.constexpr, BK: tl.constexpr):
     """Packed FP4 weight rows offs_n x columns k0..k0+BK (k0 a multiple of BK) with 1x32 row scales, as
     BF16 (exact), decoded through float32 Triton ops."""
-    raw, s = load_tile(w_ptr, s_ptr, offs_n, k0, n_mask[:, None], stride_wn, stride_sn, BN, BK, 2, 1)
-    return fp4_decode(raw, s, BN, BK).to(tl.bfloat16)  # exact
+    kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
+    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
+    sk = k0 // _G + tl.arange(0, BK // _G)
+    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    return scale_groups(e2m1_times_2pow_m14(packed), pow2(s, 14), BN, BK, _G).to(tl.bfloat16)  # exact
 
 
 @triton.jit
@@ -118,20 +94,32 @@ def split_columns(k0, BK: tl.constexpr):
 
 
 @triton.jit
+def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr):
+    """Split-layout FP4 rows offs_n x columns k0..k0+BK: (low, high) nibble values * 2^-14 as float32
+    [BN, BK/2] and the matching scales 2^(s+14) [BN, BK/32] (one per 16 bytes)."""
+    kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
+    # no `other`: rows past N only feed output rows that are never stored
+    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
+    sk = k0 // _G + tl.arange(0, BK // _G)
+    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    lo, hi = e2m1_pair_times_2pow_m14(packed)
+    return lo, hi, pow2(s, 14)
+
+
+@triton.jit
 def fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                    BN: tl.constexpr, BK: tl.constexpr):
     """Split-layout FP4 rows offs_n x columns k0..k0+BK as two BF16 tiles [BN, BK/2] (exact): the
     columns `split_columns` names, low nibbles then high."""
-    raw, s = load_tile(w_ptr, s_ptr, offs_n, k0, n_mask[:, None], stride_wn, stride_sn, BN, BK, 2, 1)
-    lo, hi = e2m1_pair_times_2pow_m14(raw)
-    sc = pow2(s, 14)
+    lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
     return (scale_groups(lo, sc, BN, BK // 2, _G // 2).to(tl.bfloat16),
             scale_groups(hi, sc, BN, BK // 2, _G // 2).to(tl.bfloat16))
 
 
 @triton.jit
-def fp4_gemv_products(raw, s, x_lo, x_hi, BN: tl.constexpr, BK: tl.constexpr):
-    """`load_tile` bytes of a split-layout FP4 weight times one input row, given at the low and high
+def fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi,
+                      BN: tl.constexpr, BK: tl.constexpr):
+    """Split-layout FP4 rows offs_n x columns k0..k0+BK times one input row, given at the low and high
     nibbles' columns [BK/2]: float32 [BN, BK/2], each entry a column pair's scaled products summed."""
-    lo, hi = e2m1_pair_times_2pow_m14(raw)
-    return scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], pow2(s, 14), BN, BK // 2, _G // 2)
+    lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+    return scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, _G // 2)

@@ -32,15 +32,7 @@ import triton.language as tl
 
 from deepinfer.ops.reference import linear as reference_linear
 from deepinfer_kernels_cuda import configs
-from deepinfer_kernels_cuda.dequant import (
-    GROUP,
-    fp4_decode,
-    fp4_group_tile,
-    fp8_decode,
-    fp8_tile,
-    load_tile,
-    step_rows,
-)
+from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile, fp8_tile
 
 Kind = Literal["fp8", "fp4", "dense"]
 _BLOCK_ROWS = tl.constexpr(GROUP)  # FP8 weights: one scale per 32x32 block
@@ -137,10 +129,8 @@ def _gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
-    KIND: tl.constexpr, PACK: tl.constexpr, SCALE_ROWS: tl.constexpr,
-    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
-    """KIND 0: FP8, one scale per SCALE_ROWS (32) rows; 1: packed FP4 (PACK 2 values per byte)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -150,22 +140,15 @@ def _gemv_kernel(
     x_rows = x_ptr + offs_m[:, None] * stride_xm + (pid_n * BN // rows_per_group) * K
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    # one step's weight bytes are loaded ahead of the step that uses them: two tiles in flight
-    raw, s = load_tile(w_ptr, s_ptr, offs_n, k_lo, step_rows(offs_n, n_mask, k_lo, k_hi),
-                       stride_wn, stride_sn, BN, BK, PACK, SCALE_ROWS)
     # elementwise products accumulate across K steps; one reduction at the end
     acc = tl.zeros((BN, BM, BK), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        nxt = k0 + BK
-        raw_next, s_next = load_tile(w_ptr, s_ptr, offs_n, nxt, step_rows(offs_n, n_mask, nxt, k_hi),
-                                     stride_wn, stride_sn, BN, BK, PACK, SCALE_ROWS)
         if KIND == 0:
-            w = fp8_decode(raw, s, BN, BK)
+            w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _BLOCK_ROWS)
         else:
-            w = fp4_decode(raw, s, BN, BK)
+            w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK).to(tl.float32)
         xt = tl.load(x_rows + (k0 + tl.arange(0, BK))[None, :], mask=m_mask[:, None], other=0.0)
         acc += w[:, None, :] * xt.to(tl.float32)[None, :, :]
-        raw, s = raw_next, s_next
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(ptrs, tl.sum(acc, axis=2).to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
@@ -210,9 +193,7 @@ def block_linear(
             x.stride(0), w.weight.stride(0), w.scale.stride(0), n, m * n)
     if m <= configs.GEMV_M:
         _gemv_kernel[(triton.cdiv(n, cfg.block_n), split)](
-            *args, KIND=_KIND_CODE[w.kind], PACK=2 if w.kind == "fp4" else 1,
-            SCALE_ROWS=1 if w.kind == "fp4" else GROUP, BN=cfg.block_n, BM=triton.next_power_of_2(m),
-            BK=cfg.block_k,
+            *args, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=triton.next_power_of_2(m), BK=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     else:

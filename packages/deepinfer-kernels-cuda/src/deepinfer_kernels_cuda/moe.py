@@ -33,11 +33,8 @@ from deepinfer_kernels_cuda.dequant import (
     GROUP,
     fp4_gemv_products,
     fp4_split_tile,
-    fp8_decode,
     fp8_tile,
-    load_tile,
     split_columns,
-    step_rows,
 )
 from deepinfer_kernels_cuda.linear import PreparedLinear, linear, mm_out
 
@@ -363,18 +360,22 @@ _GEMV_BN, _GEMV_BK, _GEMV_WARPS = 16, 256, 4
 
 
 @triton.jit
-def _row_products(x_row, raw, s, k0, KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """`load_tile` bytes of weight columns k0..k0+BK times one input row: float32 [BN, BK] for FP8
+def _row_products(x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                  KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Products of weight rows offs_n x columns k0..k0+BK with one input row: float32 [BN, BK] for FP8
     (KIND 0: 32x32 block scales, the shared expert; KIND 2: 1x32, experts re-encoded from FP4), column-pair
     sums [BN, BK/2] for split-layout FP4 (KIND 1)."""
-    if KIND == 1:
+    if KIND == 0:
+        xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
+        p = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 32) * xk[None, :]
+    elif KIND == 2:
+        xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
+        p = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 1) * xk[None, :]
+    else:
         cols_lo, cols_hi = split_columns(k0, BK)
         x_lo = tl.load(x_row + cols_lo).to(tl.float32)
         x_hi = tl.load(x_row + cols_hi).to(tl.float32)
-        p = fp4_gemv_products(raw, s, x_lo, x_hi, BN, BK)
-    else:
-        xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
-        p = fp8_decode(raw, s, BN, BK) * xk[None, :]
+        p = fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi, BN, BK)
     return p
 
 
@@ -382,12 +383,12 @@ def _row_products(x_row, raw, s, k0, KIND: tl.constexpr, BN: tl.constexpr, BK: t
 def _gate_up_gemv_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
-    TOPK: tl.constexpr, KIND: tl.constexpr, PACK: tl.constexpr, SCALE_ROWS: tl.constexpr,
-    ROUTED: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    TOPK: tl.constexpr, KIND: tl.constexpr, PACK: tl.constexpr, ROUTED: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr,
 ):
     """act[a] = SwiGLU(x[a // TOPK] W1^T, x W3^T), times assignment a's routing weight when ROUTED
-    (experts picked by ids); not ROUTED: the shared expert, one program row per token. PACK: values per
-    stored byte (2 for FP4); SCALE_ROWS: rows per scale (32 for the shared expert's blocks)."""
+    (experts picked by ids); not ROUTED: the shared expert, one program row per token. PACK: weight
+    columns per `_row_products` column (2 for FP4)."""
     a = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = offs_n < inter
@@ -398,22 +399,11 @@ def _gate_up_gemv_kernel(
         w3_ptr += expert * stride_we
         s1_ptr += expert * stride_se
         s3_ptr += expert * stride_se
-    # each step's weight bytes are loaded one step ahead: two tiles per matrix in flight
-    g_raw, g_s = load_tile(w1_ptr, s1_ptr, offs_n, 0, n_mask[:, None], stride_wn, stride_sn,
-                           BN, BK, PACK, SCALE_ROWS)
-    u_raw, u_s = load_tile(w3_ptr, s3_ptr, offs_n, 0, n_mask[:, None], stride_wn, stride_sn,
-                           BN, BK, PACK, SCALE_ROWS)
     acc_g = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     acc_u = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, H, BK):
-        ahead = step_rows(offs_n, n_mask, k0 + BK, H)
-        g_raw_next, g_s_next = load_tile(w1_ptr, s1_ptr, offs_n, k0 + BK, ahead, stride_wn, stride_sn,
-                                         BN, BK, PACK, SCALE_ROWS)
-        u_raw_next, u_s_next = load_tile(w3_ptr, s3_ptr, offs_n, k0 + BK, ahead, stride_wn, stride_sn,
-                                         BN, BK, PACK, SCALE_ROWS)
-        acc_g += _row_products(x_row, g_raw, g_s, k0, KIND, BN, BK)
-        acc_u += _row_products(x_row, u_raw, u_s, k0, KIND, BN, BK)
-        g_raw, g_s, u_raw, u_s = g_raw_next, g_s_next, u_raw_next, u_s_next
+        acc_g += _row_products(x_row, w1_ptr, s1_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
+        acc_u += _row_products(x_row, w3_ptr, s3_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(tl.sum(acc_g, axis=1).to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(tl.sum(acc_u, axis=1).to(out_ty).to(tl.float32), -limit), limit)
@@ -435,14 +425,9 @@ def _down_gemv_kernel(
     w2_e = w2_ptr + expert * stride_we
     s2_e = s2_ptr + expert * stride_se
     act_row = act_ptr + a.to(tl.int64) * inter
-    raw, s = load_tile(w2_e, s2_e, offs_n, 0, n_mask[:, None], stride_wn, stride_sn, BN, BK, PACK, 1)
     acc = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, inter, BK):
-        ahead = step_rows(offs_n, n_mask, k0 + BK, inter)
-        raw_next, s_next = load_tile(w2_e, s2_e, offs_n, k0 + BK, ahead, stride_wn, stride_sn,
-                                     BN, BK, PACK, 1)
-        acc += _row_products(act_row, raw, s, k0, KIND, BN, BK)
-        raw, s = raw_next, s_next
+        acc += _row_products(act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -458,7 +443,7 @@ def routed_experts_decode(
         x, experts.w1, experts.s1, experts.w3, experts.s3, ids.reshape(-1), weights.reshape(-1), act,
         i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
         experts.s1.stride(0), experts.s1.stride(1), float(swiglu_limit),
-        TOPK=k, KIND=kind, PACK=pack, SCALE_ROWS=1, ROUTED=True, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
+        TOPK=k, KIND=kind, PACK=pack, ROUTED=True, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
         num_warps=_GEMV_WARPS,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
@@ -480,7 +465,7 @@ def _shared_gate_up_decode(
     _gate_up_gemv_kernel[(t, triton.cdiv(i, _GEMV_BN))](
         x, w1.weight, w1.scale, w3.weight, w3.scale, act, act, act,  # ids / routing weights unused
         i, h, x.stride(0), 0, w1.weight.stride(0), 0, w1.scale.stride(0), float(limit),
-        TOPK=1, KIND=0, PACK=1, SCALE_ROWS=GROUP, ROUTED=False, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
+        TOPK=1, KIND=0, PACK=1, ROUTED=False, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
         num_warps=_GEMV_WARPS,
     )
     return act
