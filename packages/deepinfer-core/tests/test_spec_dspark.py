@@ -20,6 +20,7 @@ from deepinfer.speculators.interface import Proposal, ProposeBatch, ProposeReque
 from deepinfer.testing import write_tiny_checkpoint
 
 dspark_mod = pytest.importorskip("deepinfer_spec.dspark")
+ngram_mod = pytest.importorskip("deepinfer_spec.ngram")
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -61,7 +62,8 @@ class ReferenceProposer:
 
 @pytest.fixture
 def speculators(monkeypatch):
-    found = {"dspark": dspark_mod.DSparkProposer, "reference": ReferenceProposer}
+    found = {"dspark": dspark_mod.DSparkProposer, "ngram": ngram_mod.NgramProposer,
+             "reference": ReferenceProposer}
     monkeypatch.setattr(registry, "available_speculators", lambda: found)
 
 
@@ -76,9 +78,10 @@ def test_greedy_speculation_equals_no_speculation(checkpoint: Path) -> None:
     reqs = [(p, GREEDY) for p in prompts(3)]
     reqs.append((prompts(4)[3], SamplingParams(temperature=0, max_tokens=10, n=2, ignore_eos=True)))
     plain, _ = generate(checkpoint, reqs)
-    drafted, llm = generate(checkpoint, reqs, speculator="dspark")
-    assert drafted == plain
-    assert llm.engine.stats.spec_draft_tokens > 0
+    for name in ("dspark", "ngram"):
+        drafted, llm = generate(checkpoint, reqs, speculator=name)
+        assert drafted == plain, name
+        assert llm.engine.stats.spec_draft_tokens > 0
     ReferenceProposer.reference = {tuple(p): out[0] for (p, _), out in zip(reqs, plain, strict=True)}
     referenced, llm = generate(checkpoint, reqs, speculator="reference", num_draft_tokens=3)
     assert referenced == plain
@@ -175,7 +178,7 @@ def test_dspark_needs_draft_blocks(tmp_path: Path, speculators) -> None:
     path = write_tiny_checkpoint("swa_only", tmp_path, seed=1)
     with pytest.raises(SettingError, match="speculator: speculator 'dspark' needs a checkpoint with DSpark"):
         LLM(path, speculator="dspark", max_model_len=64)
-    with pytest.raises(SettingError, match=r"'nope' is not installed \(installed: \['dspark', 'reference'\]"):
+    with pytest.raises(SettingError, match=r"'nope' is not installed \(installed: \['dspark', 'ngram', 're"):
         LLM(path, speculator="nope", max_model_len=64)
 
 
