@@ -15,7 +15,7 @@ from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
 from deepinfer.config import TextConfig
 from deepinfer.distributed.frontend import assign_least_loaded
 from deepinfer.distributed.placement import ExpertPlacement, balanced_placement, imbalance
-from deepinfer.distributed.state import ParallelState, use_parallel
+from deepinfer.distributed.state import ParallelState, parallel_state, use_parallel
 from deepinfer.models.deepseek_v41.moe import MoE
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import get_ops
@@ -46,6 +46,14 @@ def test_balanced_placement_replicates_hot_experts_and_lowers_the_peak():
     before, after = imbalance(old.rank_loads(load)), imbalance(new.rank_loads(load))
     assert after < before and after == pytest.approx(1.0, abs=0.05)
     assert balanced_placement(load, 10, 2) == new  # deterministic: every rank computes the same
+
+
+def test_one_rank_is_no_parallel_layout():
+    with use_parallel(ParallelState(0, 1, None)) as active:
+        assert active is None
+    with use_parallel(ParallelState(0, 2, None)) as active:
+        assert active is not None and parallel_state() is active
+    assert parallel_state() is None
 
 
 def test_requests_go_to_the_least_loaded_rank():
@@ -93,9 +101,8 @@ def test_expert_parallel_moe_equals_the_single_process_op(one_rank_group):
                 quantize_fp4(torch.randn(r, c, generator=g) * 0.1))
     t.update({f"layers.0.ffn.{k}": v for k, v in t.items() if k.startswith("gate.")})
     single = MoE.load(Weights(dict(t)).sub("layers.0.ffn."), cfg, e, 3, OPS, torch.float32)
-    # a one-rank "group" still dispatches through the exchange, here over 8 + 5 slots (5 redundant)
-    with use_parallel(ParallelState(0, 1, None, redundant_experts=5)) as active:
-        assert active is None  # one rank: no parallel layout
+    # a one-rank "group" (use_parallel ignores one rank) still dispatches through the exchange, here
+    # over 8 + 5 slots: 5 experts have two replicas, their pairs split over both
     state = ParallelState(0, 1, None, redundant_experts=5)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("deepinfer.models.deepseek_v41.moe.parallel_state", lambda: state)

@@ -59,21 +59,28 @@ class ExpertParallel:
             raise TypeError(f"expert parallelism computes experts with the reference expert math; the "
                             f"backend prepared {type(layer.experts).__name__}")
         weights, ids = route(x, layer, image_mask)
-        k = ids.shape[1]
+        routed = self._routed(x.to(layer.dtype), weights, ids, layer)
+        dt = layer.dtype
+        act = swiglu_clamped(ops.linear(x, layer.shared_w1, dt), ops.linear(x, layer.shared_w3, dt),
+                             layer.swiglu_limit)
+        return routed.to(dt) + ops.linear(act.to(dt), layer.shared_w2, dt)
+
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, layer: MoEWeights
+                ) -> torch.Tensor:
+        """Float32 sums [T, H] of the routed experts' outputs: dispatch, compute, combine."""
         flat = ids.flatten()
         order = flat.argsort(stable=True)  # the reference's accumulation order
-        logical = flat[order]
-        tokens = order // k
+        tokens = order // ids.shape[1]
         counts = torch.bincount(flat, minlength=self.placement.n_experts)
         self.loads.append(counts.cpu())
-        slot = self._slots(logical, counts)
+        slot = self._slots(flat[order], counts)
         per_rank = self.placement.per_rank
         dest = slot // per_rank
-        send_order = dest.argsort(stable=True)
+        send_order = dest.argsort(stable=True)  # pairs grouped by destination rank
         send_t = torch.bincount(dest, minlength=self.placement.world_size)
         send = send_t.tolist()
         recv = exchange_counts(send_t, self.group)
-        xs = x.to(layer.dtype).index_select(0, tokens[send_order])
+        xs = x.index_select(0, tokens[send_order])
         meta = torch.stack((weights.flatten()[order], (slot % per_rank).float()), -1)[send_order]
         xr = exchange_rows(xs, send, recv, self.group)
         mr = exchange_rows(meta, send, recv, self.group)
@@ -83,18 +90,13 @@ class ExpertParallel:
         y = torch.cat([routed_experts(xs_r, m_r[:, :1], m_r[:, 1:].long(), layer.experts, layer.swiglu_limit)
                        for xs_r, m_r in zip(xr.split(recv), mr.split(recv))])
         back = exchange_rows(y, recv, send, self.group)
-        row = x.shape[1] * xs.element_size()  # dispatched rows and returned outputs: layer.dtype
-        self.comm.bytes_sent += ((sum(send) - send[self.rank]) * (row + 2 * meta.element_size())
+        row = x.shape[1] * x.element_size()  # a dispatched row, and an output sent back
+        self.comm.bytes_sent += ((sum(send) - send[self.rank]) * (row + meta.shape[1] * meta.element_size())
                                  + (sum(recv) - recv[self.rank]) * row)
         self.comm.tokens += x.shape[0]
         pairs = torch.empty_like(back)
-        pairs[send_order] = back
-        routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        routed.index_add_(0, tokens, pairs.float())
-        dt = layer.dtype
-        act = swiglu_clamped(ops.linear(x, layer.shared_w1, dt), ops.linear(x, layer.shared_w3, dt),
-                             layer.swiglu_limit)
-        return routed.to(dt) + ops.linear(act.to(dt), layer.shared_w2, dt)
+        pairs[send_order] = back  # back in the accumulation order
+        return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, tokens, pairs.float())
 
     def _slots(self, logical: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Physical slot of each pair (pairs sorted by logical expert): an expert's pairs go round-robin
