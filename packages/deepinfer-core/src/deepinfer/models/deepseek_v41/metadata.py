@@ -176,7 +176,8 @@ class Staging:
                 event.record()
                 self.events[self.turn] = event
         self.turn ^= 1
-        return [t.view(a.shape) for t, a in zip(flat.split(sizes), arrays, strict=True)]
+        # views only where needed: a view per array costs more than the copy at decode sizes
+        return [t if a.ndim == 1 else t.view(a.shape) for t, a in zip(flat.split(sizes), arrays, strict=True)]
 
 
 class MetadataBuilder:
