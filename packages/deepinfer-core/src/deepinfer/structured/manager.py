@@ -38,6 +38,7 @@ from deepinfer.engine.sequence import SeqStatus
 from deepinfer.engine.sequence import Sequence as Seq
 from deepinfer.ops import Ops, get_ops
 from deepinfer.sampling.params import SamplingParams, StructuredOutputs
+from deepinfer.sampling.sampler import to_device
 from deepinfer.structured.backend import Backend, Matcher
 
 GRAMMAR_ERROR = "grammar_error"
@@ -143,11 +144,13 @@ class StructuredManager:
         mask = self.fill(seqs, positions, latest)
         if mask is None:
             return logits
-        host = torch.from_numpy(mask)
-        if logits.device.type == "cuda":
-            host = host.pin_memory()
         ops = ops or get_ops(device=logits.device)
-        return ops.apply_token_bitmask(logits, host.to(logits.device, non_blocking=True))
+        rows = [i for i, s in enumerate(seqs) if s.request.params.structured_outputs is not None]
+        if len(rows) == len(seqs):
+            return ops.apply_token_bitmask(logits, _to_device(mask, logits.device))
+        idx = to_device(rows, logits.device)  # mask only the constrained rows
+        masked = ops.apply_token_bitmask(logits.index_select(0, idx), _to_device(mask[rows], logits.device))
+        return logits.index_copy(0, idx, masked)
 
     def fill(self, seqs: Sequence[Seq], positions: Sequence[int],
              latest: Callable[[Seq], int]) -> np.ndarray | None:
@@ -276,6 +279,14 @@ class StructuredManager:
             row[:] = self._eos_row
             if st.end_pos is None:
                 st.end_pos = position
+
+
+def _to_device(mask: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The host bitmask on `device` (pinned and non-blocking on CUDA: queued behind the forward)."""
+    host = torch.from_numpy(np.ascontiguousarray(mask))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def _allowed(row: np.ndarray, token: int) -> bool:
