@@ -91,7 +91,7 @@ class ChoiceParser:
         if self.done:
             return []
         self.token_ids += token_ids
-        if finish_reason == "stop" and token_ids and token_ids[-1] == self._eos:
+        if finish_reason in ("stop", "grammar_error") and token_ids and token_ids[-1] == self._eos:
             token_ids, logprobs = token_ids[:-1], logprobs[:-1] if logprobs else logprobs  # EOS is no text
         events = []
         if token_ids:
