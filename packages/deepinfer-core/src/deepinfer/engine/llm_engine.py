@@ -334,6 +334,7 @@ class LLMEngine:
                 self.stats.spec_verify_steps += 1
                 self.stats.spec_draft_tokens += v.num_drafts
                 self.stats.spec_accepted_tokens += v.num_accepted
+                self.stats.count_accepted_positions(v.num_accepted)
                 spec.num_drafts += v.num_drafts
                 spec.num_accepted += v.num_accepted
                 if spec.confidences is not None:
@@ -400,7 +401,8 @@ class LLMEngine:
                 seq.index, text, seq.output_ids[start:], logprobs,
                 seq.finish_reason.value if seq.finish_reason else None, seq.stop_reason, *spec_counts(seq)))
         n_out = max((s.num_outputs for s in req.seqs), default=0)
-        metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, n_out)
+        metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, n_out,
+                                 req.first_scheduled_time)
         prompt_lp = req.prompt_logprobs if req.params.prompt_logprobs is not None and finished else None
         return [RequestOutput(req.request_id, req.prompt, req.prompt_ids, completions, finished, metrics,
                               prompt_lp)]

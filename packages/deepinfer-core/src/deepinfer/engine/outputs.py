@@ -35,6 +35,12 @@ class RequestMetrics:
     first_token_time: float | None
     finish_time: float | None
     num_output_tokens: int
+    first_scheduled_time: float | None = None  # when the scheduler first gave it a batch slot
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first scheduling (None: never scheduled)."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:

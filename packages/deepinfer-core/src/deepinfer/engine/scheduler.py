@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from dataclasses import dataclass, field
 
 from deepinfer.engine.cache_manager import CacheManager
@@ -154,6 +155,8 @@ class Scheduler:
             self.cache.grow(seq, n)
             self.waiting.pop(0)
             seq.status = SeqStatus.RUNNING
+            if seq.request.first_scheduled_time is None:
+                seq.request.first_scheduled_time = time.time()
             bisect.insort(self.running, seq, key=lambda s: s.order)
             out.resets.append(seq.slot)
             self._add_segment(out, seq, n)

@@ -39,6 +39,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None  # end of its queue time; a preempted request keeps it
     finish_time: float | None = None
 
     @property

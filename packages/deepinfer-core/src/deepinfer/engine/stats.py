@@ -25,6 +25,14 @@ class EngineStats:
     spec_verify_steps: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # [j]: verifications accepting draft j
+
+    def count_accepted_positions(self, num_accepted: int) -> None:
+        """A verification accepts a prefix of its drafts: positions 0..num_accepted-1 count once each."""
+        per_pos = self.spec_accepted_per_pos
+        per_pos.extend([0] * (num_accepted - len(per_pos)))
+        for j in range(num_accepted):
+            per_pos[j] += 1
 
     def mean_accepted_length(self) -> float | None:
         """Tokens emitted per verifying sequence-step (accepted drafts + the target's token)."""

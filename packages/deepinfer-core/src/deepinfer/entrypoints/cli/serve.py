@@ -81,7 +81,8 @@ def make_state(args: argparse.Namespace) -> ServerState:
         options = options.with_model_alias(name, recipe.ModelVersion.DeepseekV41Flash)
     recipe_tokenizer = recipe.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     return ServerState(
-        recipe=recipe, engine=AsyncEngine(engine, args.max_num_queued_reqs), metrics=ServerMetrics(names[0]),
+        recipe=recipe, engine=AsyncEngine(engine, args.max_num_queued_reqs),
+        metrics=ServerMetrics(names[0], engine.proposer.num_draft_tokens if engine.proposer else 0),
         served_model_names=names, recipe_tokenizer=recipe_tokenizer,
         encoding=recipe.DeepseekV41Encoding().with_tokenizer(recipe_tokenizer), conversion_options=options,
         text_tokenizer=text_tokenizer, max_model_len=engine.max_model_len, api_key=args.api_key,

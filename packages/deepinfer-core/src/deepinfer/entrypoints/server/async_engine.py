@@ -33,6 +33,16 @@ class RequestAborted(Exception):
     """The front end aborted the request (client gone, cancelled): its stream ends here."""
 
 
+@dataclass(frozen=True)
+class SpecCounters:
+    """The engine's cumulative speculative-decoding counts, replaced whole so a reader never mixes steps."""
+
+    drafts: int = 0  # sequence-steps that verified at least one draft
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()  # [j]: verifications that accepted draft position j
+
+
 @dataclass
 class EngineSnapshot:
     """What the engine thread last published (read by /ready, /metrics and admission)."""
@@ -43,6 +53,7 @@ class EngineSnapshot:
     cache_all_free: bool = True
     steps: int = 0
     failed_steps: int = 0
+    spec: SpecCounters = field(default_factory=SpecCounters)
     heartbeat: float = field(default_factory=time.monotonic)  # last loop iteration (monotonic)
 
 
@@ -196,6 +207,10 @@ class AsyncEngine:
         s, sched, cache = self.snapshot, self.engine.scheduler, self.engine.cache
         s.running, s.waiting = len(sched.running), len(sched.waiting)
         s.kv_usage, s.cache_all_free = cache.usage, cache.all_free()
+        stats = self.engine.stats
+        if stats.spec_verify_steps != s.spec.drafts:
+            s.spec = SpecCounters(stats.spec_verify_steps, stats.spec_draft_tokens,
+                                  stats.spec_accepted_tokens, tuple(stats.spec_accepted_per_pos))
         s.heartbeat = time.monotonic()
 
     def _fail_streams(self, exc: BaseException) -> None:

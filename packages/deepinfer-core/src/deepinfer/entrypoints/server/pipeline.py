@@ -117,6 +117,7 @@ class Generation:
     params: SamplingParams
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
+    queue_time: float | None = None  # the engine's, from its request metrics
     output_tokens: int = 0
     token_ids: list[list[int]] = field(default_factory=list)  # per choice, once generation ended
     finish_reason: str = "abort"
@@ -141,6 +142,7 @@ async def generate(state: ServerState, gen: Generation,
                 now = time.monotonic()
                 if gen.first_token is None:
                     gen.first_token = now
+                    gen.queue_time = out.metrics.queue_time
                 elif last is not None:
                     state.metrics.itl.labels(state.model_name).observe(now - last)
                 last = now
@@ -167,7 +169,8 @@ async def generate(state: ServerState, gen: Generation,
         gen.token_ids = [p.token_ids for p in parsers]
         state.metrics.finished(gen.finish_reason, len(gen.prompt_ids), gen.output_tokens,
                                time.monotonic() - gen.arrival,
-                               None if gen.first_token is None else gen.first_token - gen.arrival)
+                               None if gen.first_token is None else gen.first_token - gen.arrival,
+                               gen.queue_time)
 
 
 
