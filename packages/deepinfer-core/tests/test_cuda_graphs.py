@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from deepinfer.cache import BLOCK_TOKENS
+from deepinfer.engine import EngineConfig, LLMEngine
 from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
 from deepinfer.models.deepseek_v41.metadata import FixedShape, StepMetadata
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, load_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.sampling import SamplingParams
 from deepinfer.testing import write_tiny_checkpoint
 
 PREFILL = 9
@@ -118,8 +120,8 @@ class Greedy:
 def test_replays_match_eager_steps_and_padding_touches_no_sequence(checkpoint: Path) -> None:
     eager = Greedy(load_runtime(checkpoint), batch=3)
     rt = load_runtime(checkpoint)
+    rt.graph_recorder = rerun_recorder
     graphed = Greedy(rt, batch=3)
-    rt.graphs = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rerun_recorder, buckets=(1, 2, 4))
     plan = [([1, 2, 3], False), ([1, 2, 3], True), ([1, 2, 3], False), ([2, 3], True), ([1, 2, 3], True),
             ([3], False), ([1, 2, 3], False)]
     for slots, device_ids in plan:  # decode steps cover both parities of the ratio-2 compressor
@@ -148,7 +150,34 @@ def test_steps_outside_the_buckets_run_eagerly(checkpoint: Path) -> None:
 def test_graphs_are_a_cuda_only_option(checkpoint: Path) -> None:
     rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graphs=True))
     rt.allocate_cache(num_blocks=2, num_slots=2)
-    assert rt.graphs is None  # CPU: a no-op (logged)
+    assert rt.graph_recorder is None and rt.graphs is None  # CPU: a no-op (logged)
+
+
+def test_engine_generates_the_same_with_graphs(checkpoint: Path) -> None:
+    """Through the engine: async scheduling (device token ids), chunked prefill beside decodes, forks
+    (n=2 copies a slot), sequences finishing at different steps (the batch shrinks)."""
+    prompts = [[0, *range(5 + 3 * i, 11 + 12 * i)] for i in range(3)]
+    params = [SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True) for i in range(3)]
+    params.append(SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=7, ignore_eos=True))
+    prompts.append([0, 9, 8, 7, 6, 5])
+
+    def generate(recorder: Callable | None) -> tuple[dict[str, list[list[int]]], DeepseekV41Runtime]:
+        rt = load_runtime(checkpoint)
+        rt.graph_recorder = recorder
+        engine = LLMEngine(rt, None, EngineConfig(max_model_len=256, max_num_seqs=4, cache_bytes=16 << 20,
+                                                  max_num_batched_tokens=16, log_stats_interval=0))
+        for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+            engine.add_request(ids, p, request_id=f"r{i}")
+        done = {}
+        while engine.has_unfinished_requests():
+            done |= {o.request_id: [c.token_ids for c in o.outputs] for o in engine.step() if o.finished}
+        engine.close()
+        return done, rt
+
+    eager, _ = generate(None)
+    graphed, rt = generate(rerun_recorder)
+    assert graphed == eager
+    assert rt.graphs is not None and len(rt.graphs.graphs) >= 2
 
 
 def _cuda_runtimes(checkpoint: Path, dtype: torch.dtype, precision: str) -> tuple:

@@ -25,7 +25,7 @@ from deepinfer.checkpoint.loader import load_checkpoint
 from deepinfer.config import ModelConfig, TextConfig, load_model_config
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.dspark import DSpark
-from deepinfer.models.deepseek_v41.graphs import CudaRecorder, DecodeGraphs
+from deepinfer.models.deepseek_v41.graphs import CudaRecorder, DecodeGraphs, Recorder
 from deepinfer.models.deepseek_v41.metadata import MetadataBuilder, StepMetadata
 from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
 from deepinfer.models.deepseek_v41.step_state import (
@@ -73,13 +73,15 @@ class DeepseekV41Runtime:
         self.history: torch.Tensor | None = None  # Engram: [slots, history_len] ids, position p at p % len
         self.last_is_consumer = model.blocks[-1].spec.is_yoco_consumer
         self.graphs: DecodeGraphs | None = None
-        self.use_graphs = options.cuda_graphs and self.device.type == "cuda"
-        if options.cuda_graphs and not self.use_graphs:
-            logger.info("CUDA graphs: not available on %s, every step runs eagerly", self.device)
-        elif self.use_graphs and any(blk.moe.ep is not None for blk in model.blocks):
-            # expert parallelism exchanges row counts through the host: a step is not capturable
-            self.use_graphs = False
-            logger.info("CUDA graphs: off under expert parallelism, every step runs eagerly")
+        self.graph_recorder: Recorder | None = None  # when set, each cache gets graphs recorded by it
+        if options.cuda_graphs:
+            if self.device.type != "cuda":
+                logger.info("CUDA graphs: not available on %s, every step runs eagerly", self.device)
+            elif any(blk.moe.ep is not None for blk in model.blocks):
+                # expert parallelism exchanges row counts through the host: a step is not capturable
+                logger.info("CUDA graphs: off under expert parallelism, every step runs eagerly")
+            else:
+                self.graph_recorder = CudaRecorder()
 
     # --- cache management (interface.CausalLM)
 
@@ -104,8 +106,9 @@ class DeepseekV41Runtime:
         geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
         self.builder = MetadataBuilder(geometry, self.device)
         self.graphs = None  # graphs read the cache's addresses: recaptured for a new cache
-        if self.use_graphs:
-            self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, CudaRecorder())
+        if self.graph_recorder is not None:
+            recorder = self.graph_recorder
+            self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, recorder)
 
     def reset_slot(self, slot: int) -> None:
         self._require_cache().reset_slot(slot)
