@@ -4,8 +4,8 @@
 torchrun environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) and returns their results in rank
 order. Fault behaviour: collectives time out after `timeout_s`; the launcher watches the processes,
 and when one dies or raises it stops the others and raises `RankFailure` naming each failed rank and
-why, so a lost rank ends the whole group instead of leaving the others waiting in a collective. A rank
-whose launcher disappears exits on its own.
+why, and the ranks it had to stop, so a lost rank ends the whole group instead of leaving the others
+waiting in a collective. A rank whose launcher disappears exits on its own.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from deepinfer.distributed.state import ParallelState
 
 DEFAULT_TIMEOUT_S = 300.0
 _GRACE_S = 1.0  # after a first failure, how long other failures are collected before stopping the group
+_STOPPED = "stopped while still running (hung, or waiting for a failed rank)"
 
 
 class RankFailure(RuntimeError):
@@ -86,8 +87,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
                 if time.monotonic() - first_failure > _GRACE_S:
                     break
     finally:
-        for p in procs:
+        for r, p in enumerate(procs):
             if p.is_alive():
+                if failures and r not in failures:
+                    failures[r] = _STOPPED
                 p.terminate()
         for p in procs:
             p.join(5)
@@ -96,8 +99,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
         for reader, _ in pipes:
             reader.close()
     if failures:
-        # ranks that died first: they are the cause, the others' errors are usually their consequence
-        order = sorted(failures, key=lambda r: (not failures[r].startswith("process died"), r))
+        # ranks that died first: they are the cause, the others' errors are usually their consequence;
+        # ranks still running last (hung, or waiting in a collective when the group was stopped)
+        order = sorted(failures, key=lambda r: (failures[r] == _STOPPED,
+                                                not failures[r].startswith("process died"), r))
         raise RankFailure("; ".join(f"rank {r}: {failures[r]}" for r in order))
     return [done[r] for r in range(world_size)]
 
