@@ -238,3 +238,21 @@ def test_dead_end_and_timeout_finish_with_grammar_error(make_engine):
     assert done["t"].outputs[0].finish_reason == "grammar_error"
     assert len(done["t"].outputs[0].token_ids) == 1  # the first row already ended it
     assert done["free"].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_real_runtime_outputs_validate(tiny_checkpoint):
+    """The same guarantee on the DeepSeek-V4.1 runtime (tiny random checkpoint, reference backend)."""
+    from deepinfer.engine.loader import TextTokenizer, load_model
+
+    model = load_model(tiny_checkpoint)
+    config = EngineConfig(max_model_len=256, max_num_seqs=4, cache_bytes=16 << 20, log_stats_interval=0)
+    with LLMEngine(model, TextTokenizer.from_dir(tiny_checkpoint), config) as engine:
+        reqs = {"json": (PROMPTS[0], params(0, json_schema=SCHEMA)),
+                "regex": (PROMPTS[1], params(1, regex=REGEX)),
+                "greedy": (PROMPTS[2], SamplingParams(temperature=0, max_tokens=120,
+                                                      structured_outputs={"choice": ["alpha", "beta"]}))}
+        done = run(engine, reqs)
+    jsonschema.validate(json.loads(done["json"].outputs[0].text), SCHEMA)
+    assert re.fullmatch(REGEX, done["regex"].outputs[0].text)
+    assert done["greedy"].outputs[0].text in ("alpha", "beta")
