@@ -122,9 +122,11 @@ def test_replays_match_eager_steps_and_padding_touches_no_sequence(checkpoint: P
     rt = load_runtime(checkpoint)
     rt.graph_recorder = rerun_recorder
     graphed = Greedy(rt, batch=3)
-    plan = [([1, 2, 3], False), ([1, 2, 3], True), ([1, 2, 3], False), ([2, 3], True), ([1, 2, 3], True),
-            ([3], False), ([1, 2, 3], False)]
-    for slots, device_ids in plan:  # decode steps cover both parities of the ratio-2 compressor
+    # decode steps cover both parities of the ratio-2 compressor; batch 1 first, so that batch 3 grows
+    # the shared output buffer (dropping the batch-1 graph, recaptured at the later batch-1 step)
+    plan = [([3], False), ([1, 2, 3], False), ([1, 2, 3], True), ([1, 2, 3], False), ([2, 3], True),
+            ([1, 2, 3], True), ([3], False), ([1, 2, 3], False)]
+    for slots, device_ids in plan:
         want, got = eager.decode(slots, device_ids), graphed.decode(slots, device_ids)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     want, got = eager.verify([1, 3], [11, 12]), graphed.verify([1, 3], [11, 12])
@@ -132,19 +134,25 @@ def test_replays_match_eager_steps_and_padding_touches_no_sequence(checkpoint: P
     assert graphed.tokens == eager.tokens
     assert set(rt.graphs.graphs) == {FixedShape(4, 1, 2, "last"), FixedShape(2, 1, 2, "last"),
                                      FixedShape(1, 1, 2, "last"), FixedShape(2, 3, 2, "all")}
+    for k, g in rt.graphs.graphs.items():  # each writes into the shared buffer of its logits rows
+        assert g.logits.data_ptr() == rt.graphs.outputs[k.tokens].data_ptr()
+    assert {k: tuple(v.shape) for k, v in rt.graphs.outputs.items()} == {1: (4, rt.vocab_size),
+                                                                         3: (6, rt.vocab_size)}
 
 
 def test_steps_outside_the_buckets_run_eagerly(checkpoint: Path) -> None:
     rt = load_runtime(checkpoint)
     g = Greedy(rt, batch=3)
-    rt.graphs = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rerun_recorder, buckets=(1, 2))
+    rt.graphs = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rt.vocab_size, rerun_recorder,
+                             buckets=(1, 2))
     mixed = ForwardBatch([SequenceSegment(1, g.tables[1], PREFILL, [4]),
                           SequenceSegment(2, g.tables[2], PREFILL, [4, 5], "all")])
     for batch in (mixed, ForwardBatch([SequenceSegment(s, g.tables[s], PREFILL, [4]) for s in (1, 2, 3)])):
         assert rt.graphs.shape(batch) is None
     assert rt.graphs.shape(ForwardBatch([SequenceSegment(1, g.tables[1], PREFILL, [4], "none")])) is None
     with pytest.raises(ValueError, match="increasing positive"):
-        DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rerun_recorder, buckets=(4, 2))
+        DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rt.vocab_size, rerun_recorder,
+                     buckets=(4, 2))
 
 
 def test_graphs_are_a_cuda_only_option(checkpoint: Path) -> None:

@@ -9,6 +9,10 @@ Every later step of that key builds its metadata into the graph's own persistent
 addresses the graph reads), copies the engine's device-side token ids over the list values, and
 replays. Prefill, mixed steps and batches above the last bucket run eagerly.
 
+Memory: the graphs share one memory pool and, per number of logits rows per sequence, one output
+buffer (grown on demand, which drops the graphs that wrote the old one: they are recaptured when next
+used); a replay's logits are copied out at once, so graphs never need each other's memory.
+
 Why next to the model and not in the engine: what makes a step graphable is the model's metadata
 (padded entry counts, fixed indexer capacity, fixed table width) and the model's reserved padding
 slot 0 and block 0; the engine only sees ForwardBatch -> ForwardOutput, which this keeps unchanged.
@@ -61,8 +65,12 @@ class CudaRecorder:
 class _Graph:
     staging: Staging  # the metadata buffers the graph reads
     input_ids: torch.Tensor  # the graph's token-id buffer (the metadata's input_ids)
-    logits: torch.Tensor  # the graph's output
+    logits: torch.Tensor  # the graph's output: rows of a shared output buffer
     replay: Callable[[], None]
+
+
+def _rows_per_seq(shape: FixedShape) -> int:
+    return shape.tokens if shape.logits == "all" else 1
 
 
 class DecodeGraphs:
@@ -73,14 +81,16 @@ class DecodeGraphs:
         builder: MetadataBuilder,
         last_layer_is_consumer: bool,
         step: StepFn,
+        vocab_size: int,
         recorder: Recorder,
         buckets: Sequence[int] = BUCKETS,
     ) -> None:
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise ValueError(f"graph buckets must be increasing positive batch sizes, got {buckets}")
         self.builder, self.last_is_consumer, self.step = builder, last_layer_is_consumer, step
-        self.recorder, self.buckets = recorder, tuple(buckets)
+        self.vocab_size, self.recorder, self.buckets = vocab_size, recorder, tuple(buckets)
         self.graphs: dict[FixedShape, _Graph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # logits rows per sequence -> shared output buffer
 
     def shape(self, batch: ForwardBatch) -> FixedShape | None:
         """The batch's graph key, or None when it runs eagerly."""
@@ -120,11 +130,22 @@ class DecodeGraphs:
     def _capture(self, shape: FixedShape) -> _Graph:
         staging = Staging(self.builder.staging.device, persistent=True)
         meta = self.builder.build(ForwardBatch([]), self.last_is_consumer, shape, staging)
+        out = self._output(_rows_per_seq(shape), len(meta.logits_rows))
         t0 = time.perf_counter()
-        logits, replay = self.recorder(lambda: self.step(meta, None))
+        logits, replay = self.recorder(lambda: out[: len(meta.logits_rows)].copy_(self.step(meta, None)))
         logger.info("captured a CUDA graph for %d x %d tokens (table width %d, logits %s) in %.0f ms",
                     shape.num_seqs, shape.tokens, shape.table_width, shape.logits,
                     (time.perf_counter() - t0) * 1e3)
         graph = _Graph(staging, meta.input_ids, logits, replay)
         self.graphs[shape] = graph
         return graph
+
+    def _output(self, rows_per_seq: int, rows: int) -> torch.Tensor:
+        """The output buffer of graphs with `rows_per_seq` logits rows per sequence, at least `rows` long."""
+        out = self.outputs.get(rows_per_seq)
+        if out is None or out.shape[0] < rows:
+            rows = max(rows, 2 * out.shape[0]) if out is not None else rows
+            out = torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.builder.staging.device)
+            self.outputs[rows_per_seq] = out
+            self.graphs = {k: g for k, g in self.graphs.items() if _rows_per_seq(k) != rows_per_seq}
+        return out

@@ -107,8 +107,8 @@ class DeepseekV41Runtime:
         self.builder = MetadataBuilder(geometry, self.device)
         self.graphs = None  # graphs read the cache's addresses: recaptured for a new cache
         if self.graph_recorder is not None:
-            recorder = self.graph_recorder
-            self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, recorder)
+            self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, self.vocab_size,
+                                       self.graph_recorder)
 
     def reset_slot(self, slot: int) -> None:
         self._require_cache().reset_slot(slot)
