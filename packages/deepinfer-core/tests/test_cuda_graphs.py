@@ -155,6 +155,21 @@ def test_steps_outside_the_buckets_run_eagerly(checkpoint: Path) -> None:
                      buckets=(4, 2))
 
 
+def test_a_failed_capture_leaves_every_step_eager(checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def failing(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
+        step()  # the warm-up ran, then the capture failed
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    eager = Greedy(load_runtime(checkpoint), batch=2)
+    rt = load_runtime(checkpoint)
+    rt.graph_recorder = failing
+    graphed = Greedy(rt, batch=2)
+    for _ in range(3):
+        torch.testing.assert_close(graphed.decode([1, 2]), eager.decode([1, 2]), rtol=1e-4, atol=1e-4)
+    assert rt.graphs.failed and not rt.graphs.graphs
+    assert "every step runs eagerly" in caplog.text
+
+
 def test_graphs_are_a_cuda_only_option(checkpoint: Path) -> None:
     rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graphs=True))
     rt.allocate_cache(num_blocks=2, num_slots=2)

@@ -91,6 +91,7 @@ class DecodeGraphs:
         self.vocab_size, self.recorder, self.buckets = vocab_size, recorder, tuple(buckets)
         self.graphs: dict[FixedShape, _Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # logits rows per sequence -> shared output buffer
+        self.failed = False  # a capture failed: every step runs eagerly
 
     def shape(self, batch: ForwardBatch) -> FixedShape | None:
         """The batch's graph key, or None when it runs eagerly."""
@@ -110,10 +111,18 @@ class DecodeGraphs:
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput | None:
         """Replay the batch's graph (capturing it first if new); None when the batch runs eagerly."""
-        shape = self.shape(batch)
+        shape = None if self.failed else self.shape(batch)
         if shape is None:
             return None
-        graph = self.graphs.get(shape) or self._capture(shape)
+        graph = self.graphs.get(shape)
+        if graph is None:
+            try:
+                graph = self._capture(shape)
+            except RuntimeError as exc:  # an op that cannot be captured (e.g. one reading the device)
+                logger.warning("CUDA graphs: capturing %s failed, every step runs eagerly from now on: %s",
+                               shape, exc)
+                self.failed = True
+                return None
         meta = self.builder.build(batch, self.last_is_consumer, shape, graph.staging)
         if meta.input_ids.data_ptr() != graph.input_ids.data_ptr():
             raise RuntimeError(f"the metadata of {shape} moved out of the buffers its graph reads")
