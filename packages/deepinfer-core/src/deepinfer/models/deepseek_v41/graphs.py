@@ -7,7 +7,8 @@ of two, as eager steps use) and the logits rows. The first step of a key capture
 and the capture run on a batch of padding sequences only, so no real sequence's state is touched.
 Every later step of that key builds its metadata into the graph's own persistent staging buffer (the
 addresses the graph reads), copies the engine's device-side token ids over the list values, and
-replays. Prefill, mixed steps and batches above the last bucket run eagerly.
+replays. Prefill, mixed steps and batches above the last bucket run eagerly, and so does every step
+after a capture that failed (an op that cannot be captured: logged as a warning).
 
 Memory: the graphs share one memory pool and, per number of logits rows per sequence, one output
 buffer (grown on demand, which drops the graphs that wrote the old one: they are recaptured when next
