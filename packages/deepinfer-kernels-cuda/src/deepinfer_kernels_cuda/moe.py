@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from deepinfer.checkpoint.formats import E2M1_VALUES, pack_fp4, unpack_fp4_codes
 from deepinfer_kernels_cuda import configs
 from deepinfer_kernels_cuda.dequant import (
     GROUP,
@@ -77,23 +78,17 @@ def split_nibbles(packed: torch.Tensor, chunk: int = 16) -> torch.Tensor:
     time bound the temporary memory."""
     out = torch.empty_like(packed)
     for e in range(0, packed.shape[0], chunk):
-        b = packed[e:e + chunk]
-        codes = torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2).unflatten(-1, (-1, 2, 16))
-        out[e:e + chunk] = (codes[..., 0, :] | (codes[..., 1, :] << 4)).flatten(-2)
+        groups = unpack_fp4_codes(packed[e:e + chunk]).unflatten(-1, (-1, 2, 16))  # [.., group, half, j]
+        out[e:e + chunk] = pack_fp4(groups.transpose(-1, -2).flatten(-3)).view(torch.uint8)
     return out
 
 
-_E2M1_AS_E4M3 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]).to(
-    torch.float8_e4m3fn).view(torch.uint8)
-
-
 def e2m1_to_e4m3(packed: torch.Tensor, chunk: int = 16) -> torch.Tensor:
-    """Release-packed FP4 [E, N, K/2] -> E4M3 [E, N, K], value for value."""
-    table = _E2M1_AS_E4M3.to(packed.device)
+    """Release-packed FP4 [E, N, K/2] -> E4M3 [E, N, K], value for value (exact: E2M1 is within E4M3)."""
+    table = torch.tensor(E2M1_VALUES).to(torch.float8_e4m3fn).view(torch.uint8).to(packed.device)
     out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=torch.uint8, device=packed.device)
     for e in range(0, packed.shape[0], chunk):
-        b = packed[e:e + chunk].long()
-        out[e:e + chunk] = table[torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)]
+        out[e:e + chunk] = table[unpack_fp4_codes(packed[e:e + chunk]).long()]
     return out.view(torch.float8_e4m3fn)
 
 
