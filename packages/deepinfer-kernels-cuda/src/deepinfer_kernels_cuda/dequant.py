@@ -50,8 +50,8 @@ def _half_bits_to_f32(bits):
 def e2m1_pair_times_2pow_m14(packed):
     """Packed FP4 bytes [R, C/2] -> (low nibbles, high nibbles) as float32 [R, C/2] = E2M1 value * 2^-14.
 
-    The fp16 bit placement of `e2m1_times_2pow_m14` without the interleave (GEMV callers pair the two
-    halves with the even and odd input columns): each value is two shifts and a bit select of the byte."""
+    The fp16 bit placement of `e2m1_times_2pow_m14` without the interleave (split-layout callers pair the
+    halves with the columns `split_columns` names): each value is two shifts and a bit select of the byte."""
     b = packed.to(tl.int32)  # zero-extended
     lo = ((b << 9) & 0x0E00) | ((b << 12) & 0x8000)
     hi = ((b << 5) & 0x0E00) | ((b << 8) & 0x8000)

@@ -8,7 +8,7 @@ Small M splits K across programs (float32 partials, then a fixed-order reduction
 
 Up to `configs.GEMV_M` tokens (decode) a GEMV kernel replaces the MMA: each weight byte is loaded once
 with 16-byte accesses straight into registers, decoded and multiplied on the CUDA cores, with no
-shared-memory staging or operand-layout shuffles (which, not the MMA, bound the tiled kernel at M=1).
+shared-memory staging of the weight or operand-layout shuffles.
 
 Why BF16 MMA and not FP8 MMA: the reference multiplies unquantised (BF16) activations by the decoded
 weights; FP8 MMA would need per-token-per-32 activation quantisation, which changes the numerics, and
