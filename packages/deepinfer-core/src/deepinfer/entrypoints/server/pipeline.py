@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 # sampler settings the protocols lack but clients send (vLLM's extensions), read from the raw body
 EXTRA_SAMPLING_FIELDS = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                         "min_tokens", "ignore_eos", "logit_bias")
+                         "min_tokens", "ignore_eos", "logit_bias", "structured_outputs")
 
 
 def sampling_params(state: ServerState, converted: Any, prompt_len: int, body: dict[str, Any],
@@ -41,11 +41,16 @@ def sampling_params(state: ServerState, converted: Any, prompt_len: int, body: d
     io = converted.inference_options
     extras = {k: body[k] for k in EXTRA_SAMPLING_FIELDS if body.get(k) is not None}
     seed = io.seed if io.seed is not None else body.get("seed")  # Messages/Responses: an extension field
+    constraint = output_constraint(state, converted)
+    if constraint is not None:
+        if "structured_outputs" in extras:
+            raise APIError(400, "structured_outputs cannot be combined with response_format or tools",
+                           param="structured_outputs")
+        extras["structured_outputs"] = constraint
     try:
         return SamplingParams(
             n=n, max_tokens=max_tokens, temperature=io.temperature, top_p=io.top_p, seed=seed,
-            logprobs=(io.top_logprobs or 0) if io.logprobs else None,
-            structured_outputs=output_constraint(state, converted), **extras)
+            logprobs=(io.top_logprobs or 0) if io.logprobs else None, **extras)
     except ValueError as exc:
         raise APIError(400, f"invalid sampling parameters: {exc}") from None
 
