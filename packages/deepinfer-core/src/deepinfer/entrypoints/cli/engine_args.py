@@ -62,6 +62,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="cache budget in MiB (default: what --gpu-memory-utilization leaves on a GPU, "
                    "256 on the CPU)")
     g.add_argument("--sync", action="store_true", help="disable asynchronous scheduling")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run every step eagerly (default on CUDA: decode steps replay CUDA graphs)")
     g.add_argument("--seed", type=non_negative_int, default=0,
                    help="engine seed: each request without --sampling-seed draws its own seed from it, "
                    "so a whole run is reproducible")
@@ -84,7 +86,8 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
     engine = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   cache_bytes=args.cache_mb << 20 if args.cache_mb is not None else None,
-                  async_scheduling=not args.sync, seed=args.seed, speculator=args.speculator,
+                  async_scheduling=not args.sync, seed=args.seed, enforce_eager=args.enforce_eager,
+                  speculator=args.speculator,
                   num_draft_tokens=args.num_draft_tokens, spec_schedule=args.spec_schedule)
     kwargs = dict(backend=args.backend, dtype=args.dtype, device=args.device,
                   max_model_len=args.max_model_len, cache_precision=args.cache_precision,
