@@ -58,3 +58,5 @@ def test_structured_outputs_extension_field():
         params(structured_outputs={"regex": "a+"}, response_format={"type": "json_object"})
     with pytest.raises(APIError, match="invalid regex"):
         params(structured_outputs={"regex": "a+("})
+    thinking = params(structured_outputs={"regex": "a+"}, thinking={"type": "enabled"}).structured_outputs
+    assert thinking.start_after == "</think>"

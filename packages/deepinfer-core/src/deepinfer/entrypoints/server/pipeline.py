@@ -47,6 +47,8 @@ def sampling_params(state: ServerState, converted: Any, prompt_len: int, body: d
             raise APIError(400, "structured_outputs cannot be combined with response_format or tools",
                            param="structured_outputs")
         extras["structured_outputs"] = constraint
+    elif isinstance(so := extras.get("structured_outputs"), dict) and _thinking(state, converted):
+        extras["structured_outputs"] = {"start_after": "</think>", **so}
     try:
         return SamplingParams(
             n=n, max_tokens=max_tokens, temperature=io.temperature, top_p=io.top_p, seed=seed,
@@ -62,8 +64,7 @@ def output_constraint(state: ServerState, converted: Any) -> dict[str, Any] | No
     if oc is None:
         return None
     po = converted.parsing_options
-    thinking = po.thinking_initial_stage == state.recipe.ThinkingInitialStage.ReasoningStart
-    so: dict[str, Any] = {"start_after": "</think>"} if thinking else {}
+    so: dict[str, Any] = {"start_after": "</think>"} if _thinking(state, converted) else {}
     if oc.kind == "json":
         so |= {"json_schema": oc.schema} if oc.schema else {"json_object": True}
     elif oc.kind == "regex":
@@ -76,6 +77,12 @@ def output_constraint(state: ServerState, converted: Any) -> dict[str, Any] | No
     else:
         raise ValueError(f"unsupported output constraint {oc.kind!r}")
     return so
+
+
+def _thinking(state: ServerState, converted: Any) -> bool:
+    """The rendered prompt opens the answer in reasoning: constraints start after `</think>`."""
+    stage = converted.parsing_options.thinking_initial_stage
+    return stage == state.recipe.ThinkingInitialStage.ReasoningStart
 
 
 class ChoiceParser:
