@@ -418,6 +418,10 @@ class LLMEngine:
         logger.info("running %d, waiting %d, cache %.0f%% used, %d tokens generated, %d preemptions",
                     len(self.scheduler.running), len(self.scheduler.waiting), 100 * self.cache.usage,
                     self.stats.generated_tokens, self.stats.num_preemptions)
+        if self.stats.spec_draft_tokens:
+            logger.info("speculation: mean accepted length %.2f, %d of %d drafts accepted",
+                        self.stats.mean_accepted_length(), self.stats.spec_accepted_tokens,
+                        self.stats.spec_draft_tokens)
 
     def close(self) -> None:
         """Wait for the in-flight steps and stop the worker thread; the engine takes no more calls."""
