@@ -49,8 +49,9 @@ class StepGeometry:
 
     @property
     def max_fixed_tokens(self) -> int:
-        """Most tokens per sequence for which every ring keeps all of a step's rows (fixed row counts)."""
-        bounds = [self.ring_len, *self.state_lens.values(), self.history_len or self.ring_len]
+        """Most tokens per sequence for which every ring keeps all of a step's rows (fixed row counts)
+        and a padding sequence fits the padding block."""
+        bounds = [BLOCK_TOKENS, self.ring_len, *self.state_lens.values(), self.history_len or self.ring_len]
         if self.replay.mode != "off":
             bounds.append(self.replay.keep)
         return min(bounds)
