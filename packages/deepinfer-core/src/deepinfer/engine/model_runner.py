@@ -223,7 +223,7 @@ class ModelRunner:
 
     def _speculate(self, logits: torch.Tensor, offsets: list[int], sched: SchedulerOutput) -> list[Verified]:
         """Verify every sampled row, then draft after each speculating sequence's new tokens."""
-        items: list[tuple[Sequence, ScheduledSegment, int]] = []  # (sequence, segment, first row)
+        items: list[tuple[Sequence, ScheduledSegment]] = []  # one per sampled sequence
         rows, sample_rows, drafts = [], [], []
         probs: list[tuple[torch.Tensor | None, list[int]]] = []  # per verified run: (draft probs, drafts)
         for i, s in enumerate(sched.segments):
@@ -232,7 +232,7 @@ class ModelRunner:
             pos0 = s.start_pos + len(s.token_ids) - k  # the position row `first` decides
             ds = s.token_ids[len(s.token_ids) - k:]
             for seq in s.sample_seqs:
-                items.append((seq, s, first))
+                items.append((seq, s))
                 rows += range(first, first + k + 1)
                 sample_rows += [self._sample_row(seq, pos0 + j, ds[:j]) for j in range(k + 1)]
                 drafts += [*ds, -1]
@@ -248,7 +248,7 @@ class ModelRunner:
         out = verify(picked, sample_rows, drafts, draft_probs, self.sampler.eos_token_id, self.sampler.ops)
         tokens, accepted, logprobs = out.tokens.tolist(), out.accepted.tolist(), out.logprobs.get()
         verified, r = [], 0
-        for seq, s, _ in items:
+        for seq, s in items:
             k = s.num_drafts
             n = next((j for j in range(k) if not accepted[r + j]), k)
             verified.append(Verified(seq, tokens[r:r + n + 1], logprobs[r:r + n + 1], k, n))
@@ -256,14 +256,14 @@ class ModelRunner:
         self._propose(verified, logits.device)
         return verified
 
-    def _constrain(self, logits: torch.Tensor, items: list[tuple[Sequence, ScheduledSegment, int]]
+    def _constrain(self, logits: torch.Tensor, items: list[tuple[Sequence, ScheduledSegment]]
                    ) -> torch.Tensor:
         """Structured output: each verification row masked by the grammar state after the drafts
         before it (the target distribution a plain decode would sample from)."""
-        if not any(seq.request.params.structured_outputs is not None for seq, _, _ in items):
+        if not any(seq.request.params.structured_outputs is not None for seq, _ in items):
             return logits
         masks = []
-        for seq, s, _ in items:
+        for seq, s in items:
             k = s.num_drafts
             drafts = s.token_ids[len(s.token_ids) - k:]
             masks.append(self.structured.draft_rows(seq, s.start_pos + len(s.token_ids) - k, drafts,
