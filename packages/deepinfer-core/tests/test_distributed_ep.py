@@ -5,12 +5,16 @@ other still works), an EPLB rebalance over redundant expert slots, and `generate
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from deepinfer.distributed.frontend import score_rank
-from deepinfer.distributed.launch import spawn
+from deepinfer.distributed.launch import free_port, spawn
 from deepinfer.distributed.placement import imbalance
 from deepinfer.engine.loader import load_model
 from deepinfer.entrypoints.cli.main import main
@@ -102,6 +106,26 @@ def test_four_ranks_match_the_single_process_run(checkpoint, single):
         for ref, out in zip(single, got, strict=True):
             torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
     assert ranks[1][1]["dummy_forwards"] == ranks[1][1]["ticks"] - 2  # idle in every round
+
+
+@pytest.mark.slow
+def test_generate_under_torchrun_prints_one_engines_outputs_once(checkpoint, tmp_path):
+    """`torchrun --nproc-per-node 2 ... generate --dp 2`: each process is a rank, rank 0 prints all."""
+    prompts = [[5, 6, 7, 8], [9, 10], [1, 2, 3]]
+    argv = ["generate", "--model", checkpoint, "--dp", "2", "--temperature", "0", "--max-tokens", "4",
+            "--ignore-eos", "--json"] + [a for p in prompts for a in ("--prompt-ids", ",".join(map(str, p)))]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+               "deepinfer.entrypoints.cli.main", "--log-level", "WARNING", *argv]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = [json.loads(line) for line in run.stdout.splitlines()]
+    llm = LLM(checkpoint, device="cpu")
+    ref = llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(
+        temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.close()
+    assert [r["outputs"][0]["token_ids"] for r in got] == [o.outputs[0].token_ids for o in ref]
 
 
 def test_cli_rejects_ep_other_than_dp(checkpoint):

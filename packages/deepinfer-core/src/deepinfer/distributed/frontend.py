@@ -9,6 +9,7 @@ request order under the ids a single engine would have used.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from deepinfer.distributed.eplb import rebalance
-from deepinfer.distributed.launch import DEFAULT_TIMEOUT_S, spawn
+from deepinfer.distributed.launch import DEFAULT_TIMEOUT_S, init_from_env, spawn
 from deepinfer.distributed.lockstep import LockStep
 from deepinfer.distributed.state import ParallelState, use_parallel
 from deepinfer.engine import RequestOutput
@@ -43,7 +45,8 @@ def assign_least_loaded(costs: Sequence[int], world_size: int) -> list[int]:
 class DataParallelLLM:
     """`LLM.generate` over `dp` ranks of one host (expert parallel over the same ranks).
 
-    Ranks are started for each `generate` call and load their share of the checkpoint; `llm_kwargs`
+    Ranks are started for each `generate` call and load their share of the checkpoint (under torchrun,
+    with RANK set, this process is one of them and rank 0 returns all outputs); `llm_kwargs`
     are `LLM(...)` arguments (engine and runtime settings) applied on every rank. `eplb_interval`
     rebalances the experts every that many forwards (0: off), over `redundant_experts` extra slots.
     """
@@ -71,15 +74,32 @@ class DataParallelLLM:
         ranks = assign_least_loaded([n + (p.max_tokens or 0) for n, p in zip(lengths, params)], self.dp)
         shares = [[i for i, r in enumerate(ranks) if r == rank] for rank in range(self.dp)]
         work = [([items[i] for i in share], [params[i] for i in share]) for share in shares]
-        results = spawn(_generate_rank, self.dp, str(self.model), self.llm_kwargs, work, self.eplb_interval,
-                        timeout_s=self.timeout_s, redundant_experts=self.redundant_experts,
-                        threads=self.threads)
+        args = (str(self.model), self.llm_kwargs, work, self.eplb_interval)
+        if "RANK" in os.environ:  # started by torchrun: this process is one of the ranks
+            results = self._as_rank(args)
+            if results is None:
+                return []  # rank 0 returns everyone's outputs
+        else:
+            results = spawn(_generate_rank, self.dp, *args, timeout_s=self.timeout_s,
+                            redundant_experts=self.redundant_experts, threads=self.threads)
         outputs: list[RequestOutput | None] = [None] * len(items)
         for share, (outs, _) in zip(shares, results):
             for i, out in zip(share, outs):
                 out.request_id = f"req-{i}"
                 outputs[i] = out
         return outputs  # type: ignore[return-value]
+
+    def _as_rank(self, args: tuple) -> list[Any] | None:
+        """Run this process's share in the torchrun group; on rank 0, every rank's results."""
+        if not dist.is_initialized():
+            init_from_env(self.timeout_s)
+        state = ParallelState(dist.get_rank(), dist.get_world_size(), None, self.redundant_experts)
+        if state.world_size != self.dp:
+            raise ValueError(f"dp={self.dp}, but torchrun started {state.world_size} ranks")
+        result = _generate_rank(state, *args)
+        gathered: list[Any] | None = [None] * state.world_size if state.rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        return gathered
 
     def close(self) -> None:
         """Nothing held between calls (ranks live for one `generate`)."""

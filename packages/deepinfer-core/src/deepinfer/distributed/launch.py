@@ -51,7 +51,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
           redundant_experts: int = 0, threads: int | None = None) -> list[Any]:
     """Run `fn(state, *args)` on `world_size` new ranks -> their return values in rank order."""
     ctx = mp.get_context("spawn")
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world_size)}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size)}
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
     procs = [
         ctx.Process(target=_rank_main, name=f"deepinfer-rank{r}", daemon=True,
@@ -142,7 +142,7 @@ def _exit_reason(code: int) -> str:
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
