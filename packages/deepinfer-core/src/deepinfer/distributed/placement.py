@@ -10,6 +10,7 @@ replicas greedily on the least loaded rank, which lowers the largest rank load.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -21,6 +22,7 @@ class ExpertPlacement:
     world_size: int
 
     @classmethod
+    @cache  # asked once per checkpoint tensor by the sharded loader
     def initial(cls, n_experts: int, redundant: int, world_size: int) -> ExpertPlacement:
         if n_experts < world_size:
             raise ValueError(f"{n_experts} routed experts cannot be spread over {world_size} ranks")
@@ -35,6 +37,9 @@ class ExpertPlacement:
     def local_logical(self, rank: int) -> list[int]:
         """Logical expert of each of `rank`'s slots, in slot order."""
         return list(self.slots[rank * self.per_rank : (rank + 1) * self.per_rank])
+
+    def holds(self, rank: int, expert: int) -> bool:
+        return expert in self.slots[rank * self.per_rank : (rank + 1) * self.per_rank]
 
     def replica_table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(replicas [E, R] slot ids padded with the first replica, count [E]) for routing."""

@@ -49,7 +49,7 @@ class ParallelState:
     def keeps_expert(self, name: str, n_experts: int) -> bool:
         """Whether this rank loads checkpoint tensor `name` if it is a backbone routed-expert tensor."""
         m = _BACKBONE_EXPERT.match(name)
-        return m is None or int(m.group(2)) in self.placement(n_experts).local_logical(self.rank)
+        return m is None or self.placement(n_experts).holds(self.rank, int(m.group(2)))
 
     def row_range(self, name: str, total: int) -> tuple[int, int] | None:
         """This rank's row range of an Engram table tensor, None for every other tensor."""
