@@ -60,15 +60,25 @@ fn python_float_repr(f: f64) -> String {
     if f == 0.0 {
         return if f.is_sign_negative() { "-0.0" } else { "0.0" }.to_owned();
     }
-    let sci = format!("{f:e}");
+    // Rust's shortest spelling gives the digit count, but when two candidates of that length are equally
+    // near the exact value it may take the upper one (562949953421312.25 -> "...312.3"); Python takes the
+    // even one ("...312.2"), which is what exact formatting at that length does.
+    let shortest = format!("{f:e}");
+    let count = shortest.bytes().take_while(|&b| b != b'e').filter(u8::is_ascii_digit).count();
+    let sci = format!("{:.*e}", count - 1, f);
     let (mantissa, exp) = sci.split_once('e').expect("{:e} always has an exponent");
     let exp: i32 = exp.parse().expect("exponent is an integer");
     if (-4..16).contains(&exp) {
-        let plain = format!("{f}");
-        if plain.contains('.') {
-            plain
+        let sign = if f < 0.0 { "-" } else { "" };
+        let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+        let point = exp + 1; // digits before the decimal point
+        if point <= 0 {
+            format!("{sign}0.{}{digits}", "0".repeat(point.unsigned_abs() as usize))
+        } else if point as usize >= digits.len() {
+            format!("{sign}{digits}{}.0", "0".repeat(point as usize - digits.len()))
         } else {
-            plain + ".0"
+            let (int, frac) = digits.split_at(point as usize);
+            format!("{sign}{int}.{frac}")
         }
     } else {
         let sign = if exp < 0 { '-' } else { '+' };
@@ -97,5 +107,16 @@ mod tests {
         assert_eq!(python_float_repr(1e16), "1e+16");
         assert_eq!(python_float_repr(0.0001), "0.0001");
         assert_eq!(python_float_repr(123456789012345680.0), "1.2345678901234568e+17");
+        assert_eq!(python_float_repr(-1.5e-5), "-1.5e-05");
+        assert_eq!(python_float_repr(-0.00012), "-0.00012");
+        assert_eq!(python_float_repr(1e15), "1000000000000000.0");
+        assert_eq!(python_float_repr(0.5), "0.5");
+    }
+
+    #[test]
+    fn python_float_ties_go_to_even() {
+        // Exactly halfway between ...312.2 and ...312.3, both of which round-trip.
+        assert_eq!(python_float_repr(562949953421312.25), "562949953421312.2");
+        assert_eq!(python_float_repr(-562949953421312.25), "-562949953421312.2");
     }
 }

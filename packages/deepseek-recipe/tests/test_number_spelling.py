@@ -113,5 +113,7 @@ def test_corners():
         "1e16",
         "1e-5",
         "1e-4",
+        "562949953421312.25",  # halfway between ...312.2 and ...312.3: Python prints the even one
+        "-1006941805277235.25",
     ):
         check(text)

@@ -2013,6 +2013,9 @@ def divergence_cases():
     ]
     numbers += [repr(struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]) for _ in range(40)]
     numbers += [f"{rng.randint(1, 9)}.{rng.randint(0, 10**15)}e{rng.randint(-330, 310)}" for _ in range(20)]
+    # Doubles exactly halfway between their two shortest spellings (Python prints the even one).
+    numbers += ["562949953421312.25", "-562949953421312.25", "29884526958.4609375", "174393871481.921875"]
+    numbers += ["1006783504503.40625", "13059478922408.5625", "112465425829261.625", "1006941805277235.25"]
     numbers = [n for n in numbers if n not in ("nan", "inf", "-inf")]
     for model in MODELS:
         for chunk in range(0, len(numbers), 8):
