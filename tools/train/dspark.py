@@ -101,6 +101,13 @@ def confidence(model: DeepseekV41Train, hidden: torch.Tensor, e: torch.Tensor) -
     return F.linear(feats, model.p(f"{last}.confidence_head.proj.weight").float()).squeeze(-1)
 
 
+def drafter_parameters(model: DeepseekV41Train) -> list[torch.nn.Parameter]:
+    """Freeze the target (no gradients) and return the DSpark blocks' parameters (`mtp.*`)."""
+    for name in model.names:
+        model.p(name).requires_grad_(name.startswith("mtp."))
+    return [model.p(name) for name in model.names if name.startswith("mtp.")]
+
+
 def draft_losses(
     model: DeepseekV41Train, ids: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokenizer", type=Path, help="existing tokenizer.json (default: train one)")
-    ap.add_argument("--corpus-root", type=Path, help="a stdlib tree to train on (default: this interpreter's)")
+    ap.add_argument("--corpus-root", type=Path, help="stdlib tree to train on (default: this interpreter's)")
+    ap.add_argument("--init", type=Path, help="start from the weights of a release checkpoint")
     ap.add_argument("--steps", type=int)
     ap.add_argument(
         "--time-budget", type=float, default=300.0, help="seconds of target training (no --steps)"
@@ -196,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
         time.perf_counter() - t0,
     )
     model = DeepseekV41Train(config, compressed_vocab(tokenizer).token_map, seed=args.seed).to(args.device)
+    if args.init:
+        model.load_tensors({k: v.to(args.device) for k, v in read_release(args.init)[1].items()})
     resume = torch.load(args.resume, map_location=args.device) if args.resume else None
     if resume:
         model.load_state_dict(resume["model"])
@@ -249,9 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics["held_out_release_bf16"] = held_out_loss(model, held, bf16=True)
     log.info("held-out: %s", {k: v for k, v in metrics.items() if k.startswith("held_out")})
 
-    draft_params = [model.p(n) for n in model.names if n.startswith("mtp.")]
-    for n in model.names:
-        model.p(n).requires_grad_(n.startswith("mtp."))
+    draft_params = dspark.drafter_parameters(model)
     bsz = config.text.dspark_block_size
     anchor_gen = torch.Generator().manual_seed(args.seed + 2)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
 from deepinfer.distributed.cli import add_parallel_args
 from deepinfer.entrypoints.cli.engine_args import (
@@ -15,6 +16,15 @@ from deepinfer.entrypoints.cli.engine_args import (
     sampling_from_args,
 )
 from deepinfer.entrypoints.cli.errors import UsageError
+
+# The embedded default model: trained by tools/train, tracked in the repository (docs/training.md).
+DEFAULT_MODEL = "checkpoints/tiny-stdlib"
+
+
+def default_model_dir() -> str:
+    """The default checkpoint of a source checkout (found from this file), else the relative path."""
+    repo = Path(__file__).resolve().parents[6]
+    return str(repo / DEFAULT_MODEL) if (repo / DEFAULT_MODEL).is_dir() else DEFAULT_MODEL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--stream", action="store_true", help="print text as it is generated (one prompt)")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     add_engine_args(parser)
+    model = next(a for a in parser._actions if a.dest == "model")
+    model.required, model.default = False, default_model_dir()
+    model.help = f"checkpoint directory (default: the trained default model, {DEFAULT_MODEL})"
     add_parallel_args(parser)
     add_sampling_args(parser)
     parser.set_defaults(func=run)
