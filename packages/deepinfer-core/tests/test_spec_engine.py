@@ -224,3 +224,47 @@ def test_structured_output_verifies_against_the_masked_target(make_engine, drain
     assert {r: o.token_ids for r, o in spec.items()} == {r: o.token_ids for r, o in plain.items()}
     assert all(re.fullmatch(regex, spec[f"r{i}"].text) for i in range(4))
     assert sum(spec[f"r{i}"].accept_tok for i in range(4)) > 0  # constrained rows verified drafts too
+
+
+@pytest.mark.slow
+def test_sampled_outputs_through_the_engine_follow_the_target(make_engine, drain, speculators):
+    """Many seeds of one prompt: each generated position's marginal matches the toy model's exact one
+    (chi-square), with drafts from a deliberately flattened distribution verified by the engine."""
+    vocab, n, prompt = 6, 3000, [3, 4, 5]
+    model = ToyLM(vocab_size=vocab)
+    model.max_backtrack = K
+    engine = make_engine(model=model, speculator="noisy", num_draft_tokens=K, max_num_seqs=256,
+                         max_num_batched_tokens=1024)
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=4, ignore_eos=True) for i in range(n)]
+    for i, p in enumerate(params):
+        engine.add_request(prompt, p, request_id=f"r{i}")
+    outs = [o.outputs[0].token_ids for o in drain(engine).values()]
+    stats = engine.stats
+    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
+
+    def exact(depth: int, temperature: float = 1.0) -> torch.Tensor:
+        """Marginal of the token at prompt + depth, summing over every path before it."""
+        paths = {(): 1.0}
+        for _ in range(depth + 1):
+            nxt: dict[tuple[int, ...], float] = {}
+            for path, mass in paths.items():
+                h = 0
+                for pos, tok in enumerate(prompt + list(path)):
+                    h = model._mix(h, tok, pos)
+                q = torch.softmax(model.table[h % model.table.shape[0]].double() / temperature, -1)
+                for t in range(vocab):
+                    nxt[(*path, t)] = mass * q[t].item()
+            paths = nxt
+        marginal = torch.zeros(vocab, dtype=torch.float64)
+        for path, mass in paths.items():
+            marginal[path[-1]] += mass
+        return marginal
+
+    def chi2(depth: int, expected: torch.Tensor) -> float:
+        counts = torch.bincount(torch.tensor([o[depth] for o in outs]), minlength=vocab).double()
+        keep = expected * n > 5
+        return float(((counts[keep] - n * expected[keep]) ** 2 / (n * expected[keep])).sum())
+
+    for depth in (1, 2, 3):
+        assert chi2(depth, exact(depth)) < 25.7  # p = 1e-4 at 5 degrees of freedom
+    assert chi2(2, exact(2, temperature=3.0)) > 100  # the drafts' own law is told apart
