@@ -14,7 +14,7 @@ from deepinfer.checkpoint import load_checkpoint
 from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
 from deepinfer.config import TextConfig
 from deepinfer.distributed.frontend import assign_least_loaded
-from deepinfer.distributed.placement import ExpertPlacement, balanced_placement, imbalance
+from deepinfer.distributed.placement import ExpertPlacement, _peak_sums, balanced_placement, imbalance
 from deepinfer.distributed.state import ParallelState, parallel_state, use_parallel
 from deepinfer.models.deepseek_v41.moe import MoE
 from deepinfer.models.deepseek_v41.weights import Weights
@@ -46,6 +46,26 @@ def test_balanced_placement_replicates_hot_experts_and_lowers_the_peak():
     before, after = imbalance(old.rank_loads(load)), imbalance(new.rank_loads(load))
     assert after < before and after == pytest.approx(1.0, abs=0.05)
     assert balanced_placement(load, 10, 2) == new  # deterministic: every rank computes the same
+
+
+def test_peak_objective_equals_brute_force():
+    g = torch.Generator().manual_seed(0)
+    current, changed = torch.rand(7, 5, generator=g, dtype=torch.float64), torch.rand(7, 5, generator=g,
+                                                                                          dtype=torch.float64)
+    want = []
+    for c in range(5):
+        trial = current.clone()
+        trial[:, c] = changed[:, c]
+        want.append(float(trial.max(1).values.sum()))
+    assert _peak_sums(current, changed).tolist() == pytest.approx(want, abs=1e-12)
+
+
+def test_balanced_placement_takes_a_series_of_steps():
+    steps = torch.tensor([[300.0, 0, 10, 10, 10, 10, 10, 10], [100, 0, 10, 10, 300, 10, 10, 10]])
+    new = balanced_placement(steps, 10, 2)
+    assert new.slots.count(0) == 2 and new.slots.count(4) == 2
+    assert imbalance(new.rank_loads(steps.sum(0))) < imbalance(ExpertPlacement.initial(8, 2, 2).rank_loads(
+        steps.sum(0)))
 
 
 def test_one_rank_is_no_parallel_layout():

@@ -1,7 +1,7 @@
 """EPLB rebalancing: gather the expert loads of the window, compute a balanced placement, move weights.
 
-Runs on all ranks at the same point between forwards (a collective sequence). Loads are the logical
-expert counts every rank recorded for its own tokens, summed over ranks. Expert weights move in their
+Runs on all ranks at the same point between forwards (a collective sequence). Loads are the per-step
+logical expert counts every rank recorded for its own tokens, summed over ranks. Expert weights move in their
 storage form (packed FP4 and scales) with point-to-point sends from the lowest rank that held the
 expert; a rank keeps what it already has. Outputs do not change: the same experts compute the same
 pairs, only on other ranks.
@@ -27,12 +27,13 @@ def rebalance(model: DeepseekV41Model, group: dist.ProcessGroup | None) -> list[
         ep = blk.moe.ep
         if ep is None:
             continue
-        load = torch.zeros(ep.placement.n_experts, dtype=torch.float64)
-        for counts in ep.loads:
-            load += counts
-        dist.all_reduce(load, group=group)
+        # every rank recorded one entry per forward of the same steps (lock-step)
+        steps = list(ep.loads) or [torch.zeros(ep.placement.n_experts)]
+        series = torch.stack(steps).double()
+        dist.all_reduce(series, group=group)
+        load = series.sum(0)
         old = ep.placement
-        new = balanced_placement(load, len(old.slots), old.world_size)
+        new = balanced_placement(series, len(old.slots), old.world_size)
         if new != old:
             move_experts(blk.moe, new, group)
         result.append((imbalance(old.rank_loads(load)), imbalance(new.rank_loads(load))))

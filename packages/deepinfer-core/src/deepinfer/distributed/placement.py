@@ -63,31 +63,55 @@ def imbalance(rank_loads: torch.Tensor) -> float:
     return float(rank_loads.max()) / mean if mean > 0 else 1.0
 
 
-def balanced_placement(load: torch.Tensor, num_slots: int, world_size: int) -> ExpertPlacement:
-    """A placement of `num_slots` slots for logical expert loads `load` [E] (tokens in the window).
+def balanced_placement(loads: torch.Tensor, num_slots: int, world_size: int) -> ExpertPlacement:
+    """A placement of `num_slots` slots from the window's logical expert loads `loads` [steps, E]
+    (tokens per step; [E] counts as one step).
 
-    Replication: each redundant slot goes to the expert with the largest load per replica. Placement:
-    replicas by decreasing load per replica, each on the rank with free slots and the smallest load so
-    far (a rank already holding that expert only when no other has room). Within a rank, slots are
-    ordered by logical id. Deterministic: every rank computes the same placement from the same loads.
+    Peak-aware, as the official policy: each redundant slot goes to the expert whose extra replica
+    lowers most the sum over steps of the largest per-replica load; then replicas, by decreasing mean
+    load, each go to the rank with free slots whose choice gives the smallest sum over steps of the
+    largest rank load (a rank already holding that expert only when no other has room). Ties: the
+    larger load per replica, the less loaded rank, the lower index. Within a rank, slots are ordered
+    by logical id. Deterministic: every rank computes the same placement from the same loads.
     """
-    n = load.numel()
+    series = loads.double().reshape(-1, loads.shape[-1])
+    n = series.shape[1]
     if num_slots < n or num_slots % world_size:
         raise ValueError(f"{num_slots} slots for {n} experts on {world_size} ranks")
-    w = [float(v) for v in load.double()]
-    replicas = [1] * n
+    replicas = torch.ones(n, dtype=torch.float64)
     for _ in range(num_slots - n):
-        e = max(range(n), key=lambda i: (w[i] / replicas[i], -i))
+        per_replica = series / replicas
+        e = _best(_peak_sums(per_replica, series / (replicas + 1)), -per_replica.mean(0))
         replicas[e] += 1
-    items = sorted(((w[e] / replicas[e], e) for e in range(n) for _ in range(replicas[e])),
+    per_replica = series / replicas
+    items = sorted(((float(per_replica[:, e].mean()), e) for e in range(n) for _ in range(int(replicas[e]))),
                    key=lambda it: (-it[0], it[1]))
     cap = num_slots // world_size
-    rank_load = [0.0] * world_size
+    rank_load = torch.zeros(series.shape[0], world_size, dtype=torch.float64)
     held: list[list[int]] = [[] for _ in range(world_size)]
-    for per_replica, e in items:
+    for _, e in items:
         free = [r for r in range(world_size) if len(held[r]) < cap]
-        fresh = [r for r in free if e not in held[r]] or free
-        r = min(fresh, key=lambda i: (rank_load[i], i))
+        allowed = [r for r in free if e not in held[r]] or free
+        peaks = _peak_sums(rank_load, rank_load + per_replica[:, e : e + 1])
+        blocked = torch.full((world_size,), torch.inf, dtype=torch.float64)
+        blocked[allowed] = 0
+        r = _best(peaks + blocked, rank_load.sum(0))
         held[r].append(e)
-        rank_load[r] += per_replica
+        rank_load[:, r] += per_replica[:, e]
     return ExpertPlacement(tuple(e for r in range(world_size) for e in sorted(held[r])), n, world_size)
+
+
+def _peak_sums(current: torch.Tensor, changed: torch.Tensor) -> torch.Tensor:
+    """For each column c of current [S, C]: the sum over rows of the row maximum once column c alone is
+    replaced by changed[:, c]."""
+    top = current.topk(min(2, current.shape[1]), dim=1)
+    best, arg = top.values[:, 0:1], top.indices[:, 0:1]
+    second = top.values[:, -1:] if current.shape[1] > 1 else torch.full_like(best, -torch.inf)
+    others = torch.where(torch.arange(current.shape[1]) == arg, second, best)  # max of the other columns
+    return torch.maximum(others, changed).sum(0)
+
+
+def _best(objective: torch.Tensor, tie_break: torch.Tensor) -> int:
+    """Index with the smallest objective; among equal ones the smallest tie_break, then the lowest."""
+    ties = objective == objective.min()
+    return int(torch.where(ties, tie_break, torch.inf).argmin())
