@@ -134,8 +134,10 @@ def test_abort_drops_the_grammar_state(make_engine):
     engine = make_engine()
     engine.add_request(PROMPTS[0], params(1, json_schema=SCHEMA), request_id="x")
     engine.add_request(PROMPTS[1], params(2, regex=REGEX), request_id="y")
-    for _ in range(4):
+    for _ in range(200):  # until both are decoding (admission waits for their grammars)
         engine.step()
+        if len(engine.runner.structured._states) == 2:
+            break
     assert len(engine.runner.structured._states) == 2
     engine.abort("x")
     done = {}

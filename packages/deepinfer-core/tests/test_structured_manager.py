@@ -3,6 +3,8 @@ and draft rows for speculation, all against freshly built states."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,7 @@ def manager(synthetic_tokenizer):
 
 
 def seq(seq_id: int, tokens: list[int], **so) -> Sequence:
-    req = Request(f"r{seq_id}", None, PROMPT, SamplingParams(structured_outputs=so), 0, 0.0, False)
+    req = Request(f"r{seq_id}", None, PROMPT, SamplingParams(structured_outputs=so), 0, time.time(), False)
     return Sequence(seq_id, req, 0, 0, [*PROMPT, *tokens], None, 1000, len(PROMPT))
 
 

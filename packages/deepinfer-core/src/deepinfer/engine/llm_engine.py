@@ -83,6 +83,7 @@ class LLMEngine:
                                   self.proposer.num_draft_tokens if self.proposer else 0)
         self._async = config.async_scheduling and self.proposer is None
         self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
+        self.scheduler.admissible = self.runner.structured.admissible
         # The model always runs on this thread, so both modes execute it identically; sync mode just
         # waits for each step before planning the next.
         self._worker: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="deepinfer-step")

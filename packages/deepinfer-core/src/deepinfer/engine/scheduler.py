@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deepinfer.engine.cache_manager import CacheManager
@@ -78,6 +79,8 @@ class Scheduler:
         self.num_preemptions = 0
         self._step = 0
         self._watermark = int(config.watermark * cache.num_blocks)
+        # structured output: a request is admitted once its grammar is compiled (or its wait timed out)
+        self.admissible: Callable[[Sequence], bool] = lambda seq: True
 
     def add(self, seq: Sequence) -> None:
         bisect.insort(self.waiting, seq, key=lambda s: s.order)
@@ -147,6 +150,8 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_inflight:
                 break  # preempted while a step for it was in flight: wait for that token
+            if not self.admissible(seq):
+                break  # its grammar is still compiling: the running sequences go on without it
             n = min(len(seq.token_ids), budget)
             reserve = self._watermark if self.running else 0  # an idle engine admits any that fits
             if (self.cache.blocks_for(n) + reserve > self.cache.free_blocks

@@ -14,8 +14,9 @@ Phases of a constrained sequence:
   "stop" or "grammar_error" for the token sampled there.
 
 Compilation starts when the request is added (`prepare`), on a small thread pool, with a cache keyed
-by the constraint; the first row that needs the grammar waits for it at most `timeout` seconds from
-when the request was prepared (the prefill usually hides it). State survives preemption (recompute
+by the constraint; the scheduler admits the request once it is compiled (`admissible`), or once
+`timeout` seconds have passed since its arrival (its first row then ends it), so only that request
+waits. State survives preemption (recompute
 only replays known tokens) and is dropped once the sequence has finished. `rollback` and `draft_rows`
 serve speculative decoding (a row per verified position; undo rejected tokens).
 """
@@ -131,6 +132,14 @@ class StructuredManager:
             self._cache.move_to_end(key)
             return fut
 
+    def admissible(self, seq: Seq) -> bool:
+        """Whether the scheduler may start `seq`: its grammar is compiled, or waiting for it timed out
+        (then its first row ends it with "grammar_error"). Other requests run meanwhile."""
+        spec = seq.request.params.structured_outputs
+        if spec is None:
+            return True
+        return self._compiled(spec).done() or time.time() >= seq.request.arrival_time + self.timeout
+
     def finish_reason(self, seq: Seq) -> str | None:
         """"stop" or "grammar_error" when the token just appended to `seq` ends it by its constraint."""
         st = self._states.get(seq.seq_id)
@@ -226,7 +235,7 @@ class StructuredManager:
         st = self._states.get(seq.seq_id)
         if st is None:
             trigger = self.backend.encode(spec.start_after) if spec.start_after else []
-            st = _State(seq, self._compiled(spec), trigger, time.monotonic() + self.timeout)
+            st = _State(seq, self._compiled(spec), trigger, seq.request.arrival_time + self.timeout)
             self._states[seq.seq_id] = st
         return st
 
@@ -263,7 +272,7 @@ class StructuredManager:
             return None
         if st.matcher is None:
             try:
-                st.matcher = st.compiled.result(timeout=max(0.0, st.deadline - time.monotonic())).fork()
+                st.matcher = st.compiled.result(timeout=max(0.0, st.deadline - time.time())).fork()
             except FutureTimeout:
                 st.ended(GRAMMAR_ERROR, f"grammar compile took over {self.timeout:g} s")
             except ValueError as exc:
