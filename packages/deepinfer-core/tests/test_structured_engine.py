@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from deepinfer.engine import EngineConfig, LLMEngine
+from deepinfer.engine.sequence import SeqStatus
 from deepinfer.sampling import SamplingParams
 
 SCHEMA = {
@@ -229,6 +230,20 @@ def test_dead_end_and_timeout_finish_with_grammar_error(make_engine):
     done = run(engine, {"d": (PROMPTS[0], params(1, regex="[a-z]{20}"))})
     c = done["d"].outputs[0]
     assert c.finish_reason == "grammar_error" and len(c.token_ids) == 4, c
+
+    # a slow compile holds its request out of the batch; the others run
+    engine = make_engine()
+    hang = threading.Event()
+    _with_backend(engine, lambda real: _DeadEnd(real, after=10**9, hang=hang))
+    engine.add_request(PROMPTS[1], SamplingParams(max_tokens=5, seed=0), request_id="free")
+    engine.add_request(PROMPTS[0], params(1, regex="[a-z]{3}"), request_id="slow")
+    done = {}
+    while "free" not in done:
+        done |= {o.request_id: o for o in engine.step() if o.finished}
+    assert engine.requests["slow"].seqs[0].status is SeqStatus.WAITING
+    hang.set()
+    done |= run(engine, {})
+    assert re.fullmatch("[a-z]{3}", done["slow"].outputs[0].text)
 
     engine = make_engine()
     hang = threading.Event()
