@@ -81,11 +81,13 @@ def test_requests_go_to_the_least_loaded_rank():
     assert assign_least_loaded([5, 5, 5], 4) == [0, 1, 2]
 
 
-def test_sharded_load_maps_only_this_ranks_experts_and_engram_rows(tmp_path):
+def test_sharded_load_maps_only_this_ranks_experts_and_engram_rows(tmp_path, caplog):
     path = write_tiny_checkpoint("engram", tmp_path / "ckpt", seed=1)
     full = load_checkpoint(path, progress=False).tensors
     state = ParallelState(rank=1, world_size=2, group=None, redundant_experts=1)  # slots 5..9 of 10
-    part = load_checkpoint(path, progress=False, shard=state).tensors
+    with caplog.at_level("INFO", logger="deepinfer.checkpoint.loader"):
+        part = load_checkpoint(path, progress=False, shard=state).tensors
+    assert "rank 1/2: loaded" in caplog.text  # load time per rank
     experts = {int(n.split(".")[4]) for n in part if ".ffn.experts." in n and n.startswith("layers.0.")}
     assert experts == {0, 1, 5, 6, 7}
     table = "layers.1.engram.embed.weight"

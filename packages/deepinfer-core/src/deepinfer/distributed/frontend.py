@@ -64,7 +64,8 @@ class DataParallelLLM:
                  sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None,
                  prompt_token_ids: Sequence[list[int]] | None = None, use_tqdm: bool = False
                  ) -> list[RequestOutput]:
-        """Complete every prompt; one output per prompt, in submission order."""
+        """Complete every prompt; one output per prompt, in submission order (`use_tqdm` is accepted
+        for `LLM.generate` compatibility; ranks show no progress bar)."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass exactly one of prompts and prompt_token_ids")
         items: list[Prompt] = (list(prompt_token_ids) if prompt_token_ids is not None
