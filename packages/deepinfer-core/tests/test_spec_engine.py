@@ -130,6 +130,9 @@ def tokens(outs) -> dict[str, list[list[int]]]:
 def test_greedy_equals_no_speculation_batched_and_alone(make_engine, drain, speculator):
     reqs = [(p, GREEDY) for p in prompts(6)]
     reqs.append((list(range(5, 75)), GREEDY))  # prefilled in chunks of the 32-token budget, beside decodes
+    # penalties and min_tokens: each verification row sees the drafts before it as generated tokens
+    reqs.append((prompts(8)[7], SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.5,
+                                               presence_penalty=1.0, frequency_penalty=0.5, min_tokens=10)))
     plain, _ = run(make_engine, drain, reqs)
     spec, engine = run(make_engine, drain, reqs, speculator=speculator, num_draft_tokens=K)
     assert tokens(spec) == tokens(plain)
