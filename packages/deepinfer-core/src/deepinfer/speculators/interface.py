@@ -19,14 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
 from deepinfer.models.interface import CausalLM
 from deepinfer.sampling.params import SamplingParams
-
-SpecSchedule = Literal["fixed", "confidence"]
 
 
 @dataclass(frozen=True)
