@@ -4,6 +4,7 @@ live cache entry and state equals a no-speculation run's; the DSpark proposer's 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -197,3 +198,20 @@ def test_trained_default_model_accepts_drafts_and_keeps_greedy_output() -> None:
         outs.append([o.outputs[0].token_ids for o in llm.generate(texts, params, use_tqdm=False)])
     assert outs[0] == outs[1]
     assert llm.engine.stats.mean_accepted_length() > 1.5  # a trained drafter, unlike random weights
+
+
+@pytest.mark.usefixtures("speculators")
+def test_cli_generate_with_a_speculator(checkpoint: Path, capsys) -> None:
+    from deepinfer.entrypoints.cli.main import main
+
+    base = ["--log-level", "WARNING", "generate", "--model", str(checkpoint), "--max-model-len", "96",
+            "--cache-mb", "16", "--temperature", "0", "--prompt-ids", "5,9,13,17,21", "--max-tokens", "8",
+            "--ignore-eos", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["outputs"][0]
+    assert main([*base, "--speculator", "dspark", "--num-draft-tokens", "2"]) == 0
+    drafted = json.loads(capsys.readouterr().out)["outputs"][0]
+    assert drafted["token_ids"] == plain["token_ids"] and drafted["draft_tok"] > 0 == plain["draft_tok"]
+    assert main([*base, "--speculator", "medusa"]) == 2
+    error = capsys.readouterr().err
+    assert "--speculator: speculator 'medusa' is not installed (installed: ['dspark'" in error

@@ -96,7 +96,7 @@ def to_json(out) -> dict:
             {"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
              "stop_reason": c.stop_reason,
              "logprobs": None if c.logprobs is None else [dataclasses.asdict(lp) for lp in c.logprobs],
-             "cumulative_logprob": c.cumulative_logprob}
+             "cumulative_logprob": c.cumulative_logprob, "draft_tok": c.draft_tok, "accept_tok": c.accept_tok}
             for c in out.outputs
         ],
         "ttft_s": m.ttft,
