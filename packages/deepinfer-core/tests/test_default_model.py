@@ -9,21 +9,26 @@ the numbers do not depend on the Python that runs the tests.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.checkpoint.loader import load_checkpoint
 from deepinfer.config import load_model_config
 from deepinfer.entrypoints.cli.generate import default_model_dir
 from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, load_runtime
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
 
 MODEL = Path(__file__).resolve().parents[3] / "checkpoints" / "tiny-stdlib"
-FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "default_model" / "heldout.json").read_text())
+FIXTURES = Path(__file__).parent / "fixtures" / "default_model"
+FIXTURE = json.loads((FIXTURES / "heldout.json").read_text())
+NEMO_ATOL = 1e-3  # fp32, cache quantisation off on both sides
 
 # REGRESSION GUARDS, not quality targets: measured on the shipped weights (2026-12-01, CPU, float32,
 # exact cache) plus a margin; a change to the runtime or the weights that breaks the model trips them.
@@ -58,6 +63,31 @@ def test_held_out_loss_regression_guard() -> None:
     loss = torch.stack([F.cross_entropy(lg, w[1:], reduction="sum") for lg, w in zip(logits, windows)])
     mean = loss.sum().item() / sum(w.numel() - 1 for w in windows)
     assert mean < HELD_OUT_LOSS_BOUND, f"held-out loss {mean:.4f} (recorded {HELD_OUT_LOSS})"
+
+
+def test_logits_and_drafts_match_nemo_automodel() -> None:
+    """Against nemo-automodel 0.7.0's DeepseekV41ForCausalLM and DSpark model on the shipped weights
+    (fixture recorded by tools/reference, see fixtures/default_model/nemo_meta.json)."""
+    ref = load_file(str(FIXTURES / "nemo_exact.safetensors"))
+    meta = json.loads((FIXTURES / "nemo_meta.json").read_text())
+    for shard, digest in meta["shard_sha256"].items():
+        assert hashlib.sha256((MODEL / shard).read_bytes()).hexdigest() == digest, f"re-record: {shard}"
+    rt = load_runtime(MODEL, options=RuntimeOptions(cache_precision="exact"))
+    tokens = ref["p0.tokens"].tolist()
+    assert (rt.score([tokens])[0] - ref["p0.logits"]).abs().max().item() < NEMO_ATOL
+    a = int(ref["dspark.anchors"][0])
+    rt.allocate_cache(2, 2)
+    rt.reset_slot(1)
+    rt.forward(ForwardBatch([SequenceSegment(1, [1], 0, tokens[:a], "none")]))
+    out = rt.dspark.draft(rt.cache, [1], [a], [tokens[a]])
+    markov, embedding = rt.dspark.markov(torch.tensor([tokens[a : a + rt.dspark.block_size]]))
+    ours = {
+        "base_logits": out.base_logits[0],
+        "markov_logits": markov[0],
+        "confidence_logits": rt.dspark.confidence(out, embedding, source="normed")[0],  # nemo's convention
+    }
+    for key, value in ours.items():
+        assert (value - ref[f"dspark.{key}"]).abs().max().item() < NEMO_ATOL, key
 
 
 def parses_after_line_cut(header: str, completion: str) -> bool:
