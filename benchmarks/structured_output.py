@@ -113,12 +113,30 @@ def apply_op(batch: int, vocab: int, reps: int = 10) -> float:
     return pct(times, 50) * 1e3
 
 
+def engine_steps(model_dir: str, batch: int, tokens: int) -> dict:
+    """Median worker time of a decode step (forward + masks + sampling), free vs JSON-constrained."""
+    from deepinfer import LLM, SamplingParams
+
+    llm = LLM(model_dir)
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["items"]}  # long enough to constrain every step
+    out = {}
+    for name, so in (("free", None), ("json_schema", {"json_schema": schema})):
+        llm.engine.stats.steps.clear()
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, structured_outputs=so)
+        llm.generate(["import json\n\nconfig = "] * batch, params, use_tqdm=False)
+        decode = [s.device_s for s in llm.engine.stats.steps if s.num_tokens == s.num_seqs == batch]
+        out[name] = pct(decode[2:], 50) * 1e3  # the first ones build lexer states
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out")
+    ap.add_argument("--model", help="also time decode steps of this checkpoint, free vs constrained")
     args = ap.parse_args()
     tok = release_tokenizer()
     if tok is None:
@@ -154,6 +172,11 @@ def main() -> None:
                                            for b in args.batches.split(",")}
     print("apply_token_bitmask (reference, CPU, 1 thread) ms:", {
         b: round(v, 2) for b, v in result["apply_token_bitmask_cpu_ms"].items()})
+    if args.model:
+        for batch in (1, 16):
+            r = result[f"engine_batch{batch}_ms"] = engine_steps(args.model, batch, 24)
+            print(f"decode step, batch {batch}: free {r['free']:.1f} ms, "
+                  f"json_schema {r['json_schema']:.1f} ms")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)
