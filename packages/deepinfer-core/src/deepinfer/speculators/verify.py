@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from deepinfer.ops import Ops, get_ops
-from deepinfer.ops.reference.sampling import _kept as filter_mask
+from deepinfer.ops.reference.sampling import draw, filter_mask
 from deepinfer.ops.sampling import SamplingMetadata
 from deepinfer.sampling import rng
 from deepinfer.sampling.sampler import PendingLogprobs, SampleRow, sampling_metadata
@@ -35,14 +35,6 @@ def target_probs(adjusted: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
     probs = probs / probs.sum(dim=-1, keepdim=True)
     onehot = torch.zeros_like(probs).scatter_(1, adjusted.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(meta.greedy[:, None], onehot, probs)
-
-
-def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw of one token per row of (unnormalised, non-negative) `probs` with uniforms `u`:
-    the first index whose cumulative mass exceeds u * total, so never a zero-probability token."""
-    cdf = probs.double().cumsum(dim=-1)
-    x = (u * cdf[:, -1])[:, None]
-    return torch.searchsorted(cdf, x, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def accept_drafts(

@@ -42,15 +42,20 @@ def sample_tokens(logits: torch.Tensor, s: SamplingMetadata) -> torch.Tensor:
         return tokens
     probs = torch.softmax(logits / s.temperature[:, None], dim=-1)
     if s.any_filtered:
-        probs = probs * _kept(probs, s)
-    cdf = probs.double().cumsum(dim=-1)
-    u = rng.uniform(s.seeds, s.positions, rng.PURPOSE_SAMPLE) * cdf[:, -1]
-    # first index whose cumulative mass exceeds u: always a token with non-zero probability
-    drawn = torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
+        probs = probs * filter_mask(probs, s)
+    drawn = draw(probs, rng.uniform(s.seeds, s.positions, rng.PURPOSE_SAMPLE))
     return torch.where(s.greedy, tokens, drawn)
 
 
-def _kept(probs: torch.Tensor, s: SamplingMetadata) -> torch.Tensor:
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw of one token per row of (unnormalised, non-negative) `probs` with uniforms `u`:
+    the first index whose cumulative mass exceeds u * total, so never a zero-probability token."""
+    cdf = probs.double().cumsum(dim=-1)
+    x = (u * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, x, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+
+
+def filter_mask(probs: torch.Tensor, s: SamplingMetadata) -> torch.Tensor:
     """[B, V] bool: tokens that top-k, top-p and min-p keep (decided on the sorted distribution);
     all of them on rows without a filter."""
     sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
