@@ -165,6 +165,8 @@ def test_bad_constraints_are_rejected_at_add_request(make_engine, so, message):
     engine = make_engine()
     with pytest.raises(ValueError, match=message):
         engine.add_request(PROMPTS[0], {"structured_outputs": so})
+    with pytest.raises(ValueError, match="min_tokens"):  # EOS banned where the grammar is complete
+        engine.add_request(PROMPTS[0], {"structured_outputs": {"regex": "a"}, "min_tokens": 2})
     assert not engine.has_unfinished_requests()
 
 

@@ -150,6 +150,13 @@ class SamplingParams(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _structured_ends_itself(self) -> SamplingParams:
+        if self.structured_outputs is not None and self.min_tokens:
+            raise ValueError("min_tokens cannot be combined with structured_outputs: the constraint decides "
+                             "where the output ends")
+        return self
+
+    @model_validator(mode="after")
     def _min_le_max(self) -> SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
