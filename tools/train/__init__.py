@@ -1,0 +1,1 @@
+"""Training the default model (docs/training.md): `python -m tools.train.train --out OUT`."""
