@@ -9,9 +9,9 @@ quantisation. Routed experts are stacked per layer (`...ffn.experts.w1` [E, I, H
 gathering at these sizes. The pure-torch reference ops supply the pieces they share (norm, RoPE, mHC,
 Engram gate and hash, candidate blocks, clamped SwiGLU).
 
-The lightning indexer's top-k selection has no gradient; `aux_losses` collects, per index source, the KL
+The lightning indexer's top-k selection has no gradient; `forward` also returns, per index source, the KL
 from the layer's own dense attention over the visible compressed entries (detached) to the indexer's
-score distribution, which trains the indexer (and is zero-cost to ignore at evaluation).
+score distribution, which trains the indexer (computed in training mode only).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer.checkpoint.inventory import iter_inventory
 from deepinfer.config import LayerSpec, ModelConfig, TextConfig
 from deepinfer.models.deepseek_v41.engram import EngramHasher
 from deepinfer.models.deepseek_v41.rope import Rope
@@ -40,8 +41,6 @@ EXPERT_KEYS = ("w1", "w3", "w2")
 
 def parameter_shapes(c: TextConfig) -> dict[str, tuple[int, ...]]:
     """Logical (dequantised) shape of every trainable tensor; routed experts stacked per layer."""
-    from deepinfer.checkpoint.inventory import iter_inventory
-
     shapes: dict[str, tuple[int, ...]] = {}
     for spec in iter_inventory(c):
         if spec.kind == "scale" or ".ffn.experts." in spec.name:
@@ -133,6 +132,7 @@ class DeepseekV41Train(nn.Module):
                 self.p(n).copy_(tensors[n])
 
     def to(self, *args, **kwargs):
+        """nn.Module.to, plus the Engram hash tables and RoPE frequencies (plain tensors)."""
         out = super().to(*args, **kwargs)
         device = self.p("embed.weight").device
         if self.hasher is not None:
