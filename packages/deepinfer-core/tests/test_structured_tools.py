@@ -157,3 +157,11 @@ def test_v4_tokenizer_marker_is_text():
         bad = backend.compile(spec)
         ids = backend.encode(text.replace('"days" string="false">3', '"days" string="false">"3"'))
         assert not all(bad.accept(t) for t in ids), "a string where the schema wants an integer"
+        auto = spec.model_copy(update={"tools": spec.tools.model_copy(update={"mode": "auto"})})
+        for prefix, ok in (("Checking <b> first.", True), (f"Mentioning {d} in text.", False)):
+            m = backend.compile(auto)
+            accepted = all(m.accept(t) for t in backend.encode(prefix))
+            assert accepted == ok, (dsml, prefix)
+            if ok:  # free text may end here, or go on into a block
+                assert m.fork().accept(1) and all(m.accept(t) for t in backend.encode(text))
+                assert m.accept(1)

@@ -38,13 +38,14 @@ def tool_call_grammar(c: ToolCallConstraint, dsml_id: int | None) -> str:
     opener = g.lit("\n\n<", DSML, calls, ">\n")
     if c.mode == "required":
         start = "start: block" if c.opened else f"start: {opener} block"
-    elif dsml_id is None:  # the marker is text: free text, or free text ending in the opening tag
-        start = "start: FREE | HEAD block"
-        rules.append(f"HEAD: FREE {_quote(chr(10) * 2 + '<' + DSML + calls + '>' + chr(10))}")
-    else:  # the marker is a special token: free text ending in "<", then the marker
-        start = f"start: FREE | FREE_LT {g.lit(DSML, calls, '>', chr(10))} block"
-        rules.append('FREE_LT: FREE "\\n\\n<"')
-    rules.append(f"FREE: /(?s:.*)/ & ~/(?s:.*){DSML}(?s:.*)/")
+    else:  # free text without the marker, or such text then a block
+        rules.append(f"FREE: /(?s:.*)/ & ~/(?s:.*){DSML}(?s:.*)/")
+        if dsml_id is None:  # the marker is text: the text and the opening tag are one lexeme
+            start = "start: FREE | HEAD block"
+            rules.append(f"HEAD: FREE {_quote(chr(10) * 2 + '<' + DSML + calls + '>' + chr(10))}")
+        else:  # the marker is a special token: text ending in a blank line and "<", then the marker
+            start = f"start: FREE | FREE_LT {g.lit(DSML, calls, '>', chr(10))} block"
+            rules.append('FREE_LT: FREE "\\n\\n<"')
     return "\n".join([start, *rules, *g.extra])
 
 
