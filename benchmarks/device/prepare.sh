@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device/wheels
 rm -f .device/wheels/deepinfer*.whl
-for package in deepinfer-core deepinfer-kernels-cuda; do
+for package in deepinfer-core deepinfer-kernels-cuda deepinfer-spec; do
     uv build --quiet --wheel --package "$package" -o .device/wheels
 done
 # The GPU image has torch, triton, safetensors, tokenizers, numpy, tqdm but not pydantic.

@@ -58,7 +58,7 @@ class ChatOutput:
 class LLM:
     """Offline inference on one device.
 
-    `LLM(model="checkpoints/tiny-default")` loads the checkpoint directory (config.json, safetensors,
+    `LLM(model="checkpoints/tiny-stdlib")` loads the checkpoint directory (config.json, safetensors,
     tokenizer.json), sizes the cache from the memory budget and starts an `LLMEngine`. Extra keyword
     arguments are `EngineConfig` fields (max_num_seqs, max_num_batched_tokens, async_scheduling, ...).
 

@@ -44,7 +44,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and engine")
     g.add_argument("--model", required=True,
                    help="checkpoint directory (config.json, safetensors, tokenizer.json); "
-                   "scripts/demo.sh builds the tiny default at checkpoints/tiny-default")
+                   "the trained default model is checkpoints/tiny-stdlib (tracked in the repo)")
     g.add_argument("--backend", default=None,
                    help="op backend (default: $DEEPINFER_BACKEND or the best installed)")
     g.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
