@@ -2,7 +2,8 @@
 
 One step mixes decodes and prefill chunks under a token budget (`max_num_batched_tokens`) and a
 sequence cap (`max_num_seqs`). Running sequences go first, oldest first; waiting ones are admitted in
-strict arrival order (FCFS: a request that does not fit blocks those behind it). When a running
+arrival order (FCFS: a request that does not fit blocks those behind it). A request whose grammar is
+still compiling is passed over until it is ready, then goes first again by its arrival. When a running
 sequence needs a block and none is free, the youngest running sequence is preempted by recompute: its
 cache is freed and it returns to the waiting queue to prefill prompt + generated tokens again.
 
@@ -146,19 +147,21 @@ class Scheduler:
         return max(0, min(held, verify.get(seq.seq_id, held), room, budget - 1))
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+        i = 0  # waiting[:i] are passed over this step (grammar still compiling)
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[i]
             if seq.num_inflight:
                 break  # preempted while a step for it was in flight: wait for that token
             if not self.admissible(seq):
-                break  # its grammar is still compiling: the running sequences go on without it
+                i += 1  # its grammar is still compiling: those behind it need not wait for it
+                continue
             n = min(len(seq.token_ids), budget)
             reserve = self._watermark if self.running else 0  # an idle engine admits any that fits
             if (self.cache.blocks_for(n) + reserve > self.cache.free_blocks
                     or not self.cache.take_slot(seq)):
                 break
             self.cache.grow(seq, n)
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             seq.status = SeqStatus.RUNNING
             if seq.request.first_scheduled_time is None:
                 seq.request.first_scheduled_time = time.time()
