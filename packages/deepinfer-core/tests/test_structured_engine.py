@@ -70,6 +70,19 @@ def params(seed: int, n: int = 1, **so) -> SamplingParams:
     return SamplingParams(n=n, seed=seed, max_tokens=120, structured_outputs=so)
 
 
+def assert_valid(rid: str, text: str, choices: tuple[str, ...]) -> None:
+    """The output of request `rid` ("<kind>-<i>") satisfies its kind's constraint."""
+    kind = rid.split("-")[0]
+    if kind == "json":
+        jsonschema.validate(json.loads(text), SCHEMA)
+    elif kind == "regex":
+        assert re.fullmatch(REGEX, text), text
+    elif kind == "lark":
+        assert re.fullmatch(r"[1-9][0-9]{0,2}( [+*] [1-9][0-9]{0,2}){1,3}", text), text
+    else:
+        assert text in choices, text
+
+
 def test_every_output_is_valid(make_engine, synthetic_tokenizer):
     kinds = {"json": {"json_schema": SCHEMA}, "regex": {"regex": REGEX}, "lark": {"grammar": LARK},
              "choice": {"choice": ["yes", "no", "not sure"]}}
@@ -79,15 +92,7 @@ def test_every_output_is_valid(make_engine, synthetic_tokenizer):
         c = out.outputs[0]
         assert c.finish_reason == "stop" and c.token_ids[-1] == synthetic_tokenizer.tokenizer.token_to_id(
             "<｜end▁of▁sentence｜>"), (rid, c)
-        kind = rid.split("-")[0]
-        if kind == "json":
-            jsonschema.validate(json.loads(c.text), SCHEMA)
-        elif kind == "regex":
-            assert re.fullmatch(REGEX, c.text), c.text
-        elif kind == "lark":
-            assert re.fullmatch(r"[1-9][0-9]{0,2}( [+*] [1-9][0-9]{0,2}){1,3}", c.text), c.text
-        else:
-            assert c.text in ("yes", "no", "not sure")
+        assert_valid(rid, c.text, ("yes", "no", "not sure"))
     # greedy over random logits would not produce these by itself
     assert len({done[f"json-{i}"].outputs[0].text for i in range(6)}) > 1
 
@@ -292,15 +297,7 @@ def test_xgrammar_backend_plugs_in(make_engine, monkeypatch):
     for rid, out in done.items():
         c = out.outputs[0]
         assert c.finish_reason == "stop", (rid, c)
-        kind = rid.split("-")[0]
-        if kind == "json":
-            jsonschema.validate(json.loads(c.text), SCHEMA)
-        elif kind == "regex":
-            assert re.fullmatch(REGEX, c.text), c.text
-        elif kind == "lark":
-            assert re.fullmatch(r"[1-9][0-9]{0,2}( [+*] [1-9][0-9]{0,2}){1,3}", c.text), c.text
-        else:
-            assert c.text in ("yes", "no")
+        assert_valid(rid, c.text, ("yes", "no"))
     bad = params(0, regex="a").structured_outputs.model_copy(update={"regex": "a+("})  # skips the check
     with pytest.raises(ValueError, match="invalid regex"):
         backend.compile(bad)
