@@ -7,6 +7,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pydantic
+
 from deepinfer.distributed.cli import add_parallel_args
 from deepinfer.entrypoints.cli.engine_args import (
     add_engine_args,
@@ -15,7 +17,8 @@ from deepinfer.entrypoints.cli.engine_args import (
     parse_ids,
     sampling_from_args,
 )
-from deepinfer.entrypoints.cli.errors import UsageError
+from deepinfer.entrypoints.cli.errors import UsageError, usage_errors
+from deepinfer.sampling import SamplingParams
 
 # The embedded default model: trained by tools/train, tracked in the repository (docs/training.md).
 DEFAULT_MODEL = "checkpoints/tiny-stdlib"
@@ -48,7 +51,63 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.help = f"checkpoint directory (default: the trained default model, {DEFAULT_MODEL})"
     add_parallel_args(parser)
     add_sampling_args(parser)
+    add_structured_args(parser)
     parser.set_defaults(func=run)
+
+
+def add_structured_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "structured output", "constrain every completion to one of these (at most one); see "
+        "docs/structured_output.md")
+    kinds = g.add_mutually_exclusive_group()
+    kinds.add_argument("--json-schema", metavar="FILE_OR_JSON",
+                       help="JSON valid under this JSON Schema: a file if one exists at that path, else the "
+                       "schema itself as JSON")
+    kinds.add_argument("--json-object", action="store_true", help="any JSON object")
+    kinds.add_argument("--regex", metavar="RE", help="text matching this regular expression in full")
+    kinds.add_argument("--choice", action="append", metavar="TEXT",
+                       help="exactly one of these strings (repeat: --choice yes --choice no)")
+    kinds.add_argument("--grammar", metavar="FILE_OR_TEXT",
+                       help="text in this grammar (Lark, or GBNF/EBNF as llama.cpp writes it): "
+                       "a file if one exists at that path, else the grammar itself")
+    g.add_argument("--structured-start-after", metavar="TEXT",
+                   help="generate freely until this text (e.g. '</think>'), then apply the constraint")
+
+
+def structured_from_args(args: argparse.Namespace) -> tuple[dict, str] | None:
+    """The `structured_outputs` the options ask for and the option that set it, or None."""
+    if args.json_schema is not None:
+        so, flag = {"json_schema": _json_schema(args.json_schema)}, "--json-schema"
+    elif args.json_object:
+        so, flag = {"json_object": True}, "--json-object"
+    elif args.regex is not None:
+        so, flag = {"regex": args.regex}, "--regex"
+    elif args.choice is not None:
+        so, flag = {"choice": args.choice}, "--choice"
+    elif args.grammar is not None:
+        path = Path(args.grammar)
+        so, flag = {"grammar": path.read_text() if path.is_file() else args.grammar}, "--grammar"
+    elif args.structured_start_after is not None:
+        raise UsageError("--structured-start-after: needs one of --json-schema, --json-object, --regex, "
+                         "--choice, --grammar")
+    else:
+        return None
+    if args.structured_start_after is not None:
+        so["start_after"] = args.structured_start_after
+    return so, flag
+
+
+def _json_schema(value: str) -> dict:
+    path = Path(value)
+    is_file = path.is_file()
+    try:
+        schema = json.loads(path.read_text() if is_file else value)
+    except json.JSONDecodeError as exc:
+        what = f"file {value}" if is_file else "no such file, and the value"
+        raise UsageError(f"--json-schema: {what} is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise UsageError(f"--json-schema: a JSON Schema is an object, got {type(schema).__name__}")
+    return schema
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
     if args.stream and len(args.prompt or args.prompt_ids) != 1:
         raise UsageError("--stream takes a single prompt")
     params = sampling_from_args(args)
+    structured = structured_from_args(args)
+    if structured is not None:
+        so, flag = structured
+        try:  # validated again with the constraint: an invalid schema or regex is an error here
+            params = SamplingParams(**{**dict(params), "structured_outputs": so})
+        except pydantic.ValidationError as exc:
+            raise usage_errors(exc, {"structured_outputs": flag}) from None
     llm = llm_from_args(args)
     try:
         prompts = dict(prompts=args.prompt) if args.prompt else dict(prompt_token_ids=args.prompt_ids)
