@@ -9,6 +9,8 @@ log.jsonl (one record per logged step), metrics.json (the numbers docs/training.
 loss.png (train/held-out curves), and state.pt (resumable training state; `--resume OUT/state.pt`).
 Given a seed and step counts the run is deterministic up to GPU kernel nondeterminism; a time budget
 fixes the step count after calibration and logs it, so `--steps` reproduces the run.
+`--stop-after-steps`/`--stop-after-seconds` end a run early with its state saved; `--resume` then
+continues it exactly (weights, optimizer, data sampler and anchor RNGs, LR schedule position).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -58,10 +61,33 @@ def _optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW
     )
 
 
+STAGES = ("target", "draft")
+
+
+@dataclass
+class RunLimit:
+    """How far this process trains before it saves the state and stops (the rest is for --resume)."""
+
+    steps: int | None = None
+    deadline: float | None = None  # time.perf_counter() value
+
+    def reached(self) -> bool:
+        return (self.steps is not None and self.steps <= 0) or (
+            self.deadline is not None and time.perf_counter() >= self.deadline
+        )
+
+
 class Logger:
-    def __init__(self, path: Path):
-        self.f = path.open("a")
+    def __init__(self, path: Path, resume: dict | None = None):
+        """A fresh run starts a new log; a resumed one keeps the records up to the resumed step."""
         self.records: list[dict] = []
+        if resume and path.exists():
+            at = (STAGES.index(resume["stage"]), resume["step"])
+            lines = path.read_text().splitlines()
+            recs = [json.loads(line) for line in lines if line]
+            self.records = [r for r in recs if (STAGES.index(r["stage"]), r["step"]) <= at]
+        path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self.f = path.open("a")
 
     def __call__(self, **rec) -> None:
         self.records.append(rec)
@@ -82,23 +108,29 @@ def train_loop(
     logger: Logger,
     state_path: Path,
     resume: dict | None,
+    rngs: dict[str, torch.Generator],
+    limit: RunLimit,
+    metrics: dict,
     eval_fn=None,
-) -> int:
-    """Generic loop: seeded batches, AdamW, warmup + cosine; returns the number of steps run."""
+) -> tuple[int, bool]:
+    """Generic loop: seeded batches (`rngs["batches"]`), AdamW, warmup + cosine. Saves the state when
+    it ends; returns (steps done, whether the stage is complete rather than stopped by `limit`)."""
     opt = _optimizer(params, peak_lr)
-    gen = torch.Generator().manual_seed(args.seed + (0 if stage == "target" else 1))
-    start = 0
-    if resume and resume.get("stage") == stage:
+    gen = rngs["batches"]
+    start, seconds = 0, 0.0
+    if resume and resume["stage"] == stage:
+        seconds = metrics[f"{stage}_seconds"]
         opt.load_state_dict(resume["optimizer"])
-        gen.set_state(resume["generator"])
+        for name, rng in rngs.items():
+            rng.set_state(resume["rngs"][name])
         start, steps = resume["step"], resume["total"]
-    total = steps or 10**9
+    total = steps or 10**9  # open-ended until the time budget is calibrated
     tokens_per_step = args.batch * args.seq
     t0, step = time.perf_counter(), start
-    while step < total:
+    while step < total and not limit.reached():
         if step == start + CALIBRATION_STEPS and steps is None:
             rate = (time.perf_counter() - t0) / CALIBRATION_STEPS
-            total = start + max(CALIBRATION_STEPS + 1, int(budget / rate))
+            total = steps = start + max(CALIBRATION_STEPS + 1, int(budget / rate))
             log.info(
                 "%s: %.3f s/step -> %d steps in the budget (reproduce with the step count)",
                 stage,
@@ -117,6 +149,8 @@ def train_loop(
         if stage == "target":
             model.update_router_bias(1e-3)
         step += 1
+        if limit.steps is not None:
+            limit.steps -= 1
         if step % args.log_every == 0 or step == total:
             elapsed = time.perf_counter() - t0
             rec = {
@@ -130,18 +164,20 @@ def train_loop(
             if eval_fn is not None and (step % (args.log_every * 5) == 0 or step == total):
                 rec["held_out"] = eval_fn()
             logger(**rec)
+    metrics[f"{stage}_seconds"] = seconds + time.perf_counter() - t0
     torch.save(
         {
             "stage": stage,
             "step": step,
-            "total": total,
+            "total": steps,  # None: stopped before the time budget was calibrated
             "optimizer": opt.state_dict(),
-            "generator": gen.get_state(),
+            "rngs": {name: rng.get_state() for name, rng in rngs.items()},
             "model": model.state_dict(),
+            "metrics": metrics,
         },
         state_path,
     )
-    return step
+    return step, step >= total
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,8 +204,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--device", type=torch.device, default=torch.device("cuda" if torch.cuda.is_available() else "cpu")
     )
-    ap.add_argument("--resume", type=Path)
-    ap.add_argument("--state", type=Path, help="where to save the resumable state (default: OUT/state.pt)")
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        help="continue from a state file written by --state (same --out and options); the result is "
+        "bitwise the one of an uninterrupted run on CPU",
+    )
+    ap.add_argument(
+        "--state",
+        type=Path,
+        help="where to save the resumable state (weights, optimizer, RNGs, step, metrics so far) when a "
+        "stage ends or the run stops early (default: OUT/state.pt)",
+    )
+    ap.add_argument(
+        "--stop-after-steps", type=int, help="end this run after N optimizer steps (both stages count)"
+    )
+    ap.add_argument("--stop-after-seconds", type=float, help="end this run after S seconds of training steps")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.manual_seed(args.seed)
@@ -199,11 +249,17 @@ def main(argv: list[str] | None = None) -> None:
     model = DeepseekV41Train(config, compressed_vocab(tokenizer).token_map, seed=args.seed).to(args.device)
     if args.init:
         model.load_tensors({k: v.to(args.device) for k, v in read_release(args.init)[1].items()})
-    resume = torch.load(args.resume, map_location=args.device) if args.resume else None
+    # on CPU: generator states must stay there; load_state_dict moves the rest to the parameters' device
+    resume = torch.load(args.resume, map_location="cpu") if args.resume else None
     if resume:
         model.load_state_dict(resume["model"])
-    logger = Logger(out / "log.jsonl")
-    metrics: dict = {
+    limit = RunLimit(
+        args.stop_after_steps,
+        None if args.stop_after_seconds is None else time.perf_counter() + args.stop_after_seconds,
+    )
+    logger = Logger(out / "log.jsonl", resume)
+    metrics: dict = resume["metrics"] if resume else {}
+    metrics |= {
         "config": "tools/train/config.py",
         "corpus_digest": manifest.digest,
         "python": manifest.python_version,
@@ -222,10 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     def evaluate() -> float:  # the held-out curve: 64 windows, bf16
         return held_out_loss(model, held[:64], bf16=True)
 
-    if not resume or resume.get("stage") == "target":
+    if not resume or resume["stage"] == "target":
         model.train()
-        t1 = time.perf_counter()
-        steps = train_loop(
+        steps, done = train_loop(
             "target",
             model,
             target_params,
@@ -237,21 +292,27 @@ def main(argv: list[str] | None = None) -> None:
             logger,
             state_path,
             resume,
+            {"batches": torch.Generator().manual_seed(args.seed)},
+            limit,
+            metrics,
             evaluate,
         )
+        if not done:
+            log.info("stopped at target step %d; state in %s", steps, state_path)
+            return
         metrics["target_steps"] = steps
-        metrics["target_seconds"] = time.perf_counter() - t1
         metrics["target_tok_per_s"] = logger.records[-1]["tok_per_s"]
         resume = None
     model.eval()
-    metrics["held_out_bf16"] = held_out_loss(model, held, bf16=True)
-    metrics["held_out_fp32"] = held_out_loss(model, held, bf16=False)
-    write_release(config, model.named_tensors(), tokenizer, ckpt)
-    _, release = read_release(ckpt)
-    model.load_tensors(release)  # the drafter trains on the target exactly as it ships
-    metrics["held_out_release_fp32"] = held_out_loss(model, held, bf16=False)
-    metrics["held_out_release_bf16"] = held_out_loss(model, held, bf16=True)
-    log.info("held-out: %s", {k: v for k, v in metrics.items() if k.startswith("held_out")})
+    if not resume:  # a resumed drafter state already holds the release-format target
+        metrics["held_out_bf16"] = held_out_loss(model, held, bf16=True)
+        metrics["held_out_fp32"] = held_out_loss(model, held, bf16=False)
+        write_release(config, model.named_tensors(), tokenizer, ckpt)
+        _, release = read_release(ckpt)
+        model.load_tensors(release)  # the drafter trains on the target exactly as it ships
+        metrics["held_out_release_fp32"] = held_out_loss(model, held, bf16=False)
+        metrics["held_out_release_bf16"] = held_out_loss(model, held, bf16=True)
+        log.info("held-out: %s", {k: v for k, v in metrics.items() if k.startswith("held_out")})
 
     draft_params = dspark.drafter_parameters(model)
     bsz = config.text.dspark_block_size
@@ -268,8 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         parts.update({f"hit{j}": h for j, h in enumerate(hit.tolist())})
         return ce + bce, parts
 
-    t1 = time.perf_counter()
-    metrics["draft_steps"] = train_loop(
+    steps, done = train_loop(
         "draft",
         model,
         draft_params,
@@ -281,8 +341,14 @@ def main(argv: list[str] | None = None) -> None:
         logger,
         state_path,
         resume,
+        {"batches": torch.Generator().manual_seed(args.seed + 1), "anchors": anchor_gen},
+        limit,
+        metrics,
     )
-    metrics["draft_seconds"] = time.perf_counter() - t1
+    if not done:
+        log.info("stopped at draft step %d; state in %s", steps, state_path)
+        return
+    metrics["draft_steps"] = steps
     metrics["draft_tok_per_s"] = logger.records[-1]["tok_per_s"]
     model.eval()
     write_release(config, model.named_tensors(), tokenizer, ckpt)
