@@ -123,5 +123,6 @@ def test_speculators_are_discovered_the_same_way(toy_installed):
 
 def test_missing_speculator_names_the_extra():
     _forget_discoveries()
+    assert {"dspark", "ngram"} <= set(available_speculators())  # deepinfer-spec's entry points
     with pytest.raises(SpeculatorError, match=r"deepinfer-core\[spec\]"):
-        get_speculator("dspark")
+        get_speculator("medusa")
