@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deepinfer.distributed.cli import add_parallel_args
 from deepinfer.entrypoints.cli.engine_args import add_engine_args, llm_from_args
 from deepinfer.entrypoints.cli.errors import UsageError, finite_float, positive_int
 
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model_tag", nargs="?", metavar="MODEL", help="checkpoint directory (or use --model)")
     add_engine_args(parser)
+    add_parallel_args(parser)
     for action in parser._actions:  # the positional MODEL may stand in for --model
         if action.dest == "model":
             action.required = False
@@ -73,7 +75,15 @@ def make_state(args: argparse.Namespace) -> ServerState:
     if not (model_dir / "tokenizer.json").exists():
         raise UsageError(f"{model_dir} has no tokenizer.json: the server renders prompts and needs one")
     llm = llm_from_args(args)
-    engine, text_tokenizer = llm.engine, llm.tokenizer
+    if args.dp > 1:  # persistent ranks; the server process keeps only the tokenizer
+        if args.eplb_interval:
+            raise UsageError("--eplb-interval: not available with serve --dp (idle ranks do not rebalance)")
+        from deepinfer.distributed.serving import DataParallelEngine
+        from deepinfer.entrypoints.llm import load_tokenizer
+
+        engine, text_tokenizer = DataParallelEngine(llm), load_tokenizer(model_dir)
+    else:
+        engine, text_tokenizer = llm.engine, llm.tokenizer
     engine.tokenizer = None  # token ids in and out: the recipe does all text (no second detokenizer)
     names = args.served_model_name or [model_dir.resolve().name]
     options = recipe.ConversionOptions()
