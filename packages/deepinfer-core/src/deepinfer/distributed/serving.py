@@ -14,7 +14,7 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from deepinfer.distributed.frontend import DataParallelLLM
 from deepinfer.distributed.launch import spawn
 from deepinfer.distributed.lockstep import LockStep, dummy_forward
 from deepinfer.distributed.state import ParallelState, use_parallel
-from deepinfer.engine import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer.engine import CompletionOutput, LLMEngine, RequestMetrics, RequestOutput
 from deepinfer.engine.stats import EngineStats
 from deepinfer.sampling import SamplingParams
 
@@ -37,23 +37,34 @@ _IDLE_WAIT_S = 0.01  # how long an idle rank waits for a request before ticking 
 class _RankLoad:
     """What a rank last reported, read by the server's /ready and /metrics (sums over ranks)."""
 
-    running: list = field(default_factory=list)  # one entry per sequence: only len() is read
-    waiting: list = field(default_factory=list)
+    running: int = 0  # sequences
+    waiting: int = 0
     usage: float = 0.0
     free: bool = True
 
+    @property
+    def idle(self) -> bool:
+        return not (self.running or self.waiting) and self.free
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> _RankLoad:
+        sched, cache = engine.scheduler, engine.cache
+        return cls(len(sched.running), len(sched.waiting), cache.usage, cache.all_free())
+
 
 class _Scheduler:
+    """`running`/`waiting` over all ranks, sized like the scheduler's queues (only their length is read)."""
+
     def __init__(self, loads: list[_RankLoad]):
         self._loads = loads
 
     @property
-    def running(self) -> list:
-        return [s for load in self._loads for s in load.running]
+    def running(self) -> range:
+        return range(sum(load.running for load in self._loads))
 
     @property
-    def waiting(self) -> list:
-        return [s for load in self._loads for s in load.waiting]
+    def waiting(self) -> range:
+        return range(sum(load.waiting for load in self._loads))
 
 
 class _Cache:
@@ -137,7 +148,8 @@ class DataParallelEngine:
     def has_unfinished_requests(self) -> bool:
         if self.failure is not None:
             raise RuntimeError(f"a data-parallel rank failed: {self.failure}")
-        return bool(self._owner)
+        # also until every rank reported its load after its last request (an abort frees cache later)
+        return bool(self._owner) or not all(load.idle for load in self._loads)
 
     def step(self) -> list[RequestOutput]:
         """The outputs the ranks sent since the last call (waits briefly for the first)."""
@@ -193,7 +205,9 @@ def _serve_rank(state: ParallelState, model: str, llm_kwargs: dict[str, Any], in
 
     inbox = inboxes[state.rank]
     with use_parallel(state):
-        llm = LLM(model, **llm_kwargs)
+        # synchronous steps: a step launched ahead would still run its exchanges after an abort left
+        # the rank idle, interleaved with the idle ticks
+        llm = LLM(model, **{**llm_kwargs, "async_scheduling": False})
         engine = llm.engine
         engine.tokenizer = None
         lock = LockStep(engine.model.model, state.group)
@@ -203,11 +217,11 @@ def _serve_rank(state: ParallelState, model: str, llm_kwargs: dict[str, Any], in
         outbox.put(("ready", state.rank, info))
         stopping = False
         while True:
-            busy = engine.has_unfinished_requests()
+            busy, applied = engine.has_unfinished_requests(), False
             try:
                 while True:
                     msg = inbox.get(timeout=_IDLE_WAIT_S) if not (busy or stopping) else inbox.get_nowait()
-                    busy = True  # a command may add work: look again below
+                    busy = applied = True  # a command may add work: look again below
                     if msg[0] == "add":
                         _, rid, prompt, params = msg
                         try:
@@ -222,12 +236,11 @@ def _serve_rank(state: ParallelState, model: str, llm_kwargs: dict[str, Any], in
             except queue.Empty:
                 pass
             if engine.has_unfinished_requests() and not stopping:
-                outs = engine.step()
-                sched, cache = engine.scheduler, engine.cache
-                load = _RankLoad([0] * len(sched.running), [0] * len(sched.waiting), cache.usage,
-                                 cache.all_free())
-                outbox.put(("step", state.rank, outs, load))
-            elif _idle_tick(lock, stopping):
+                outbox.put(("step", state.rank, engine.step(), _RankLoad.of(engine)))
+                continue
+            if applied:  # aborts freed cache without a step: report the load they left
+                outbox.put(("step", state.rank, [], _RankLoad.of(engine)))
+            if _idle_tick(lock, stopping):
                 break
         llm.close()
 
