@@ -5,6 +5,7 @@ depend on the batch, counters and errors."""
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 import pytest
 import torch
@@ -88,9 +89,27 @@ class NoisyProposer(OracleProposer):
                         torch.stack([torch.stack(p + [pad] * (width - len(p))) for p in probs]))
 
 
+class ScriptProposer(OracleProposer):
+    """Drafts a known continuation (`script`: prompt -> output tokens), e.g. a plain run's output, so
+    that every draft is accepted up to where the script ends."""
+
+    script: ClassVar[dict[tuple[int, ...], list[int]]] = {}
+
+    def propose(self, batch: ProposeBatch) -> Proposal:
+        rows = []
+        for r in batch.requests:
+            history = list(r.token_ids)
+            prompt, out = next((list(p), o) for p, o in self.script.items() if history[:len(p)] == list(p))
+            done = len(history) - len(prompt)
+            rows.append(out[done:done + r.num_drafts])
+        width = max(1, *(len(d) for d in rows))
+        ids = torch.tensor([d + [0] * (width - len(d)) for d in rows])
+        return Proposal(ids, [len(d) for d in rows])
+
+
 @pytest.fixture
 def speculators(monkeypatch):
-    found = {"oracle": OracleProposer, "noisy": NoisyProposer}
+    found = {"oracle": OracleProposer, "noisy": NoisyProposer, "script": ScriptProposer}
     monkeypatch.setattr(registry, "available_speculators", lambda: found)
     return found
 
@@ -191,7 +210,7 @@ def test_abort_mid_speculation_frees_everything(make_engine, drain, speculators)
 
 
 def test_bad_speculator_settings_are_named(make_engine, speculators):
-    listed = r"'medusa' is not installed \(installed: \['noisy', 'oracle'\]\)"
+    listed = r"'medusa' is not installed \(installed: \['noisy', 'oracle', 'script'\]\)"
     with pytest.raises(SpeculatorError, match=listed):
         make_engine(model=toy(), speculator="medusa")
     with pytest.raises(SpeculatorError, match="roll back only 3 tokens"):
@@ -271,3 +290,66 @@ def test_sampled_outputs_through_the_engine_follow_the_target(make_engine, drain
     for depth in (1, 2, 3):
         assert chi2(depth, exact(depth)) < 25.7  # p = 1e-4 at 5 degrees of freedom
     assert chi2(2, exact(2, temperature=3.0)) > 100  # the drafts' own law is told apart
+
+
+class DeadEndBackend:
+    """The real grammar backend, except that nothing is allowed once a matcher has consumed `after`
+    tokens (counted through its rollbacks): a dead end in the middle of the output."""
+
+    after = 3
+
+    def __init__(self, real):
+        self.real, self.vocab_size, self.encode = real, real.vocab_size, real.encode
+
+    def compile(self, spec):
+        return CountingMatcher(self.real.compile(spec))
+
+    def fill(self, rows, bitmask):
+        self.real.fill([(m.m, i) for m, i in rows], bitmask)
+        for m, i in rows:
+            if m.consumed >= self.after:
+                bitmask[i] = 0
+
+
+class CountingMatcher:
+    def __init__(self, m, consumed: int = 0):
+        self.m, self.consumed = m, consumed
+
+    def accept(self, token):
+        self.consumed += 1
+        return self.m.accept(token)
+
+    def fork(self):
+        return CountingMatcher(self.m.fork(), self.consumed)
+
+    def rollback(self, n):
+        self.consumed -= n
+        self.m.rollback(n)
+
+    def error(self):
+        return self.m.error()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_grammar_dead_end_after_accepted_drafts_is_a_grammar_error(make_engine, drain, speculators,
+                                                                   synthetic_tokenizer, async_scheduling):
+    """The dead end falls on a row after accepted drafts (the drafts replay a plain run's output):
+    the sequence ends there with "grammar_error", as without speculation."""
+    from deepinfer.structured.llguidance_backend import LLGuidanceBackend
+
+    prompt, params = [0, 5, 6, 7], SamplingParams(temperature=0, max_tokens=60,
+                                                 structured_outputs={"regex": "[a-z]{20}"})
+    outs = []
+    for config in ({}, {"speculator": "script", "num_draft_tokens": K}):
+        model = ToyLM(vocab_size=synthetic_tokenizer.vocab_size)
+        model.max_backtrack = K
+        engine = make_engine(model=model, tokenizer=synthetic_tokenizer, max_model_len=128,
+                             async_scheduling=async_scheduling, **config)
+        engine.runner.structured._factory = lambda tok, v, eos: DeadEndBackend(LLGuidanceBackend(tok, v, eos))
+        engine.add_request(prompt, params, request_id="d")
+        outs.append(drain(engine)["d"].outputs[0])
+        ScriptProposer.script = {tuple(prompt): outs[0].token_ids}
+    plain, spec = outs
+    assert (plain.finish_reason, len(plain.token_ids)) == ("grammar_error", DeadEndBackend.after + 1)
+    assert (spec.finish_reason, spec.token_ids) == (plain.finish_reason, plain.token_ids)
+    assert spec.accept_tok >= 2  # the dead-end row came after accepted drafts

@@ -252,9 +252,22 @@ class ModelRunner:
             k = s.num_drafts
             n = next((j for j in range(k) if not accepted[r + j]), k)
             verified.append(Verified(seq, tokens[r:r + n + 1], logprobs[r:r + n + 1], k, n))
+            if seq.request.params.structured_outputs is not None:
+                self._settle_grammar(seq, s.start_pos + len(s.token_ids) - k, verified[-1].tokens)
             r += k + 1
         self._propose(verified, logits.device)
         return verified
+
+    def _settle_grammar(self, seq: Sequence, position: int, emitted: list[int]) -> None:
+        """Commit the grammar state through an emitted run that ends the sequence by EOS after an
+        accepted draft (`position`: the run's first). `draft_rows` rolled its drafts back, and with
+        them an end (dead end or completion) found at a later row; replaying the accepted tokens row
+        by row records that end where a plain decode would, so the EOS there finishes with its
+        reason ("grammar_error" for a dead end). Other runs need nothing: the next step catches up."""
+        eos = self.sampler.eos_token_id
+        last = next((j for j, t in enumerate(emitted) if t == eos), 0)
+        for j in range(1, last + 1):
+            self.structured.fill([seq], [position + j], lambda _, t=emitted[j - 1]: t)
 
     def _constrain(self, logits: torch.Tensor, items: list[tuple[Sequence, ScheduledSegment]]
                    ) -> torch.Tensor:
