@@ -1,0 +1,165 @@
+"""Host (CPU) work of one decode / verification step, part by part, without a GPU.
+
+The model-side part is the step metadata build of the DeepSeek-V4.1 runtime (metadata.MetadataBuilder)
+at the Flash-width slice's geometry (window 128, compress ratios 1 and 2, Engram 4-grams, DSpark
+backtrack): eager steps (own staging) and fixed-shape steps (what a CUDA-graph replay builds, into a
+persistent staging buffer). Device tensors play no part in the host cost, so the cache is allocated on
+the meta device and staging copies land in CPU memory. The engine-side part (scheduler and output
+processing on the engine thread) comes from benchmarks/engine_overhead.py with a constant-logits model.
+
+    python benchmarks/step_host.py --batches 1,8,64,256 --contexts 2048,8192,65536 --tokens 1,4
+    python benchmarks/step_host.py --batches 64 --contexts 8192 --tokens 1 --profile   # cProfile top 25
+
+Times are medians over --repeat builds (microseconds) of the same batch, positions advancing by n
+each step (block tables growing as they would), after warm-up builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from deepinfer.cache import BLOCK_TOKENS, KVCache
+from deepinfer.models.deepseek_v41.metadata import FixedShape, MetadataBuilder, Staging
+from deepinfer.models.deepseek_v41.step_state import BoundedReplay, step_geometry
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.testing.configs import flash_slice_config
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_overhead import measure as engine_measure
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+def flash_builder(max_batch: int, max_context: int) -> MetadataBuilder:
+    cfg = flash_slice_config(num_layers=5).text
+    backtrack = cfg.dspark_block_size + 1
+    blocks = max_batch * (-(-(max_context + 64) // BLOCK_TOKENS)) + 1
+    cache = KVCache(cfg, blocks, max_batch + 1, "release", torch.bfloat16, backtrack, torch.device("meta"))
+    n = cfg.engram_max_ngram_size
+    geo = step_geometry(cfg, cache, BoundedReplay(), n, backtrack + n - 1)
+    return MetadataBuilder(geo, "cpu")
+
+
+class Steps:
+    """`batch` sequences at about `context` tokens, each step bringing `tokens` new ones."""
+
+    def __init__(self, batch: int, context: int, tokens: int):
+        self.tokens = tokens
+        self.pos = [context - (i * 37) % 97 for i in range(batch)]  # ragged, as real batches are
+        self.tables = []
+        next_block = 1
+        for p in self.pos:
+            n = -(-(p + tokens) // BLOCK_TOKENS)
+            self.tables.append(list(range(next_block, next_block + n)))
+            next_block += n + 4  # room to grow
+        self.logits = "last" if tokens == 1 else "all"
+
+    def batch(self) -> ForwardBatch:
+        """The engine's ForwardBatch construction (model_runner.ModelRunner.execute)."""
+        n = self.tokens
+        return ForwardBatch([SequenceSegment(i + 1, t, p, [7] * n, self.logits)
+                             for i, (t, p) in enumerate(zip(self.tables, self.pos, strict=True))])
+
+    def advance(self) -> None:
+        for i, t in enumerate(self.tables):
+            self.pos[i] += self.tokens
+            if len(t) * BLOCK_TOKENS < self.pos[i] + self.tokens:
+                t.append(t[-1] + 1)
+
+
+def median_us(fn: Callable[[], object], repeat: int, between: Callable[[], None] | None = None) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if between:
+            between()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(times)
+
+
+def fixed_shape(batch: ForwardBatch, tokens: int) -> FixedShape:
+    width = 1 << max(max(len(s.block_table) for s in batch.segments) - 1, 0).bit_length()
+    num_seqs = next(b for b in BUCKETS if b >= len(batch.segments))
+    return FixedShape(num_seqs, tokens, width, batch.segments[0].logits)  # type: ignore[arg-type]
+
+
+def measure(builder: MetadataBuilder, batch: int, context: int, tokens: int, repeat: int) -> dict:
+    steps = Steps(batch, context, tokens)
+    persistent = Staging(torch.device("cpu"), persistent=True)
+    holder: dict[str, ForwardBatch] = {}
+
+    def next_step() -> None:
+        steps.advance()
+        holder["b"] = steps.batch()
+
+    next_step()
+    row = {
+        "batch": median_us(steps.batch, repeat),
+        "eager": median_us(lambda: builder.build(holder["b"], False), repeat, next_step),
+        "fixed": median_us(lambda: builder.build(holder["b"], False, fixed_shape(holder["b"], tokens),
+                                                 persistent), repeat, next_step),
+    }
+    return row
+
+
+def profile(builder: MetadataBuilder, batch: int, context: int, tokens: int, repeat: int) -> None:
+    steps = Steps(batch, context, tokens)
+    persistent = Staging(torch.device("cpu"), persistent=True)
+    prof = cProfile.Profile()
+    for _ in range(repeat):
+        steps.advance()
+        b = steps.batch()
+        prof.enable()
+        builder.build(b, False, fixed_shape(b, tokens), persistent)
+        prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--contexts", default="2048,8192,65536")
+    parser.add_argument("--tokens", default="1,4", help="new tokens per sequence: 1 decode, >1 verification")
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--engine-steps", type=int, default=30, help="0: skip the engine-side part")
+    parser.add_argument("--profile", action="store_true", help="cProfile the fixed-shape build instead")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    batches = [int(x) for x in args.batches.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",")]
+    tokens = [int(x) for x in args.tokens.split(",")]
+    builder = flash_builder(max(batches), max(contexts))
+    if args.profile:
+        profile(builder, batches[0], contexts[0], tokens[0], args.repeat)
+        return
+    print("model side, median us per step (Flash-width slice geometry, CPU)")
+    print(f"{'ctx':>6} {'batch':>5} {'n':>2} {'ForwardBatch':>12} {'eager build':>12} {'fixed build':>12}")
+    for c in contexts:
+        for bsz in batches:
+            for n in tokens:
+                r = measure(builder, bsz, c, n, args.repeat)
+                print(f"{c:>6} {bsz:>5} {n:>2} {r['batch']:>12.0f} {r['eager']:>12.0f} {r['fixed']:>12.0f}",
+                      flush=True)
+    if args.engine_steps:
+        print("\nengine side (engine thread CPU time, benchmarks/engine_overhead.py, token ids only, async)")
+        print(f"{'batch':>5} {'schedule us':>12} {'process us':>11}")
+        for bsz in batches:
+            r = engine_measure(bsz, args.engine_steps, sync=False, tokenizer=None)
+            print(f"{bsz:>5} {1e3 * r['schedule_ms']:>12.0f} {1e3 * r['postprocess_ms']:>11.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

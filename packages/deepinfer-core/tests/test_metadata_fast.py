@@ -1,0 +1,143 @@
+"""The step metadata build stays bitwise identical to the recorded output of the list-based builder.
+
+fixtures/step_metadata.json holds, per step, a digest over every tensor (dtype, shape, bytes) and every
+host value of the StepMetadata that the builder of commit 5b88a6b (before the incremental, fixed-plan
+builder) produced for the scenarios below: eager prefill, mixed, decode and verification steps, fixed shapes
+with padding, bounded replay, Engram, several compress ratios, block tables that grow between steps
+and slots handed to new sequences. Regenerate only for an intended change of the metadata:
+`python packages/deepinfer-core/tests/test_metadata_fast.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from deepinfer.models.deepseek_v41.metadata import (
+    BoundedReplay,
+    FixedShape,
+    MetadataBuilder,
+    Staging,
+    StepGeometry,
+    StepMetadata,
+)
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
+
+FIXTURE = Path(__file__).parent / "fixtures" / "step_metadata.json"
+
+GEOMETRIES = {
+    # Flash slice: window 128, DSpark backtrack 6, ratios 1 and 2, Engram 4-grams
+    "flash": StepGeometry(128, 134, 9, {2: 7}, (1, 2), BoundedReplay(), 4, 9),
+    "mask": StepGeometry(128, 134, 9, {2: 7, 4: 9}, (1, 2, 4), BoundedReplay("mask", 140)),
+    "compact": StepGeometry(128, 134, 9, {2: 7}, (2,), BoundedReplay("compact", 140), 3, 6),
+    "small": StepGeometry(4, 6, 9, {4: 6}, (1, 4), BoundedReplay(), 2, 3),
+}
+
+Step = tuple[str, ForwardBatch, bool, FixedShape | None, str]  # label, batch, last consumer, shape, staging
+
+
+def _seg(slot: int, table: list[int], start: int, n: int, logits: str = "last") -> SequenceSegment:
+    return SequenceSegment(slot, table, start, [(7 * start + 3 * j + slot) % 1000 for j in range(n)], logits)  # type: ignore[arg-type]
+
+
+def _fixed(segs: list[SequenceSegment], num_seqs: int, n: int, logits: str = "last") -> FixedShape:
+    width = 1 << max(max((len(s.block_table) for s in segs), default=1) - 1, 0).bit_length()
+    return FixedShape(num_seqs, n, width, logits)  # type: ignore[arg-type]
+
+
+def scenarios(geo: StepGeometry) -> Iterator[Step]:
+    """Steps run in order on one builder; tables are mutated between steps as the engine does
+    (appended to, or replaced by a new list when a slot gets a new sequence)."""
+    nmax = geo.max_fixed_tokens
+    t1, t2, t3 = [3], [5, 6], [9]
+    segs = [_seg(1, t1, 0, 100), _seg(2, t2, 0, 200, "all"), _seg(3, t3, 0, 7, "none")]
+    yield "prefill", ForwardBatch(segs), False, None, "own"
+    segs = [_seg(1, t1, 100, 27), _seg(2, t2, 200, 1), _seg(3, t3, 7, 30, "all")]
+    yield "chunk", ForwardBatch(segs), True, None, "own"
+    t1.append(4)
+    segs = [_seg(1, t1, 127, 1), _seg(2, t2, 201, 4, "all"), _seg(3, t3, 37, 1)]
+    yield "cross-block", ForwardBatch(segs), False, None, "own"
+    for i, pos in enumerate((128, 129, 130, 131, 200, 255)):
+        segs = [_seg(1, t1, pos, 1), _seg(3, t3, 38 + i, 1, "all" if pos == 200 else "last")]
+        yield f"decode-{pos}", ForwardBatch(segs), False, _fixed(segs, 2, 1), "graph"
+        yield f"decode-eager-{pos}", ForwardBatch(segs), True, None, "own"
+    t1.append(8)
+    t3.append(11)
+    for n in range(1, nmax + 1):
+        for logits in ("last", "all"):
+            segs = [_seg(1, t1, 256 - n // 2, n, logits), _seg(2, t2, 202, n, logits),
+                    _seg(3, t3, 127, n, logits)]
+            yield f"verify-{n}-{logits}", ForwardBatch(segs), True, _fixed(segs, 4, n, logits), "graph"
+            yield f"verify-eager-{n}-{logits}", ForwardBatch(segs), False, None, "own"
+    t2 = [12]  # slot 2 handed to a new sequence: a new, shorter list
+    segs = [_seg(2, t2, 0, 3), _seg(1, t1, 300, 1)]
+    yield "new-seq", ForwardBatch(segs), False, None, "own"
+    segs = [_seg(2, t2, 3, 1), _seg(1, t1, 301, 1)]
+    yield "new-seq-fixed", ForwardBatch(segs), False, _fixed(segs, 2, 1), "graph"
+    yield "pads-only", ForwardBatch([]), False, FixedShape(8, 1, 4, "last"), "graph"
+    yield "pads-only-verify", ForwardBatch([]), True, FixedShape(4, nmax, 2, "all"), "graph"
+    segs = [_seg(s, [20 + s, 30 + s, 40 + s], 2 + 41 * s, 1) for s in range(1, 9)]
+    yield "full-batch", ForwardBatch(segs), False, _fixed(segs, 8, 1), "builder"
+    yield "wide-table", ForwardBatch(segs), False, FixedShape(16, 1, 8, "last"), "builder"
+    segs = [_seg(s, [20 + s], 0, 2, "all") for s in range(1, 5)]
+    yield "start-zero", ForwardBatch(segs), True, _fixed(segs, 4, 2, "all"), "graph"
+
+
+def digest(meta: StepMetadata) -> dict[str, object]:
+    """Every tensor (dtype, shape, sha256 of its bytes) and host value of the metadata, by field path."""
+    out: dict[str, object] = {}
+
+    def visit(prefix: str, v: object) -> None:
+        if isinstance(v, torch.Tensor):
+            a = np.ascontiguousarray(v.cpu().numpy())
+            out[prefix] = f"{a.dtype} {list(a.shape)} {hashlib.sha256(a.tobytes()).hexdigest()}"
+        elif dataclasses.is_dataclass(v):
+            for f in dataclasses.fields(v):
+                visit(f"{prefix}.{f.name}", getattr(v, f.name))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                visit(f"{prefix}[{k}]", x)
+        elif isinstance(v, tuple):
+            out[prefix] = json.loads(json.dumps(v))
+        else:
+            out[prefix] = v
+
+    visit("meta", meta)
+    return out
+
+
+def run(geo: StepGeometry) -> dict[str, str]:
+    builder = MetadataBuilder(geo, "cpu")
+    stagings: dict[FixedShape, Staging] = {}
+    results = {}
+    for label, batch, last, shape, where in scenarios(geo):
+        staging = None
+        if where == "graph":  # as graphs.py: one persistent staging per shape
+            assert shape is not None
+            staging = stagings.setdefault(shape, Staging(torch.device("cpu"), persistent=True))
+        fields = json.dumps(digest(builder.build(batch, last, shape, staging)), sort_keys=True)
+        results[label] = hashlib.sha256(fields.encode()).hexdigest()[:32]
+    return results
+
+
+def record() -> None:
+    FIXTURE.write_text(json.dumps({name: run(geo) for name, geo in GEOMETRIES.items()}, indent=1) + "\n")
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_metadata_matches_recorded_builds(name: str) -> None:
+    expected = json.loads(FIXTURE.read_text())[name]
+    got = run(GEOMETRIES[name])
+    assert list(got) == list(expected)
+    assert [label for label in expected if got[label] != expected[label]] == []
+
+
+if __name__ == "__main__":
+    record()
