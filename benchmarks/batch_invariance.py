@@ -2,12 +2,21 @@
 
 On the Flash-width slice (cuda backend, bf16, release cache): a probe sequence is prefilled alone (so its
 cache is the same in every run), other sequences likewise, then one decode step runs with the probe as
-row 0 of batches of each `--batch` size, eagerly and through CUDA graphs. Every op call of the decode
-step is recorded; an op is batch-variant where its row-0 inputs are bitwise those of the batch-1 run and
-its row-0 output is not. Prints, per batch size and mode, whether the probe's logits are bitwise those of
-batch 1, and the ops that changed row 0 first.
+row 0 of batches of each `--batch` size, eagerly and through CUDA graphs; "mixed" puts the probe's decode
+row in one step with a companion's whole prefill (many rows: the large-M kernel configs).
 
-    python benchmarks/batch_invariance.py [--layers 3 --batch 1 3 8 64 --json out.json]
+Eagerly, the step is "pinned" to the batch-1 run: every op call gets row 0 of its row inputs replaced by
+the batch-1 call's, and its row-0 output is compared with the batch-1 one and then replaced by it. So
+each op is judged on its own (no cascade from an earlier op): `variant_ops` counts the calls whose row-0
+output changed. A row-0 input that differs from batch 1 although every earlier output was pinned comes
+from model code between ops (`non_op_before` names the op that read it). Prints, per batch and mode,
+whether the probe's logits are bitwise those of batch 1 (unpinned, eager and graphs).
+
+`--modes default invariant`: the backend's default ops, then its batch-invariant ones (get_ops(...,
+batch_invariant=True)).
+
+    python benchmarks/batch_invariance.py [--layers 3 --batch 3 8 64 mixed --json out.json]
+    python benchmarks/batch_invariance.py --device cpu --backend reference --config full --modes default
 """
 
 from __future__ import annotations
@@ -19,96 +28,183 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from reference_forward import _ops, random_weights, token_map
+from reference_forward import random_weights, token_map
 
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
-from deepinfer.ops import Ops
-from deepinfer.testing.configs import flash_slice_config
+from deepinfer.ops import BackendError, Ops, available_backends, get_ops
+from deepinfer.ops.registry import invariant_ops
+from deepinfer.testing.configs import flash_slice_config, tiny_config
 
 PREFILL = 300  # crosses a block boundary and fills the window
 
+Call = tuple[str, dict[Any, torch.Tensor], list[torch.Tensor | None]]  # name, row-0 inputs, row-0 outputs
+
+
+def _is_rows(v: Any, rows: int) -> bool:
+    return isinstance(v, torch.Tensor) and v.dim() > 0 and len(v) == rows
+
+
+def _differs(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Both recorded, comparable (a padded capacity may change shapes) and not bitwise equal."""
+    return a is not None and b is not None and a.shape == b.shape and not torch.equal(a, b)
+
 
 class Recorder:
-    """Row 0 of every tensor argument and result with `rows` rows, per op call, while `on`."""
+    """Records row 0 of every row tensor (first dim = the step's rows) per op call while `on`; with
+    `pin` (the batch-1 calls), pins row 0 of inputs and outputs to them as the module docstring says."""
 
     def __init__(self) -> None:
         self.on, self.rows = False, 0
-        self.calls: list[tuple[str, list[torch.Tensor], list[torch.Tensor]]] = []
+        self.pin: list[Call] | None = None
+        self.calls: list[Call] = []
+        self.variant: Counter[str] = Counter()
+        self.non_op: Counter[str] = Counter()
 
     def wrap(self, name: str, fn: Callable) -> Callable:
         def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not self.on:
+                return fn(*args, **kwargs)
+            i = len(self.calls)
+            ref = self.pin[i] if self.pin is not None and i < len(self.pin) else None
+            if ref is not None and ref[0] != name:
+                raise RuntimeError(f"op call {i}: {name} where the batch-1 step called {ref[0]}")
+            ins = self._row0(dict(enumerate(args)) | kwargs)
+            if ref is not None:
+                if any(_differs(v, ref[1].get(k)) for k, v in ins.items()):
+                    self.non_op[name] += 1
+                args = tuple(self._patch(a, ref[1].get(j)) for j, a in enumerate(args))
+                kwargs = {k: self._patch(a, ref[1].get(k)) for k, a in kwargs.items()}
             out = fn(*args, **kwargs)
-            if self.on:
-                ins = [*args, *kwargs.values()]
-                outs = list(out) if isinstance(out, tuple) else [out]
-                self.calls.append((name, self._row0(ins), self._row0(outs)))
+            outs = list(out) if isinstance(out, tuple) else [out]
+            row0 = [o[0].clone() if _is_rows(o, self.rows) else None for o in outs]
+            if ref is not None:
+                if any(_differs(a, b) for a, b in zip(row0, ref[2], strict=True)):
+                    self.variant[name] += 1
+                outs = [self._patch(o, r) for o, r in zip(outs, ref[2], strict=True)]
+                out = tuple(outs) if isinstance(out, tuple) else outs[0]
+            self.calls.append((name, ins, row0))
             return out
 
         return recorded
 
-    def _row0(self, values: list[Any]) -> list[torch.Tensor]:
+    def _row0(self, values: dict[Any, Any]) -> dict[Any, torch.Tensor]:
+        """Floating-point row inputs only: integer ones are indices into this run's cache layout."""
         rows = self.rows
-        return [v[0].clone() for v in values if isinstance(v, torch.Tensor) and v.dim() and len(v) == rows]
+        return {k: v[0].clone() for k, v in values.items() if _is_rows(v, rows) and v.is_floating_point()}
+
+    def _patch(self, value: Any, row0: torch.Tensor | None) -> Any:
+        if (row0 is None or not _is_rows(value, self.rows) or not value.is_floating_point()
+                or value[0].shape != row0.shape):
+            return value
+        value = value.clone()
+        value[0] = row0
+        return value
 
 
-def decode_probe(runtime: DeepseekV41Runtime, rec: Recorder, batch: int, graphs: bool) -> torch.Tensor:
-    """Probe logits of one decode step in a batch of `batch` (calls recorded when eager)."""
+def _prompts(runtime: DeepseekV41Runtime, n: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(3, runtime.vocab_size, (PREFILL,), generator=gen).tolist() for _ in range(n)]
+
+
+def decode_probe(runtime: DeepseekV41Runtime, rec: Recorder, batch: int | str, graphs: bool) -> torch.Tensor:
+    """Probe logits of one decode step in a batch of `batch` sequences, or ("mixed") beside a
+    companion's prefill; eager calls are recorded (and pinned when `rec.pin` is set)."""
+    mixed = batch == "mixed"
+    n = 2 if mixed else int(batch)
     blocks = -(-(PREFILL + 1) // runtime.cache_layout().block_size)
-    runtime.allocate_cache(batch * blocks + 1, batch + 1)
+    runtime.allocate_cache(n * blocks + 1, n + 1)
     if not graphs:
         runtime.graphs = None
-    tables = {s: list(range(1 + (s - 1) * blocks, 1 + s * blocks)) for s in range(1, batch + 1)}
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, runtime.vocab_size, (PREFILL,), generator=gen).tolist() for _ in tables]
-    for s, prompt in zip(tables, prompts, strict=True):  # alone: the probe's cache is the same every run
-        runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, prompt)]))
-    segs = [SequenceSegment(s, tables[s], PREFILL, [7 + s]) for s in tables]
-    if graphs:  # the first step of a shape captures; decode once more at the same position to replay
+    tables = {s: list(range(1 + (s - 1) * blocks, 1 + s * blocks)) for s in range(1, n + 1)}
+    prompts = _prompts(runtime, n)
+    decoding = [1] if mixed else list(tables)
+    for s in decoding:  # alone: the probe's cache is the same every run
+        runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, prompts[s - 1])]))
+    segs = [SequenceSegment(s, tables[s], PREFILL, [7 + s]) for s in decoding]
+    if mixed:
+        segs.append(SequenceSegment(2, tables[2], 0, prompts[1]))
+    elif graphs:  # the first step of a shape captures; decode once more at the same position to replay
         runtime.forward(ForwardBatch(segs))
-    rec.on, rec.rows, rec.calls = not graphs, batch, []
+    rows = sum(len(seg.token_ids) for seg in segs)
+    rec.on, rec.rows, rec.calls = not graphs, rows, []
+    rec.variant, rec.non_op = Counter(), Counter()
     logits = runtime.forward(ForwardBatch(segs)).logits[0].clone()
     rec.on = False
     return logits
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 3, 8, 64])
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    device = torch.device("cuda")
-    config = flash_slice_config(num_layers=args.layers)
-    rec = Recorder()
-    ops = _ops("cuda", device)
-    table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
-    runtime = build_runtime(config, random_weights(config, device), dtype=torch.bfloat16,
-                            ops=Ops(ops.backend_name, table, ops.fallbacks, ops.plan),
-                            engram_token_map=token_map(config),
-                            options=RuntimeOptions(cache_precision="release"))
+def survey(runtime: DeepseekV41Runtime, rec: Recorder, batches: list[int | str]) -> dict:
     report: dict = {}
     for graphs in (False, True):
         mode = "graphs" if graphs else "eager"
+        rec.pin = None
         base = decode_probe(runtime, rec, 1, graphs)
         base_calls = rec.calls
-        for batch in args.batch[1:] if args.batch[0] == 1 else args.batch:
+        for batch in batches:
+            if batch == 1 or (graphs and batch == "mixed"):
+                continue
             logits = decode_probe(runtime, rec, batch, graphs)
             entry: dict = {"bitwise": bool(torch.equal(logits, base)),
                            "max_abs_diff": float((logits - base).abs().max())}
-            if not graphs:
-                variant: Counter[str] = Counter()
-                entry["op_calls"] = (len(rec.calls), len(base_calls))
-                for (name, ins, outs), (_, ins1, outs1) in zip(rec.calls, base_calls, strict=False):
-                    same_in = len(ins) == len(ins1) and all(torch.equal(a, b) for a, b in zip(ins, ins1))
-                    if same_in and not all(torch.equal(a, b) for a, b in zip(outs, outs1)):
-                        variant[name] += 1
-                entry["variant_ops"] = dict(variant)
+            if not graphs:  # once more, pinned to the batch-1 calls: each op judged on its own
+                rec.pin = base_calls
+                pinned = decode_probe(runtime, rec, batch, graphs)
+                rec.pin = None
+                entry.update(op_calls=len(rec.calls), pinned_bitwise=bool(torch.equal(pinned, base)),
+                             variant_ops=dict(rec.variant),
+                             non_op_before=dict(rec.non_op))
             report[f"{mode} batch {batch}"] = entry
-            print(f"{mode} batch {batch}: {entry}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+            print(f"{mode} batch {batch}: {entry}", flush=True)
+    return report
+
+
+def survey_ops(backend: str, device: torch.device, invariant: bool) -> Ops:
+    """The backend's ops; in invariant mode, before every op has one, the kernels that have an invariant
+    mode bound to it and the others as they are (so the survey shows what still varies)."""
+    try:
+        return get_ops(backend, device, batch_invariant=invariant)
+    except BackendError as exc:
+        if not invariant:
+            raise
+        print(f"not every op has a batch-invariant mode yet ({exc}); surveying those that have", flush=True)
+        impl = available_backends()[backend]
+        reference = get_ops("reference", device)
+        table = {n: getattr(reference, n) for n in reference.names} | invariant_ops(impl.ops(), impl.ops())
+        return Ops(backend, table, (), impl.plan, batch_invariant=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--batch", nargs="+", default=["3", "8", "64", "mixed"])
+    p.add_argument("--modes", nargs="+", choices=["default", "invariant"], default=["default", "invariant"])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--backend", default="cuda")
+    p.add_argument("--config", default="flash-slice", help="flash-slice or a tiny config name")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    device = torch.device(args.device)
+    if args.config == "flash-slice":
+        config, dtype = flash_slice_config(num_layers=args.layers), torch.bfloat16
+    else:
+        config, dtype = tiny_config(args.config), torch.float32
+    batches = [b if b == "mixed" else int(b) for b in args.batch]
+    report: dict = {}
+    for mode in args.modes:
+        print(f"== {mode}", flush=True)
+        rec = Recorder()
+        ops = survey_ops(args.backend, device, mode == "invariant")
+        table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
+        recorded = Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
+        runtime = build_runtime(config, random_weights(config, device), dtype=dtype, ops=recorded,
+                                engram_token_map=token_map(config),
+                                options=RuntimeOptions(cache_precision="release"))
+        report[mode] = survey(runtime, rec, batches)
+        del runtime
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":

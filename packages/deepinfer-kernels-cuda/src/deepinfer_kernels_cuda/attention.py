@@ -16,7 +16,10 @@ Work is spread over the chip two ways:
 * for few query rows (decode), the keys are split into ranges whose partial results (normalised
   output and log-sum-exp) a second kernel merges together with the sink.
 Prefill (many rows) runs one range per row and applies the sink in the first kernel.
-The tiles and the split count depend on the number of rows, so results are not batch-invariant yet.
+The tiles and the split count depend on the number of rows. With `batch_invariant`, every call takes
+the prefill path: one program per row over all its keys in position order, the same tiles for any
+number of rows. Padding keys (-1) of a row's index arrays add exact zeros, so a row's result also
+does not depend on how far the step's capacities (the longest sequence's) pad them.
 """
 
 import math
@@ -183,6 +186,7 @@ def _attention(
     ring_rows: int, current: torch.Tensor | None, topk: torch.Tensor | None = None,
     pool: CacheRegion | None = None,
     block_tables: torch.Tensor | None = None, row_seg: torch.Tensor | None = None, fp32: bool = False,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     t, heads, d = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -195,7 +199,8 @@ def _attention(
     sms = _sm_count(q.device)
     row_programs = t * triton.cdiv(heads, block_h)
     tiles, splits = PREFILL_TILES, 1
-    if row_programs * triton.cdiv(block_d, PREFILL_TILES.dv_block) < sms:  # too few rows: split the keys
+    few_rows = row_programs * triton.cdiv(block_d, PREFILL_TILES.dv_block) < sms
+    if few_rows and not batch_invariant:  # split the keys
         tiles = DECODE_TILES
         programs = row_programs * triton.cdiv(block_d, tiles.dv_block)
         wanted = triton.cdiv(int(tiles.programs_per_sm * sms), programs)
@@ -240,7 +245,8 @@ def _attention(
 
 
 def sparse_attention_sink(
-    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor, scale: float
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor, scale: float, *,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """o[t, h] = sum_k softmax_k(q[t, h] . kv[i_tk] * scale | sink[h]) kv[i_tk].
 
@@ -254,7 +260,8 @@ def sparse_attention_sink(
         kv = kv.contiguous()
     ring = CacheRegion(kv, FORMATS["raw"], 0, kv.stride(0))
     n = max(1, kv.shape[0])
-    return _attention(q, sink, scale, indices, ring, n, n, None, fp32=kv.dtype == torch.float32)
+    return _attention(q, sink, scale, indices, ring, n, n, None, fp32=kv.dtype == torch.float32,
+                      batch_invariant=batch_invariant)
 
 
 def sparse_attention_paged(
@@ -273,6 +280,7 @@ def sparse_attention_paged(
     topk: torch.Tensor | None = None,
     block_tables: torch.Tensor | None = None,
     row_seg: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """One attention layer over every row of a step: window keys from the SWA ring (or this step's
     keys, encoded like cached ones) + selected compressed entries from the paged pool + sink; then
@@ -289,6 +297,6 @@ def sparse_attention_paged(
         pool_seg = cache_region(pool, pool_codec.format, pool_codec.dtype)
         fp32 |= pool_codec.format == "raw" and pool_codec.dtype == torch.float32
     out = _attention(q, sink, scale, window, ring_seg, ring.shape[1], ring.shape[0] * ring.shape[1],
-                     current.data[0], topk, pool_seg, block_tables, row_seg, fp32)
+                     current.data[0], topk, pool_seg, block_tables, row_seg, fp32, batch_invariant)
     ring[ring_dest // ring.shape[1], ring_dest % ring.shape[1]] = encoded[ring_src]
     return out

@@ -5,6 +5,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer.ops import Backend
+from deepinfer.ops.registry import invariant_ops
 from deepinfer.plugins import module_available
 
 
@@ -12,15 +13,22 @@ class CudaBackend(Backend):
     name = "cuda"
     package = "deepinfer-kernels-cuda"
     priority = 100
+    # one program per row (or per group of a row) with launch configs chosen from the row length only;
+    # kernels whose configs depend on the number of rows take `batch_invariant` instead
+    row_wise = frozenset({
+        "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "indexer_topk",
+        "fp8_quantize", "fp8_dequantize", "nvfp4_quantize", "nvfp4_dequantize", "mxfp4_quantize",
+        "mxfp4_dequantize", "prepare_linear", "prepare_experts",
+    })
 
     def supports(self, device: torch.device) -> bool:
         return device.type == "cuda" and torch.cuda.is_available() and module_available("triton")
 
-    def ops(self) -> dict[str, Callable]:
+    def ops(self, *, batch_invariant: bool = False) -> dict[str, Callable]:
         # Imported here: the kernel modules import triton, which CPU-only machines may lack.
         from deepinfer_kernels_cuda import attention, cache_quant, indexer, linear, mhc, moe, norm, rope
 
-        return {
+        table = {
             "rms_norm": norm.rms_norm,
             "hc_coefficients": mhc.hc_coefficients,
             "hc_collapse": mhc.hc_collapse,
@@ -41,3 +49,4 @@ class CudaBackend(Backend):
             "prepare_experts": moe.prepare_experts,
             "moe": moe.moe,
         }
+        return invariant_ops(table, self.row_wise) if batch_invariant else table

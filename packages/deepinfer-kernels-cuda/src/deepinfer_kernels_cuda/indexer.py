@@ -48,8 +48,11 @@ def _indexer_logits_kernel(
              mask=(tt < T)[:, None] & (n < N)[None, :])
 
 
-def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """q [T, heads, D], k [N, D], weights [T, heads] -> float32 [T, N]."""
+def indexer_logits(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, *, batch_invariant: bool = False
+) -> torch.Tensor:
+    """q [T, heads, D], k [N, D], weights [T, heads] -> float32 [T, N]. `batch_invariant`: the same
+    query rows per program (the MMA tile height) for any T."""
     t, heads, d = q.shape
     if k.shape[-1] != d or weights.shape != (t, heads):
         raise ValueError(f"indexer_logits: q {tuple(q.shape)}, k {tuple(k.shape)}, weights "
@@ -66,7 +69,8 @@ def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor) -> t
     weights = weights.to(q.dtype).contiguous()
     # at least 16 MMA rows; at most 4 query rows (128 rows at 32 heads)
     min_rows = triton.next_power_of_2(triton.cdiv(16, heads))
-    block_t = max(min_rows, min(triton.next_power_of_2(t), 128 // heads, 4))
+    rows = 128 if batch_invariant else triton.next_power_of_2(t)
+    block_t = max(min_rows, min(rows, 128 // heads, 4))
     block_n = 64
     grid = (triton.cdiv(t, block_t), triton.cdiv(n, block_n))
     _indexer_logits_kernel[grid](

@@ -88,8 +88,11 @@ def hc_coefficients(
     sinkhorn_iters: int,
     hc_eps: float,
     norm_eps: float,
+    *,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pre [T, m], post [T, m], comb [T, m, m]) in float32 from streams [T, m, H]."""
+    """(pre [T, m], post [T, m], comb [T, m, m]) in float32 from streams [T, m, H]. `batch_invariant`:
+    one tile height for any T (the product's tensor-core instruction shape follows it)."""
     t, m, h = streams.shape
     k, n_out = m * h, m * (m + 2)
     if fn.shape != (n_out, k) or base.shape != (n_out,) or scale.shape != (3,):
@@ -112,7 +115,7 @@ def hc_coefficients(
     block_n = max(16, triton.next_power_of_2(n_out))
     part = torch.empty(splits, t, block_n, dtype=torch.float32, device=dev)
     sq = torch.empty(splits, t, dtype=torch.float32, device=dev)
-    block_t = 16 if t <= 16 else 64
+    block_t = 16 if t <= 16 and not batch_invariant else 64
     _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
         x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out,
         K_CHUNK=_K_CHUNK, BLOCK_T=block_t, BLOCK_K=_BLOCK_K, BLOCK_N=block_n, num_warps=4, num_stages=3,
