@@ -190,6 +190,7 @@ def main() -> None:
     else:
         config, dtype = tiny_config(args.config), torch.float32
     batches = [b if b == "mixed" else int(b) for b in args.batch]
+    tensors = random_weights(config, device)
     report: dict = {}
     for mode in args.modes:
         print(f"== {mode}", flush=True)
@@ -197,7 +198,7 @@ def main() -> None:
         ops = survey_ops(args.backend, device, mode == "invariant")
         table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
         recorded = Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
-        runtime = build_runtime(config, random_weights(config, device), dtype=dtype, ops=recorded,
+        runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=recorded,
                                 engram_token_map=token_map(config),
                                 options=RuntimeOptions(cache_precision="release"))
         report[mode] = survey(runtime, rec, batches)
