@@ -12,13 +12,19 @@ torch's cast may give NaN, depending on version and device) and denormal interme
 the device.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
 from deepinfer.ops.reference.cache_quant import FP8_GROUP, MXFP4_GROUP, NVFP4_GROUP
+
+if TYPE_CHECKING:
+    from deepinfer.cache.codecs import Codec
 
 _BLOCK = 64  # groups per program
 FORMATS = {"raw": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3}  # codec format -> `decode_rows` FMT
@@ -262,3 +268,120 @@ def cache_region(region: torch.Tensor, codec_format: str, dtype: torch.dtype) ->
     if codec_format == "raw":
         region = region.view(dtype)
     return CacheRegion(region, FORMATS[codec_format], region.stride(0), region.stride(1))
+
+
+@triton.jit
+def _rne_shift(v, shift):
+    """v >> shift (int32 v >= 0, shift in [1, 30]) rounded to nearest, ties to even."""
+    q = v >> shift
+    rem = v - (q << shift)
+    half = 1 << (shift - 1)
+    return q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+
+
+@triton.jit
+def _e4m3_bits(y):
+    """Float32 values with |y| <= 448 -> E4M3 bytes (int32 0..255), nearest even, in integer math: the
+    device's conversion gives the same bytes, the interpreter's float8 cast does not."""
+    bits = y.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    exp = a >> 23
+    # normal E4M3 (|y| >= 2^-6): keep 3 mantissa bits, rebias 127 -> 7; subnormal: multiples of 2^-9
+    normal = _rne_shift(a, 20) - (120 << 3)
+    subnormal = _rne_shift((a & 0x7FFFFF) | 0x800000, tl.minimum(141 - exp, 30))
+    return ((bits >> 24) & 0x80) | tl.where(exp >= 121, normal, subnormal)
+
+
+@triton.jit
+def _e4m3_positive(code):
+    """E4M3 bytes of non-negative finite values -> float32."""
+    exp, man = code >> 3, code & 7
+    normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    return tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)
+
+
+@triton.jit
+def _store_groups(ptr, rows, col0, vals, ok, n_cols):
+    """vals [R, C] (int32 bytes) at byte offsets rows[r] + col0 + c, columns c < n_cols."""
+    c = tl.arange(0, vals.shape[1])
+    mask = ok[:, None] & (c < n_cols)[None, :]
+    tl.store(ptr + rows[:, None] + col0 + c[None, :], vals.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _cache_write_kernel(
+    values_ptr, src_ptr, dest_ptr, pool_ptr, n, D, stride_v, stride0, stride1, per_block,
+    FMT: tl.constexpr, HAS_SRC: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """ROWS rows per program: row i = values[src[i]] (or values[i]) encoded as FMT (`FORMATS`) into the
+    pool row at flat index dest[i] (block dest // per_block, entry dest % per_block)."""
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = i < n
+    src = tl.load(src_ptr + i, mask=ok, other=0) if HAS_SRC else i.to(tl.int64)
+    dest = tl.load(dest_ptr + i, mask=ok, other=0)
+    rows = (dest // per_block) * stride0 + (dest % per_block) * stride1
+    c = tl.arange(0, BLOCK_D)
+    cmask = ok[:, None] & (c < D)[None, :]
+    x = tl.load(values_ptr + src[:, None] * stride_v + c[None, :], mask=cmask, other=0.0)
+    if FMT == 0:
+        tl.store(pool_ptr + rows[:, None] + c[None, :], x.to(pool_ptr.dtype.element_ty), mask=cmask)
+    elif FMT == 1:
+        g = tl.reshape(x.to(tl.float32), (ROWS, BLOCK_D // 32, 32))
+        byte = _ue8m0_ceil(tl.maximum(tl.max(tl.abs(g), axis=2), 1e-4) * (1.0 / 448.0))
+        y = tl.clamp(g * _pow2_reciprocal(byte)[:, :, None], -448.0, 448.0)
+        _store_groups(pool_ptr, rows, 0, tl.reshape(_e4m3_bits(y), (ROWS, BLOCK_D)), ok, D)
+        _store_groups(pool_ptr, rows, D, byte, ok, D // 32)
+    else:
+        GROUP: tl.constexpr = 16 if FMT == 2 else 32
+        g = tl.reshape(x.to(tl.float32), (ROWS, BLOCK_D // GROUP, GROUP))
+        amax = tl.max(tl.abs(g), axis=2)
+        if FMT == 2:
+            scale = tl.math.div_rn(tl.maximum(amax, 6.0 * 2.0**-9), tl.full(amax.shape, 6.0, tl.float32))
+            byte = _e4m3_bits(tl.minimum(scale, 448.0))  # saturate, as the reference does
+            y = tl.math.div_rn(g, _e4m3_positive(byte)[:, :, None])
+        else:
+            byte = _ue8m0_ceil(tl.maximum(amax, 6.0 * 2.0**-126) * (1.0 / 6.0))
+            y = g * _pow2_reciprocal(byte)[:, :, None]
+        lo, hi = tl.split(tl.reshape(_e2m1_encode(y), (ROWS, BLOCK_D // 2, 2)))
+        _store_groups(pool_ptr, rows, 0, lo | (hi << 4), ok, D // 2)
+        _store_groups(pool_ptr, rows, D // 2, byte, ok, D // GROUP)
+
+
+def write_rows(
+    pool: torch.Tensor,
+    dest: torch.Tensor,
+    values: torch.Tensor,
+    codec: Codec,
+    src: torch.Tensor | None = None,
+) -> None:
+    """pool[dest[i] // E, dest[i] % E] = codec.encode(values[src[i]]) (src None: values[i]), one launch.
+
+    Row-wise: each row is encoded on its own and the tile config depends only on the entry width, so
+    the bytes never depend on the other rows or their number (batch-invariant). Rows with the same
+    destination (padding rows all write block 0) store in an unspecified order.
+    """
+    if pool.dim() != 3 or pool.dtype != torch.uint8 or pool.shape[2] != codec.nbytes:
+        raise ValueError(f"cache region must be uint8 [A, E, {codec.nbytes}] for {codec}, got "
+                         f"{pool.dtype} {tuple(pool.shape)}")
+    if values.dim() != 2 or values.shape[1] != codec.dim:
+        raise ValueError(f"values must be [n, {codec.dim}], got {tuple(values.shape)}")
+    rows = values.shape[0] if src is None else src.shape[0]
+    if dest.shape != (rows,):
+        raise ValueError(f"dest has shape {tuple(dest.shape)}, expected ({rows},): one destination per row")
+    if rows == 0:
+        return
+    region = cache_region(pool, codec.format, codec.dtype)
+    values = values if values.stride(1) == 1 else values.contiguous()
+    block_d = triton.next_power_of_2(codec.dim)
+    per_program = max(1, 4096 // block_d)
+    _cache_write_kernel[(triton.cdiv(rows, per_program),)](
+        values, dest if src is None else src.contiguous(), dest.contiguous(), region.data, rows, codec.dim,
+        values.stride(0), region.stride0, region.stride1, pool.shape[1], FMT=region.fmt,
+        HAS_SRC=src is not None, ROWS=per_program, BLOCK_D=block_d,
+    )
+
+
+def cache_write(pool: torch.Tensor, dest: torch.Tensor, values: torch.Tensor, codec: Codec) -> None:
+    """Encode values [n, dim] with `codec` and store row i at flat pool row dest[i] (block * E + entry)
+    of pool [A, E, nbytes] uint8: bytes equal to the reference's, in one launch (see `write_rows`)."""
+    write_rows(pool, dest, values, codec)
