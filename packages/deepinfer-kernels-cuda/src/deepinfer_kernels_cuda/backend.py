@@ -18,7 +18,7 @@ class CudaBackend(Backend):
     row_wise = frozenset({
         "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "indexer_topk",
         "fp8_quantize", "fp8_dequantize", "nvfp4_quantize", "nvfp4_dequantize", "mxfp4_quantize",
-        "mxfp4_dequantize", "prepare_linear", "prepare_experts",
+        "mxfp4_dequantize", "prepare_linear", "prepare_experts", "cache_write", "compressor_update",
     })
 
     def supports(self, device: torch.device) -> bool:
@@ -26,7 +26,17 @@ class CudaBackend(Backend):
 
     def ops(self, *, batch_invariant: bool = False) -> dict[str, Callable]:
         # Imported here: the kernel modules import triton, which CPU-only machines may lack.
-        from deepinfer_kernels_cuda import attention, cache_quant, indexer, linear, mhc, moe, norm, rope
+        from deepinfer_kernels_cuda import (
+            attention,
+            cache_quant,
+            compressor,
+            indexer,
+            linear,
+            mhc,
+            moe,
+            norm,
+            rope,
+        )
 
         table = {
             "rms_norm": norm.rms_norm,
@@ -44,6 +54,8 @@ class CudaBackend(Backend):
             "nvfp4_dequantize": cache_quant.nvfp4_dequantize,
             "mxfp4_quantize": cache_quant.mxfp4_quantize,
             "mxfp4_dequantize": cache_quant.mxfp4_dequantize,
+            "cache_write": cache_quant.cache_write,
+            "compressor_update": compressor.compressor_update,
             "prepare_linear": linear.prepare_linear,
             "linear": linear.linear,
             "prepare_experts": moe.prepare_experts,
