@@ -144,16 +144,21 @@ def tokens(outs) -> dict[str, list[list[int]]]:
     return {rid: [c.token_ids for c in o.outputs] for rid, o in outs.items()}
 
 
+ASYNC = pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+
+
 @pytest.mark.usefixtures("speculators")
 @pytest.mark.parametrize("speculator", ["oracle", "noisy"])
-def test_greedy_equals_no_speculation_batched_and_alone(make_engine, drain, speculator):
+@ASYNC
+def test_greedy_equals_no_speculation_batched_and_alone(make_engine, drain, speculator, async_scheduling):
     reqs = [(p, GREEDY) for p in prompts(6)]
     reqs.append((list(range(5, 75)), GREEDY))  # prefilled in chunks of the 32-token budget, beside decodes
     # penalties and min_tokens: each verification row sees the drafts before it as generated tokens
     reqs.append((prompts(8)[7], SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.5,
                                                presence_penalty=1.0, frequency_penalty=0.5, min_tokens=10)))
     plain, _ = run(make_engine, drain, reqs)
-    spec, engine = run(make_engine, drain, reqs, speculator=speculator, num_draft_tokens=K)
+    spec, engine = run(make_engine, drain, reqs, speculator=speculator, num_draft_tokens=K,
+                       async_scheduling=async_scheduling)
     assert tokens(spec) == tokens(plain)
     stats = engine.stats
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens  # some drafts accepted, some rejected
@@ -165,7 +170,8 @@ def test_greedy_equals_no_speculation_batched_and_alone(make_engine, drain, spec
     assert tokens(alone)["r0"] == tokens(plain)["r2"]
 
 
-def test_preemption_n_and_stops_match_no_speculation(make_engine, drain, speculators):
+@ASYNC
+def test_preemption_n_and_stops_match_no_speculation(make_engine, drain, speculators, async_scheduling):
     long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     reqs = [(p, long) for p in prompts(8)]
     reqs.append((prompts(9)[8], SamplingParams(temperature=0, max_tokens=20, n=3, ignore_eos=True)))
@@ -176,7 +182,8 @@ def test_preemption_n_and_stops_match_no_speculation(make_engine, drain, specula
     reqs.append((prompts(11)[10], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)))
     plain, _ = run(make_engine, drain, reqs)
     tight = dict(cache_bytes=24 * 32 + 12 * 64 + 32)
-    spec, engine = run(make_engine, drain, reqs, speculator="oracle", num_draft_tokens=K, **tight)
+    spec, engine = run(make_engine, drain, reqs, speculator="oracle", num_draft_tokens=K,
+                       async_scheduling=async_scheduling, **tight)
     assert engine.scheduler.num_preemptions > 0
     assert tokens(spec) == tokens(plain)
     stopped, ref = spec["r9"].outputs[0], plain["r9"].outputs[0]
@@ -217,12 +224,13 @@ def test_bad_speculator_settings_are_named(make_engine, speculators):
         make_engine(model=toy(), speculator="oracle", num_draft_tokens=4)
 
 
-def test_confidence_schedule_keeps_greedy_output(make_engine, drain, speculators):
+@ASYNC
+def test_confidence_schedule_keeps_greedy_output(make_engine, drain, speculators, async_scheduling):
     pytest.importorskip("deepinfer_spec.confidence")
     reqs = [(p, GREEDY) for p in prompts(5)]
     plain, _ = run(make_engine, drain, reqs)
     spec, engine = run(make_engine, drain, reqs, speculator="oracle", num_draft_tokens=K,
-                       spec_schedule="confidence")
+                       spec_schedule="confidence", async_scheduling=async_scheduling)
     assert tokens(spec) == tokens(plain)
     assert engine.scheduler.verify_scheduler.curve is not None  # profiled at start-up
 
@@ -330,7 +338,7 @@ class CountingMatcher:
         return self.m.error()
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
+@ASYNC
 def test_grammar_dead_end_after_accepted_drafts_is_a_grammar_error(make_engine, drain, speculators,
                                                                    synthetic_tokenizer, async_scheduling):
     """The dead end falls on a row after accepted drafts (the drafts replay a plain run's output):
@@ -353,3 +361,50 @@ def test_grammar_dead_end_after_accepted_drafts_is_a_grammar_error(make_engine, 
     assert (plain.finish_reason, len(plain.token_ids)) == ("grammar_error", DeadEndBackend.after + 1)
     assert (spec.finish_reason, spec.token_ids) == (plain.finish_reason, plain.token_ids)
     assert spec.accept_tok >= 2  # the dead-end row came after accepted drafts
+
+
+def test_async_speculation_matches_sync_with_stop_strings_and_streams(make_engine, drain, speculators,
+                                                                     synthetic_tokenizer):
+    """Async speculative steps (step N's text-level work runs while step N+1 computes) give the same
+    outputs as sync steps and as no speculation: a stop string inside an accepted run ends the
+    sequence there, streamed deltas add up to the final text."""
+    def engine_for(**config):
+        model = ToyLM(vocab_size=synthetic_tokenizer.vocab_size)
+        model.max_backtrack = K
+        return make_engine(model=model, tokenizer=synthetic_tokenizer, max_model_len=128, **config)
+
+    prompts_ = [[0, 5 + i, 6, 7 + i] for i in range(4)]
+    free = drain(_added(engine_for(), [(p, GREEDY) for p in prompts_]))
+    texts = [free[f"r{i}"].outputs[0].text for i in range(4)]
+    assert all(len(t) > 12 for t in texts)
+    reqs = [(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[texts[i][8:11]],
+                               logprobs=1)) for i, p in enumerate(prompts_)]
+    reqs.append((prompts_[0], GREEDY))
+    results = []
+    for config in ({}, {"async_scheduling": False}, {}):
+        if len(results):
+            config |= {"speculator": "oracle", "num_draft_tokens": K}
+        engine = _added(engine_for(**config), reqs, stream=True)
+        streamed: dict[str, tuple] = {}
+        overlapped = 0
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                c = o.outputs[0]
+                text, ids, lps, _ = streamed.get(o.request_id, ("", [], [], None))
+                streamed[o.request_id] = (text + c.text, ids + c.token_ids,
+                                          lps + [lp.logprob for lp in c.logprobs or []], c.finish_reason)
+            overlapped += bool(engine._inflight)  # a step left running while this one's outputs came
+        results.append((streamed, engine.stats.spec_accepted_tokens, overlapped))
+    (plain, _, _), (sync, sync_accepted, sync_overlapped), (async_, async_accepted, overlapped) = results
+    assert plain == sync == async_
+    assert sync_accepted == async_accepted > 0
+    assert sync_overlapped == 0 < overlapped
+    for i in range(4):
+        text, _, _, reason = plain[f"r{i}"]
+        assert reason == "stop" and texts[i].startswith(text) and len(text) < 11
+
+
+def _added(engine, reqs, stream: bool = False):
+    for i, (ids, params) in enumerate(reqs):
+        engine.add_request(ids, params, request_id=f"r{i}", stream=stream)
+    return engine

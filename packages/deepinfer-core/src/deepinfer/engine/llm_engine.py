@@ -7,9 +7,14 @@ then post-processes step N-1 while step N runs, so the device never waits for th
 than a thread hand-off. Sampled tokens depend only on logits and (seed, position), never on timing,
 so outputs are identical in both modes.
 
-With a speculator (`EngineConfig.speculator`) steps run synchronously: a speculating decode needs
-the previous step's verification (how many drafts were accepted, the next drafts) to plan its
-segment. A step then emits several tokens per sequence, appended one by one with the stop rules.
+With a speculator (`EngineConfig.speculator`) a step emits several tokens per sequence, appended
+one by one with the stop rules. Planning step N+1 needs step N's verification (how many drafts were
+accepted: the next segment's position; the next drafts), so async scheduling overlaps less: step N
+is committed first (tokens appended with the token-level stops: EOS, stop ids, length, grammar;
+the next drafts), step N+1 is planned and launched, and only then does step N's text-level work run
+(incremental detokenization and stop strings, outputs, stats) while step N+1 computes. A stop string
+found then truncates the sequence and discards its step N+1 row, as async discards rows planned past
+a stop. Outputs are identical to synchronous steps.
 
 Every public call runs inside an `EngineGuard`: calls from several threads are serialised, and a
 Ctrl-C is held back until the call has left the engine consistent (then raised as usual). A step
@@ -34,12 +39,13 @@ import torch
 from deepinfer.engine.cache_manager import CacheManager, cache_budget, plan_cache
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.interrupts import EngineGuard
-from deepinfer.engine.model_runner import ModelRunner, StepResult, SupportsFork
+from deepinfer.engine.model_runner import ModelRunner, StepResult, SupportsFork, Verified
 from deepinfer.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.sequence import FinishReason, Request, SeqStatus, Sequence, SpecState
 from deepinfer.engine.stats import EngineStats, StepStat
 from deepinfer.models.interface import CausalLM
+from deepinfer.ops import get_ops
 from deepinfer.sampling import rng
 from deepinfer.sampling.detokenizer import IncrementalDetokenizer, Tokenizer
 from deepinfer.sampling.params import SamplingParams
@@ -79,9 +85,10 @@ class LLMEngine:
         self.cache = CacheManager(layout.block_size, plan)
         self.proposer, verify_scheduler = build_speculator(model, config)
         self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork), verify_scheduler)
-        self.runner = ModelRunner(model, Sampler(model.eos_token_id), self.proposer,
+        sampling_ops = get_ops(device=device, batch_invariant=True) if config.batch_invariant else None
+        self.runner = ModelRunner(model, Sampler(model.eos_token_id, sampling_ops), self.proposer,
                                   self.proposer.num_draft_tokens if self.proposer else 0)
-        self._async = config.async_scheduling and self.proposer is None
+        self._async = config.async_scheduling
         self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
         self.scheduler.admissible = self.runner.structured.admissible
         # The model always runs on this thread, so both modes execute it identically; sync mode just
@@ -233,14 +240,11 @@ class LLMEngine:
             late, self._late_aborts = self._late_aborts, []
             self._abort(late, report=False)
         outputs, self._ready = self._ready, []
+        if self.proposer is not None:
+            return self._spec_step(outputs)
         # CPU time of this thread: what the engine itself costs, without waits for the GIL or the device
         t0 = time.thread_time()
-        sched = self.scheduler.schedule() if self.scheduler.has_work() else None
-        launched = sched is not None and bool(sched.segments)
-        if launched:
-            assert sched is not None
-            job = self._worker.submit(self.runner.execute, sched)
-            self._inflight.append((sched, time.thread_time() - t0, job))
+        launched = self._launch(t0)
         # async keeps the step just launched running and post-processes the one before it
         keep = 1 if launched and self._async else 0
         while len(self._inflight) > keep:
@@ -255,6 +259,104 @@ class LLMEngine:
             self._prev_end = None  # idle from here on is not overhead
         self._maybe_log()
         return outputs
+
+    def _launch(self, t0: float) -> bool:
+        """Plan a step and start it on the worker; False if there was nothing to run."""
+        sched = self.scheduler.schedule() if self.scheduler.has_work() else None
+        if sched is None or not sched.segments:
+            return False
+        assert self._worker is not None
+        job = self._worker.submit(self.runner.execute, sched)
+        self._inflight.append((sched, time.thread_time() - t0, job))
+        return True
+
+    def _spec_step(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Speculative steps: commit the step in flight, launch the next, then report the committed one
+        (async: while the next one runs; sync: the step just launched is waited for first)."""
+        done = self._commit_inflight(outputs)
+        self._launch(time.thread_time())
+        if not self._async:
+            done = self._commit_inflight(outputs)
+        if done is not None:
+            outputs.extend(self._report(*done))
+        if not self._inflight:
+            self.runner.release_pending()
+            self._prev_end = None
+        self._maybe_log()
+        return outputs
+
+    def _commit_inflight(self, outputs: list[RequestOutput]
+                         ) -> tuple[SchedulerOutput, float, float, StepResult] | None:
+        """Wait for the step in flight and apply what planning the next one needs: the emitted tokens
+        with the token-level stop rules, rollback, and the next drafts. Returns it for `_report`."""
+        if not self._inflight:
+            return None
+        sched, schedule_s, job = self._inflight.popleft()
+        if job.exception() is not None:
+            self._inflight.appendleft((sched, schedule_s, job))
+            self._fail_inflight()
+            self._ready[:0] = outputs
+            raise job.exception()  # type: ignore[misc]
+        t0 = time.thread_time()
+        result = job.result()
+        self._collect_prompt_logprobs(result)
+        now = time.time()
+        assert result.verified is not None
+        for v in result.verified:
+            seq = v.seq
+            seq.num_inflight -= 1
+            if seq.status is SeqStatus.FINISHED:
+                v.tokens = []  # aborted, or stopped by text before this step was planned: discard
+                continue
+            for i, (token, logprob) in enumerate(zip(v.tokens, v.logprobs, strict=True)):
+                if self._append(seq, token, logprob, now, text=False):
+                    del v.tokens[i + 1:]
+                    break
+        self._record_speculation(sched, result)
+        return sched, schedule_s, time.thread_time() - t0, result
+
+    def _report(self, sched: SchedulerOutput, schedule_s: float, commit_s: float, result: StepResult
+                ) -> list[RequestOutput]:
+        """The text-level side of a committed speculative step: detokenization and stop strings (which
+        may end a sequence earlier than its token-level stop), outputs and stats."""
+        t0 = time.thread_time()
+        assert result.verified is not None
+        touched: dict[str, tuple[Request, list[Sequence]]] = {}
+        for v in result.verified:
+            seq = v.seq
+            if not v.tokens:
+                continue
+            self._detokenize(v)
+            if seq.status is SeqStatus.FINISHED or seq.request.stream:
+                touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
+        outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
+        self.stats.generated_tokens += sum(len(v.tokens) for v in result.verified)
+        self._record_step(result, schedule_s, commit_s + time.thread_time() - t0)
+        return outputs
+
+    def _detokenize(self, v: Verified) -> None:
+        """Feed a committed run to the detokenizer (the tokens ending `v.seq`); a stop string in it ends
+        the sequence there (before a token-level stop later in the run, which is dropped with it)."""
+        seq, tokens, detok = v.seq, v.tokens, v.seq.detok
+        if detok is None:
+            return
+        ended = seq.status is SeqStatus.FINISHED
+        first = len(seq.token_ids) - len(tokens)
+        for i, token in enumerate(tokens):
+            if ended and i == len(tokens) - 1 and seq.finish_reason is not FinishReason.LENGTH:
+                break  # EOS, a stop id or the grammar ended it: the text never sees that token
+            if (stop := detok.add(token)) is None:
+                continue
+            del seq.token_ids[first + i + 1:], tokens[i + 1:]
+            if seq.request.params.logprobs is not None:
+                del seq.logprobs[first + i + 1 - seq.prompt_len:]
+            if ended:
+                seq.finish_reason, seq.stop_reason = FinishReason.STOP, stop
+            else:
+                self._finish(seq, FinishReason.STOP, stop)
+            return
+        if ended:
+            detok.flush()
 
     def _profile_verification(self, verify_scheduler: VerifyScheduler) -> None:
         """Time decode-shaped steps of up to every running sequence verifying all its drafts (on the
@@ -295,41 +397,43 @@ class LLMEngine:
 
     def _process(self, sched: SchedulerOutput, schedule_s: float, result: StepResult) -> list[RequestOutput]:
         t0 = time.thread_time()
+        self._collect_prompt_logprobs(result)
+        now = time.time()
+        touched: dict[str, tuple[Request, list[Sequence]]] = {}  # requests with outputs due
+        appended = 0
+        for seq, token, logprob in result.sampled:  # host copies (async: queued a step ago)
+            seq.num_inflight -= 1
+            if seq.status is SeqStatus.FINISHED:
+                continue  # planned before its stop was seen (async) or aborted: discard
+            appended += 1
+            if self._append(seq, token, logprob, now) or seq.request.stream:
+                touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
+        outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
+        self.stats.generated_tokens += appended
+        self._record_step(result, schedule_s, time.thread_time() - t0)
+        return outputs
+
+    @staticmethod
+    def _collect_prompt_logprobs(result: StepResult) -> None:
         for req, first, rows in result.prompt_logprobs:
             for pos, lp in enumerate(rows, start=first):
                 if pos == len(req.prompt_logprobs):  # recompute after preemption repeats none
                     req.prompt_logprobs.append(lp)
-        now = time.time()
-        touched: dict[str, tuple[Request, list[Sequence]]] = {}  # requests with outputs due
-        appended = 0
-        for seq, tokens, logprobs in result.emitted:  # host copies (async: queued a step ago)
-            seq.num_inflight -= 1
-            if seq.status is SeqStatus.FINISHED:
-                continue  # planned before its stop was seen (async) or aborted: discard
-            finished = False
-            for token, logprob in zip(tokens, logprobs, strict=True):  # a stop ends an accepted run
-                appended += 1
-                if finished := self._append(seq, token, logprob, now):
-                    break
-            if finished or seq.request.stream:
-                touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
-        if result.verified is not None:
-            self._record_speculation(result)
-        outputs = [out for req, seqs in touched.values() for out in self._outputs(req, seqs)]
-        self.stats.generated_tokens += appended
+
+    def _record_step(self, result: StepResult, schedule_s: float, process_s: float) -> None:
         self.stats.num_preemptions = self.scheduler.num_preemptions
         idle = None if self._prev_end is None else max(0.0, result.start - self._prev_end)
         self._prev_end = result.end
-        self.stats.steps.append(StepStat(result.num_seqs, result.num_tokens, schedule_s,
-                                         time.thread_time() - t0, result.end - result.start, idle))
-        return outputs
+        self.stats.steps.append(StepStat(result.num_seqs, result.num_tokens, schedule_s, process_s,
+                                         result.end - result.start, idle))
 
-    def _record_speculation(self, result: StepResult) -> None:
-        """Counters, the cache position after verification, and the next drafts of each sequence."""
+    def _record_speculation(self, sched: SchedulerOutput, result: StepResult) -> None:
+        """Counters, the cache position after verification, the next drafts of each sequence, and the
+        step's time for the verification scheduler's latency curve (decode steps only)."""
         assert result.verified is not None
         for v in result.verified:
             seq, spec = v.seq, v.seq.spec
-            if spec is None:
+            if spec is None or not v.tokens:  # discarded: it ended before this step was committed
                 continue
             if v.num_drafts:
                 self.stats.spec_verify_steps += 1
@@ -347,11 +451,14 @@ class LLMEngine:
             seq.num_computed = len(seq.token_ids) - 1
             spec.drafts, spec.probs, spec.confidences = v.next_drafts, v.next_probs, v.next_confidences
         timing = self.scheduler.verify_scheduler
-        if timing is not None and any(v.num_drafts for v in result.verified):
+        if timing is not None and all(s.sample_seqs and len(s.token_ids) == s.num_drafts + 1
+                                      for s in sched.segments):
             timing.record(result.num_seqs, result.num_tokens, result.end - result.start)
 
-    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> bool:
-        """Add a sampled token and apply the stop rules; True if that finished the sequence."""
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float,
+                text: bool = True) -> bool:
+        """Add a sampled token and apply the stop rules; True if that finished the sequence. Without
+        `text` the detokenizer is left to the caller (`_detokenize`: stop strings, the final flush)."""
         req, p = seq.request, seq.request.params
         seq.token_ids.append(token)
         if p.logprobs is not None:
@@ -359,29 +466,31 @@ class LLMEngine:
         if req.first_token_time is None:
             req.first_token_time = now
         if p.structured_outputs is not None and (why := self.runner.structured.finish_reason(seq)):
-            self._finish(seq, FinishReason(why))  # the constraint ended (complete, or failed)
+            self._finish(seq, FinishReason(why), flush=text)  # the constraint ended (complete, or failed)
         elif token == self.eos_token_id and not p.ignore_eos:
-            self._finish(seq, FinishReason.STOP)  # the sampler masks EOS until min_tokens
+            self._finish(seq, FinishReason.STOP, flush=text)  # the sampler masks EOS until min_tokens
         elif token in p.stop_token_ids:
-            self._finish(seq, FinishReason.STOP, token)
-        elif seq.detok is not None and (stop := seq.detok.add(token)) is not None:
+            self._finish(seq, FinishReason.STOP, token, text)
+        elif text and seq.detok is not None and (stop := seq.detok.add(token)) is not None:
             self._finish(seq, FinishReason.STOP, stop)
         elif len(seq.token_ids) >= seq.limit:
-            self._finish(seq, FinishReason.LENGTH)
+            self._finish(seq, FinishReason.LENGTH, flush=text)
         else:
             return False
         return True
 
-    def _finish(self, seq: Sequence, reason: FinishReason, stop: str | int | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, stop: str | int | None = None,
+                flush: bool = True) -> None:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason, seq.stop_reason = reason, stop
-        if seq.detok is not None and not isinstance(stop, str):
+        if flush and seq.detok is not None and not isinstance(stop, str):
             seq.detok.flush()
         self.scheduler.remove(seq)
         if seq.spec is not None:
             seq.spec.clear()
-            assert self.proposer is not None
-            self.proposer.release(seq.seq_id)
+            self.runner.release_later(seq.seq_id)  # the worker may be running a step that drafts for it
+            if not self._inflight:
+                self.runner.release_pending()
         req = seq.request
         if req.finished:
             req.finish_time = time.time()

@@ -8,14 +8,17 @@ N+1 never waits for step N's samples to reach the host. Their host copy is only 
 post-processing (one step behind) and by penalty rows that need the newest token. Slot resets and
 fork copies also run here, in step order, so they never race a step that still uses the slot.
 
-With a speculator (the engine then runs steps synchronously) every sampled row goes through exact
-verification instead of the plain sampler (a row without drafts samples identically), and after it
-the proposer drafts the next tokens of every speculating sequence that just sampled.
+With a speculator every sampled row goes through exact verification instead of the plain sampler (a
+row without drafts samples identically), and after it the proposer drafts the next tokens of every
+speculating sequence that just sampled. The engine plans a speculative step only once the step
+before it has returned, so its segments hold host token ids; finished sequences are released to the
+proposer here, before a step, so that a release never races a step drafting for that sequence.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -45,7 +48,7 @@ _PROFILE_PARAMS = SamplingParams(temperature=0)
 
 
 def _no_token_in_flight(seq: Sequence) -> int:
-    raise AssertionError("speculative steps run synchronously: every token is on the host")
+    raise AssertionError("speculative steps are planned after the step before: every token is on the host")
 
 
 @runtime_checkable
@@ -84,13 +87,6 @@ class StepResult:
     verified: list[Verified] | None = None  # speculative steps: replaces sample_seqs / samples
 
     @property
-    def emitted(self) -> list[tuple[Sequence, list[int], list[TokenLogprob | None]]]:
-        """(sequence, new tokens, their logprobs) on the host, one entry per sampled sequence."""
-        if self.verified is not None:
-            return [(v.seq, v.tokens, v.logprobs) for v in self.verified]
-        return [(seq, [token], [lp]) for seq, token, lp in self.sampled]
-
-    @property
     def sampled(self) -> list[tuple[Sequence, int, TokenLogprob | None]]:
         """(sequence, token, logprob) on the host: waits for this step's device-to-host copies."""
         if self.samples is None:
@@ -120,9 +116,20 @@ class ModelRunner:
         self.num_draft_tokens = num_draft_tokens
         self._prev: SampleOutput | None = None  # the previous step's samples (tokens on the device)
         self._prev_row: dict[int, int] = {}  # seq id -> its row in self._prev
+        self._releases: deque[int] = deque()  # finished sequences the proposer has yet to drop
+
+    def release_later(self, seq_id: int) -> None:
+        """Queue a finished sequence's release (engine thread); done before the next step."""
+        self._releases.append(seq_id)
+
+    def release_pending(self) -> None:
+        """Release the queued sequences (worker thread, or the engine's while no step is in flight)."""
+        while self._releases:
+            self.proposer.release(self._releases.popleft())  # type: ignore[union-attr]
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         start = time.perf_counter()
+        self.release_pending()
         for slot in sched.resets:
             self.model.reset_slot(slot)
         segments = [SequenceSegment(s.slot, s.blocks, s.start_pos, s.token_ids, s.logits)

@@ -11,11 +11,11 @@ Under async scheduling the step before is still running when this one is planned
 last token may not be known yet: its segment then ends in `PLACEHOLDER`, which the model runner
 replaces by that step's sampled token. `num_computed` and `num_inflight` count such tokens ahead.
 
-A speculating decode (its sequence holds drafts, engine in sync mode) runs [newest token, d_1..d_k]
-with logits for every row; k is capped by the token budget, the room left before the sequence's
-limit and, with a verification scheduler, by that scheduler's choice. `num_computed` counts all k + 1
-rows; the engine corrects it to the accepted length after verification (rejected rows are simply
-overwritten by the next segment).
+A speculating decode (its sequence holds drafts; planned once the step before has returned) runs
+[newest token, d_1..d_k] with logits for every row; k is capped by the token budget, the room left
+before the sequence's limit and, with a verification scheduler, by that scheduler's choice.
+`num_computed` counts all k + 1 rows; the engine corrects it to the accepted length after
+verification (rejected rows are simply overwritten by the next segment).
 """
 
 from __future__ import annotations
