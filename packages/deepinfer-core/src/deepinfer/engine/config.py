@@ -22,6 +22,8 @@ class EngineConfig(BaseModel):
     seed: int = Field(0, ge=0, description="seeds requests that give no seed, for reproducible runs")
     log_stats_interval: float = Field(10.0, ge=0.0, description="seconds between stats logs; 0: off")
     enforce_eager: bool = Field(False, description="CUDA: run every step eagerly (no CUDA graphs for decode)")
+    batch_invariant: bool = Field(
+        False, description="a sequence's logits bitwise the same alone or in any batch (fixed kernels)")
     speculator: str = Field("none", min_length=1,
                             description="speculative decoding plugin (deepinfer.speculators), or none")
     num_draft_tokens: int | None = Field(

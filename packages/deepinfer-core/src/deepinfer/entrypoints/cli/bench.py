@@ -169,7 +169,8 @@ def _print(result: dict) -> None:
     t = result["throughput"]
     cfg = result["config"]
     print(f"\nworkload: {t['requests']} requests, input ~{cfg['input_len']}, output ~{cfg['output_len']} "
-          f"({cfg['len_dist']}), rate {cfg['request_rate']}/s, async {'off' if cfg['sync'] else 'on'}")
+          f"({cfg['len_dist']}), rate {cfg['request_rate']}/s, async {'off' if cfg['sync'] else 'on'}, "
+          f"batch-invariant {'on' if cfg['batch_invariant'] else 'off'}")
     print(f"{'elapsed s':>10} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p50/p90/p99 ms':>22} "
           f"{'TPOT p50/p90/p99 ms':>22}")
     print(f"{t['elapsed_s']:>10.2f} {t['output_tok_s']:>10.1f} {t['total_tok_s']:>11.1f} "

@@ -64,6 +64,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sync", action="store_true", help="disable asynchronous scheduling")
     g.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly (default on CUDA: decode steps replay CUDA graphs)")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="batch-invariant kernels: a sequence's logits are bitwise the same alone or in any "
+                   "batch, across runs (costs some speed; docs/performance.md)")
     g.add_argument("--seed", type=non_negative_int, default=0,
                    help="engine seed: each request without --sampling-seed draws its own seed from it, "
                    "so a whole run is reproducible")
@@ -87,6 +90,7 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   cache_bytes=args.cache_mb << 20 if args.cache_mb is not None else None,
                   async_scheduling=not args.sync, seed=args.seed, enforce_eager=args.enforce_eager,
+                  batch_invariant=args.batch_invariant,
                   speculator=args.speculator,
                   num_draft_tokens=args.num_draft_tokens, spec_schedule=args.spec_schedule)
     kwargs = dict(backend=args.backend, dtype=args.dtype, device=args.device,

@@ -58,6 +58,7 @@ class DeepseekV41Runtime:
 
     def __init__(self, model: DeepseekV41Model, dspark: DSpark | None, options: RuntimeOptions) -> None:
         cfg: TextConfig = model.cfg
+    batch_invariant: bool = False  # a row's results never depend on the batch (needs invariant ops)
         self.model, self.dspark, self.options = model, dspark, options
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
@@ -208,7 +209,10 @@ def build_runtime(
 ) -> DeepseekV41Runtime:
     """A runtime over already-loaded tensors (storage dtypes, on the target device)."""
     device = next(iter(tensors.values())).device
-    ops = ops or get_ops(device=device)
+    options = options or RuntimeOptions()
+    ops = ops or get_ops(device=device, batch_invariant=options.batch_invariant)
+    if options.batch_invariant and not ops.batch_invariant:
+        raise ValueError("RuntimeOptions.batch_invariant needs ops from get_ops(..., batch_invariant=True)")
     cfg = config.text
     model = DeepseekV41Model(cfg, tensors, Attention, ops, dtype, engram_token_map)
     dspark = DSpark(cfg, tensors, model, Attention) if cfg.has_dspark else None
@@ -232,5 +236,5 @@ def load_runtime(
     token_map = None
     if config.text.has_engram:
         token_map = compressed_vocab(Tokenizer.from_file(str(model_dir / "tokenizer.json"))).token_map
-    ops = get_ops(backend, device)
+    ops = get_ops(backend, device, batch_invariant=options is not None and options.batch_invariant)
     return build_runtime(config, tensors, dtype=dtype, ops=ops, engram_token_map=token_map, options=options)
