@@ -51,6 +51,7 @@ class RuntimeOptions:
     replay_mode: ReplayMode = "off"
     replay_keep: int = 140
     cuda_graphs: bool = True  # CUDA: replay graphs of decode/verification steps (graphs.py); else no-op
+    batch_invariant: bool = False  # a row's results never depend on the batch (needs invariant ops)
 
 
 class DeepseekV41Runtime:
@@ -58,7 +59,6 @@ class DeepseekV41Runtime:
 
     def __init__(self, model: DeepseekV41Model, dspark: DSpark | None, options: RuntimeOptions) -> None:
         cfg: TextConfig = model.cfg
-    batch_invariant: bool = False  # a row's results never depend on the batch (needs invariant ops)
         self.model, self.dspark, self.options = model, dspark, options
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
