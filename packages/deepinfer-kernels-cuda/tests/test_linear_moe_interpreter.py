@@ -22,15 +22,38 @@ torch.manual_seed(0)
 def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
+def check(got, want, *what):
+    assert rel(got, want) < 1e-5, (*what, rel(got, want))
+
+gemv = TileConfig(8, 1, 32, 1, 4, 1)
+cases = {  # kind -> (M, groups, config): M <= GEMV_M runs the FP8 GEMV, else (and FP4) the tiled kernel
+    "fp8": ((1, 2, gemv), (3, 1, TileConfig(32, 16, 64, 2, 4, 1)), (4, 2, TileConfig(16, 4, 64, 1, 1, 1)),
+            (17, 2, TileConfig(32, 16, 32, 1, 4, 1))),
+    "fp4": ((1, 2, TileConfig(16, 16, 32, 2, 4, 1)), (17, 2, TileConfig(32, 16, 32, 1, 4, 1))),
+}
 for kind, quant in (("fp8", quantize_fp8), ("fp4", quantize_fp4)):
-    # M <= GEMV_M: the GEMV kernel (block_m unused), else the MMA kernel
-    for m, groups, cfg in ((1, 2, TileConfig(8, 1, 32, 1, 4, 1)), (3, 1, TileConfig(32, 16, 64, 2, 4, 1)),
-                           (17, 2, TileConfig(32, 16, 32, 1, 4, 1))):
-        w, s = quant(torch.randn(64, 64) * 0.1)
-        x = torch.randn(m, 64 * groups)
-        got = linear.block_linear(x, linear.prepare_linear(kind, w, s, groups), torch.float32, cfg)
-        want = ref_linear.linear(x, ref_linear.prepare_linear(kind, w, s, groups), torch.float32)
-        assert rel(got, want) < 1e-5, (kind, m, groups, rel(got, want))
+    for m, groups, cfg in cases[kind]:
+        w, s = quant(torch.randn(64, 96) * 0.1)  # 96 columns: a ragged last GEMV step at 64 per step
+        x = torch.randn(m, 96 * groups)
+        ours, ref = linear.prepare_linear(kind, w, s, groups), ref_linear.prepare_linear(kind, w, s, groups)
+        want = ref_linear.linear(x, ref, torch.float32)
+        check(linear.block_linear(x, ours, torch.float32, cfg), want, kind, m, groups)
+        check(linear.dequant_linear(x, ours, torch.float32), want, kind, m, groups, "dequant")
+        check(linear.linear(x, ours, torch.float32, batch_invariant=True), want, kind, m, groups, "inv")
+for groups in (1, 2):  # dense and reference-prepared (partial 32-blocks) weights in invariant mode
+    w = torch.randn(64, 48)
+    x = torch.randn(5, 48 * groups)
+    ref = ref_linear.prepare_linear("dense", w, None, groups)
+    want = ref_linear.linear(x, ref, torch.float32)
+    check(linear.linear(x, linear.prepare_linear("dense", w, None, groups), torch.float32,
+                        batch_invariant=True), want, "dense", groups)
+    wq, sq = quantize_fp8(torch.randn(64, 40) * 0.1)
+    x = torch.randn(3, 40 * groups)
+    ref = ref_linear.prepare_linear("fp8", wq, sq, groups)
+    ours = linear.prepare_linear("fp8", wq, sq, groups)
+    assert isinstance(ours, ref_linear.ReferenceLinear)
+    want = ref_linear.linear(x, ref, torch.float32)
+    check(linear.linear(x, ours, torch.float32, batch_invariant=True), want, "partial blocks", groups)
 
 e, h, i, k = 8, 64, 64, 3
 def experts(rows, cols):
@@ -53,6 +76,9 @@ for fp8 in (False, True):  # experts as split-layout FP4, or re-encoded as E4M3
         got = moe.moe(x, ours, mask)
         want = ref_moe.moe(x, ref, mask)
         assert rel(got, want) < 1e-5, (fp8, t, rel(got, want))
+        inv = moe.moe(x, ours, mask, batch_invariant=True)  # fixed tiles at every size, shared expert too
+        assert rel(inv, want) < 1e-5, ("invariant", fp8, t, rel(inv, want))
+        assert torch.equal(moe.moe(x[:1], ours, mask[:1], batch_invariant=True)[0], inv[0])
 print("ok")
 """
 

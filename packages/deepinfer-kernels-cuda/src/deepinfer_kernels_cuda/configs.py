@@ -1,7 +1,8 @@
 """Tile configs per (kernel, weight shape, M bucket), stored as JSON per GPU name under configs/.
 
 `benchmarks/kernels/tune.py` writes the files on the device; at serve time a shape without an entry
-uses `default` (no autotuning). Keys: "<kernel>:<N>x<K>:<M bucket>", M bucket = next power of two.
+uses `default` (no autotuning). Keys: "<kernel>:<N>x<K>:<M bucket>", M bucket = next power of two;
+batch-invariant configs (one per weight shape, every M): "invariant-<kind>:<N>x<K>:1".
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 SM_COUNT_FALLBACK = 132
-GEMV_M = 4  # tokens up to which the linears run the GEMV kernel (block_m unused there)
+GEMV_M = 4  # tokens up to which the FP8 linears run the GEMV kernel (block_m unused there)
+DEQUANT_M = 512  # tokens from which block-scaled linears decode the weight once and call cuBLAS
+GEMV_THREADS_K = 8 * 32  # GEMV: columns one warp covers per K step (block_k = this x num_warps)
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,14 @@ def block_k(k: int, want: int) -> int:
 def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """Shape heuristic: weight streaming for small M, 128-row tiles for large M; split-K wherever the
     output tiles alone leave SMs idle (about 2 programs per SM, each with >= 4 K steps)."""
-    if m <= GEMV_M:  # 16-row tiles: many programs, each streaming 16-byte loads
-        bk = block_k(k, 512 // m_bucket(m))
-        bn, bm, warps, stages = 16, m_bucket(m), 4, 1
-    elif m <= 64:
+    if kernel == "fp8" and m <= GEMV_M:  # 8 columns per thread per step, >= 4 programs per SM
+        bn, warps = (8 if m <= 2 else 4), 4
+        steps = -(-k // (GEMV_THREADS_K * warps))
+        split = 1
+        while -(-n // bn) * split < 4 * sm_count and steps >= 2 * split:
+            split *= 2
+        return TileConfig(bn, m_bucket(m), GEMV_THREADS_K * warps, split, warps, 1)
+    if m <= 64:
         bk = block_k(k, 256 if kernel == "fp8" else 128)
         bn, bm, warps, stages = 64, max(16, m_bucket(m)), 4, 4
     else:
@@ -86,6 +93,29 @@ def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBA
     while tiles * split < 2 * sm_count and k // (bk * split * 2) >= 4:
         split *= 2
     return TileConfig(bn, bm, bk, split, warps, stages)
+
+
+def default_invariant(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
+    """The one batch-invariant config of a weight shape: prefill-sized tiles; split-K (a fixed count)
+    only where the tiles alone leave most SMs idle at decode, since it costs partial-sum traffic at
+    large M."""
+    bk = block_k(k, 64) if kind != "dense" else 64  # dense: any K (the kernel masks a ragged step)
+    bn = 128
+    tiles = -(-n // bn)
+    split = 1
+    while tiles * split < sm_count and split < 8 and k // (bk * split * 2) >= 8:
+        split *= 2
+    return TileConfig(bn, 64, bk, split, 8 if kind != "dense" else 4, 3)
+
+
+def invariant(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
+    """Batch-invariant config of an [n, k] weight: the table's entry, else `default_invariant`."""
+    if device.type != "cuda":
+        return default_invariant(kind, n, k)
+    found = _table(gpu_file(device)).get(key(f"invariant-{kind}", n, k, 1))
+    if found is not None:
+        return found
+    return default_invariant(kind, n, k, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def default_moe(assignments: int, n_experts: int) -> TileConfig:

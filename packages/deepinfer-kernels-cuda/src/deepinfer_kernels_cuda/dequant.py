@@ -2,14 +2,21 @@
 
 UE8M0 scales are powers of two, so a decoded FP8 (E4M3) or FP4 (E2M1) value times its scale is exact in
 BF16: kernels decode a tile, cast it to the MMA dtype and accumulate in float32, which matches the
-reference (dequantise, then multiply) up to summation order.
+reference (dequantise, then multiply) up to summation order. `dequantize` writes a whole decoded weight
+(the linears' large-M path multiplies it with cuBLAS).
 """
 
+import torch
 import triton
 import triton.language as tl
 
+from deepinfer_kernels_cuda import configs
+
 GROUP = 32  # columns per scale: 32x32 blocks for FP8, 1x32 row groups for FP4
 _G = tl.constexpr(GROUP)  # the same, readable inside kernels
+_DEQUANT_ROWS, _DEQUANT_COLS = 32, 256  # tile of the `dequantize` kernel
+
+
 @triton.jit
 def pow2(s, bias: tl.constexpr):
     """2^(s - 127 + bias) for UE8M0 bytes `s`, built from the float32 exponent field.
@@ -123,3 +130,31 @@ def fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_
     nibbles' columns [BK/2]: float32 [BN, BK/2], each entry a column pair's scaled products summed."""
     lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
     return scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, _G // 2)
+
+
+@triton.jit
+def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, stride_wn, stride_sn, stride_on,
+                       FP8: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    k0 = tl.program_id(1) * BK
+    n_mask = offs_n < N
+    if FP8:
+        w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _G)
+    else:
+        w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+    ptrs = out_ptr + offs_n[:, None] * stride_on + (k0 + tl.arange(0, BK))[None, :]
+    tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=n_mask[:, None])
+
+
+def dequantize(kind: str, weight: torch.Tensor, scale: torch.Tensor, n: int, k: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """A prepared fp8 ([n, k], 32x32 scales) or packed fp4 ([n, k/2], 1x32 scales) weight as [n, k] in
+    `dtype` (exact in BF16 and float32); k a multiple of 32."""
+    if kind not in ("fp8", "fp4"):
+        raise ValueError(f"dequantize: kind {kind!r}, expected 'fp8' or 'fp4'")
+    out = torch.empty((n, k), dtype=dtype, device=weight.device)
+    bk = configs.block_k(k, _DEQUANT_COLS)
+    grid = (triton.cdiv(n, _DEQUANT_ROWS), k // bk)
+    _dequantize_kernel[grid](weight, scale, out, n, weight.stride(0), scale.stride(0), out.stride(0),
+                             FP8=kind == "fp8", BN=_DEQUANT_ROWS, BK=bk, num_warps=4)
+    return out

@@ -1,23 +1,32 @@
 """Block-scaled linears: y = x W^T with W in its release storage, decoded tile by tile in registers.
 
-One Triton kernel serves FP8 (32x32 UE8M0 blocks) and packed FP4 (1x32 UE8M0 groups) weights, plain or
-grouped (the o-projection: group g of the output rows reads input chunk g), in one launch. Orientation
-is swap-AB: the decoded weight tile is the MMA's register A operand (BLOCK_N weight rows on the M side,
-which Hopper's wgmma needs >= 64 of), tokens are its N side, so M=1 decode wastes no weight bandwidth.
-Small M splits K across programs (float32 partials, then a fixed-order reduction: deterministic).
+Three paths, chosen by the number of tokens M (`configs.GEMV_M`, `configs.DEQUANT_M`):
 
-Up to `configs.GEMV_M` tokens (decode) a GEMV kernel replaces the MMA: each weight byte is loaded once
-with 16-byte accesses straight into registers, decoded and multiplied on the CUDA cores, with no
-shared-memory staging of the weight or operand-layout shuffles.
+* M <= GEMV_M (decode), FP8: a CUDA-core GEMV. Each program streams BN weight rows (BN divides 32, so
+  one scale row) in K steps of 8-column chunks, one chunk per thread (8-byte weight loads, 16-byte input
+  loads), the input pre-multiplied by its block's scale (a power of two: exact), the 8 products summed
+  in registers into a [BN, M, chunks] accumulator: ~54 registers and no shared memory per K step, so
+  many programs (and their loads) in flight per SM. Small grids split K (float32 partials, then a
+  fixed-order reduction: deterministic).
+* Otherwise below DEQUANT_M: the tiled kernel. Swap-AB: the decoded weight tile is the MMA's register A
+  operand (BLOCK_N weight rows on the M side, which Hopper's wgmma needs >= 64 of), tokens its N side.
+  Also serves FP4 and, in batch-invariant mode, dense weights, at every M.
+* M >= DEQUANT_M: the weight is decoded once into a BF16 scratch copy and multiplied by cuBLAS: at
+  prefill sizes decoding per token tile costs more issue slots than the MMAs (see docs/performance.md),
+  and one decode pass (3 bytes moved per weight) is small against the GEMM.
 
 Why BF16 MMA and not FP8 MMA: the reference multiplies unquantised (BF16) activations by the decoded
-weights; FP8 MMA would need per-token-per-32 activation quantisation, which changes the numerics, and
-32-column scale promotion on every K step. Decoding to BF16 is exact (power-of-two scales), so this
-kernel equals the reference up to float32 summation order.
+weights; FP8 MMA would need per-token-per-32 activation quantisation, which changes the numerics (~2^-4
+relative per element) beyond the conformance tolerance. Decoding to BF16 is exact (power-of-two scales),
+so every path equals the reference up to float32 summation order.
 
-Dense (BF16/F32) weights, including the LM head, go to cuBLAS through torch: it already streams a
-BF16 weight near copy bandwidth at M=1 and is at its MMA peak at large M, and `torch.mm(out_dtype=)`
-gives the float32 logits from BF16 operands without the reference's float32 copy of the weight.
+Dense (BF16/F32) weights, including the LM head, go to cuBLAS through torch: it streams a BF16 weight at
+copy bandwidth at M=1 and is at its MMA peak at large M; `torch.mm(out_dtype=)` gives the float32 logits
+from BF16 operands without the reference's float32 copy of the weight.
+
+Batch-invariant mode (`batch_invariant=True`, INVARIANCE.md): every kind, at every M, runs the tiled
+kernel with one config per weight shape (`configs.invariant`: fixed tiles and a fixed split-K count
+whose partials are summed in a fixed order), so a row's reduction order never depends on the batch.
 """
 
 from __future__ import annotations
@@ -32,11 +41,12 @@ import triton.language as tl
 
 from deepinfer.ops.reference import linear as reference_linear
 from deepinfer_kernels_cuda import configs
-from deepinfer_kernels_cuda.dequant import GROUP, fp4_group_tile, fp8_tile
+from deepinfer_kernels_cuda.dequant import GROUP, dequantize, fp4_group_tile, fp8_tile, pow2
 
 Kind = Literal["fp8", "fp4", "dense"]
 _BLOCK_ROWS = tl.constexpr(GROUP)  # FP8 weights: one scale per 32x32 block
-_KIND_CODE = {"fp8": 0, "fp4": 1}
+_KIND_CODE = {"fp8": 0, "fp4": 1, "dense": 2}
+_CHUNK = tl.constexpr(8)  # GEMV: weight columns per thread per K step (8-byte loads)
 # torch.mm(..., out_dtype=) (aten::mm.dtype): BF16 operands, float32 accumulation and output
 _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
@@ -99,6 +109,7 @@ def _block_linear_kernel(
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
     KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -113,23 +124,27 @@ def _block_linear_kernel(
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         offs_k = k0 + tl.arange(0, BK)
-        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (x_col + offs_k)[:, None], mask=m_mask[None, :],
-                     other=0.0)
+        k_in = offs_k < k_hi if not EVEN_K else tl.full((BK,), True, tl.int1)  # ragged K: dense only
+        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (x_col + offs_k)[:, None],
+                     mask=m_mask[None, :] & k_in[:, None], other=0.0)
         if KIND == 0:
             w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _BLOCK_ROWS)
-        else:
+        elif KIND == 1:
             w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        else:  # dense; rows past N only feed output rows that are never stored
+            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
+                        mask=n_mask[:, None] & k_in[None, :], other=0.0)
         acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision="ieee" if IEEE else None)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
 @triton.jit
-def _gemv_kernel(
+def _gemv_fp8_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
-    KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -137,18 +152,26 @@ def _gemv_kernel(
     n_mask = offs_n < N
     offs_m = tl.arange(0, BM)
     m_mask = offs_m < M
-    x_rows = x_ptr + offs_m[:, None] * stride_xm + (pid_n * BN // rows_per_group) * K
+    # every tile is 4-D [rows, tokens, chunks, 8 columns]: the weight and input loads then get the same
+    # register layout (one chunk per thread when BK = 8 x threads), so the product needs no shared-memory
+    # shuffle and the sum over the last axis stays inside a thread
+    chunk = (tl.arange(0, BK // _CHUNK) * _CHUNK)[None, None, :, None]
+    cols = chunk + tl.arange(0, _CHUNK)[None, None, None, :]
+    x_rows = x_ptr + offs_m[None, :, None, None] * stride_xm + (pid_n * BN // rows_per_group) * K
+    w_rows = w_ptr + offs_n[:, None, None, None] * stride_wn
+    s_row = s_ptr + (pid_n * BN // _BLOCK_ROWS) * stride_sn  # BN divides 32: one scale row per program
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    # elementwise products accumulate across K steps; one reduction at the end
-    acc = tl.zeros((BN, BM, BK), dtype=tl.float32)
+    acc = tl.zeros((BN, BM, BK // _CHUNK), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        if KIND == 0:
-            w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _BLOCK_ROWS)
-        else:
-            w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK).to(tl.float32)
-        xt = tl.load(x_rows + (k0 + tl.arange(0, BK))[None, :], mask=m_mask[:, None], other=0.0)
-        acc += w[:, None, :] * xt.to(tl.float32)[None, :, :]
+        k0 = tl.multiple_of(k0, BK)
+        k_in = (k0 + chunk) < k_hi
+        xt = tl.load(x_rows + k0 + cols, mask=m_mask[None, :, None, None] & k_in, other=0.0)
+        # x * 2^s is exact (power of two), so w * (x * 2^s) equals the reference's (w * 2^s) * x
+        s = tl.load(s_row + (k0 + chunk) // _BLOCK_ROWS, mask=k_in, other=127)
+        xs = xt.to(tl.float32) * pow2(s, 0)
+        w = tl.load(w_rows + k0 + cols, mask=n_mask[:, None, None, None] & k_in, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * xs, axis=3)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(ptrs, tl.sum(acc, axis=2).to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
@@ -163,48 +186,94 @@ def _split_reduce_kernel(part_ptr, out_ptr, numel, SPLIT: tl.constexpr, BLOCK: t
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def block_linear(
-    x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, config: configs.TileConfig | None = None
-) -> torch.Tensor:
-    """x [M, groups * K] -> [M, N] for a prepared fp8/fp4 weight (`config` overrides the table)."""
-    m = x.shape[0]
-    n, k = w.out_features, w.in_features
-    x = x.to(compute_dtype(x.dtype, out_dtype))
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    cfg = config or configs.lookup(w.kind, n, k, m, x.device)
-    if x.dtype == torch.float32:  # float32 operands (tiny test configs) take 2x the shared memory per stage
-        cfg = replace(cfg, block_k=min(cfg.block_k, 64), num_stages=min(cfg.num_stages, 2))
-    rows_per_group = n // w.groups
-    if w.groups > 1 and rows_per_group % cfg.block_n:  # a tile must not straddle two groups
-        cfg = replace(cfg, block_n=rows_per_group & -rows_per_group)  # largest power of two dividing it
-    min_rows = 1 if m <= configs.GEMV_M else 16  # the MMA tile needs 16 rows, the GEMV any
-    if cfg.block_n < min_rows:
-        raise ValueError(f"grouped linear: {rows_per_group} rows per group leave no tile of >= {min_rows}")
+def _split(k: int, cfg: configs.TileConfig) -> tuple[int, int]:
+    """(split count, columns per split): whole K steps per split, at most cfg.split_k splits."""
+    steps = -(-k // cfg.block_k)
+    per_split = -(-steps // min(cfg.split_k, steps)) * cfg.block_k
+    return -(-k // per_split), per_split
+
+
+def _launch(kernel, grid_n: int, grid_m: int | None, x: torch.Tensor, w: PreparedLinear,
+            out_dtype: torch.dtype, cfg: configs.TileConfig, **meta) -> torch.Tensor:
+    """Runs `kernel` over (N tiles[, M tiles], splits) and, for split K, the fixed-order reduction."""
+    m, n, k = x.shape[0], w.out_features, w.in_features
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
-    steps = k // cfg.block_k
-    split = min(cfg.split_k, steps)
-    k_per_split = -(-steps // split) * cfg.block_k
-    split = -(-k // k_per_split)
+    split, per_split = _split(k, cfg)
     target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    args = (x, w.weight, w.scale, target, m, n, k, rows_per_group, k_per_split,
-            x.stride(0), w.weight.stride(0), w.scale.stride(0), n, m * n)
-    if m <= configs.GEMV_M:
-        _gemv_kernel[(triton.cdiv(n, cfg.block_n), split)](
-            *args, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=triton.next_power_of_2(m), BK=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    else:
-        _block_linear_kernel[(triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), split)](
-            *args, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m, BK=cfg.block_k,
-            IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+    scale = w.scale if w.scale is not None else w.weight  # dense: unused
+    grid = (grid_n, split) if grid_m is None else (grid_n, grid_m, split)
+    kernel[grid](
+        x, w.weight, scale, target, m, n, k, n // w.groups, per_split,
+        x.stride(0), w.weight.stride(0), scale.stride(0), n, m * n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **meta,
+    )
     if split > 1:
         block = 1024
         _split_reduce_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, SPLIT=split, BLOCK=block)
     return out
+
+
+def _operand(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    x = x.to(compute_dtype(x.dtype, out_dtype))
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def tiled_linear(
+    x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig
+) -> torch.Tensor:
+    """x [M, groups * K] -> [M, N] through the tiled MMA kernel at `cfg` (any kind, any M)."""
+    x = _operand(x, out_dtype)
+    if x.dtype == torch.float32:  # float32 operands (tiny test configs) take 2x the shared memory per stage
+        cfg = replace(cfg, block_k=min(cfg.block_k, 64), num_stages=min(cfg.num_stages, 2))
+    rows_per_group = w.out_features // w.groups
+    if w.groups > 1 and rows_per_group % cfg.block_n:  # a tile must not straddle two groups
+        cfg = replace(cfg, block_n=rows_per_group & -rows_per_group)  # largest power of two dividing it
+    if cfg.block_n < 16:  # the MMA tile needs 16 rows
+        raise ValueError(f"grouped linear: {rows_per_group} rows per group leave no tile of >= 16")
+    k = w.in_features
+    if w.kind != "dense":  # whole scale blocks per K step
+        cfg = replace(cfg, block_k=configs.block_k(k, cfg.block_k))
+    elif k < cfg.block_k:
+        cfg = replace(cfg, block_k=max(16, triton.next_power_of_2(k)))  # the MMA's K is >= 16
+    return _launch(
+        _block_linear_kernel, triton.cdiv(w.out_features, cfg.block_n), triton.cdiv(x.shape[0], cfg.block_m),
+        x, w, out_dtype, cfg, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m, BK=cfg.block_k,
+        IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0,
+    )
+
+
+def gemv_linear(
+    x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig
+) -> torch.Tensor:
+    """x [M, groups * K] -> [M, N] for a few tokens and an FP8 weight through the CUDA-core GEMV."""
+    if w.kind != "fp8" or GROUP % cfg.block_n:
+        raise ValueError(f"GEMV: {w.kind} weight with {cfg.block_n}-row tiles (needs fp8, rows dividing 32)")
+    x = _operand(x, out_dtype)
+    return _launch(
+        _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype, cfg,
+        BN=cfg.block_n, BM=triton.next_power_of_2(x.shape[0]), BK=cfg.block_k,
+    )
+
+
+def block_linear(
+    x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, config: configs.TileConfig | None = None
+) -> torch.Tensor:
+    """x [M, groups * K] -> [M, N] for a prepared fp8/fp4 weight below DEQUANT_M tokens: the GEMV for
+    FP8 up to GEMV_M tokens, else the tiled kernel (`config` overrides the table)."""
+    m = x.shape[0]
+    cfg = config or configs.lookup(w.kind, w.out_features, w.in_features, m, x.device)
+    if w.kind == "fp8" and m <= configs.GEMV_M:
+        return gemv_linear(x, w, out_dtype, cfg)
+    return tiled_linear(x, w, out_dtype, cfg)
+
+
+def dequant_linear(x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype) -> torch.Tensor:
+    """Many tokens: the weight decoded once into a scratch copy in the operand dtype, then cuBLAS."""
+    dtype = compute_dtype(x.dtype, out_dtype)
+    dense = dequantize(w.kind, w.weight, w.scale, w.out_features, w.in_features, dtype)
+    return dense_linear(x, replace(w, kind="dense", weight=dense, scale=None), out_dtype)
 
 
 def dense_linear(x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype) -> torch.Tensor:
@@ -226,20 +295,39 @@ def mm_out(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> tor
     return F.linear(x.to(out_dtype), weight.to(out_dtype))
 
 
+def _as_dense(prepared: reference_linear.ReferenceLinear, dtype: torch.dtype) -> PreparedLinear:
+    """A reference-prepared weight (partial 32-blocks: tiny test configs) decoded for the tiled kernel."""
+    w = prepared.dequantized(dtype)
+    return PreparedLinear("dense", w, None, prepared.groups, w.shape[0], w.shape[1])
+
+
 def linear(
-    x: torch.Tensor, prepared: PreparedLinear | reference_linear.ReferenceLinear, out_dtype: torch.dtype
+    x: torch.Tensor,
+    prepared: PreparedLinear | reference_linear.ReferenceLinear,
+    out_dtype: torch.dtype,
+    *,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
-    """y = x W^T in `out_dtype` for a weight from `prepare_linear`; x [..., groups * in]."""
+    """y = x W^T in `out_dtype` for a weight from `prepare_linear`; x [..., groups * in].
+
+    `batch_invariant`: the tiled kernel at the weight shape's one config for every M (module docstring)."""
     if isinstance(prepared, reference_linear.ReferenceLinear):
-        return reference_linear.linear(x, prepared, out_dtype)
+        if not batch_invariant:
+            return reference_linear.linear(x, prepared, out_dtype)
+        prepared = _as_dense(prepared, compute_dtype(x.dtype, out_dtype))
     lead = x.shape[:-1]
     if x.shape[-1] != prepared.groups * prepared.in_features:
         raise ValueError(
             f"linear input width {x.shape[-1]}, expected {prepared.groups} x {prepared.in_features}"
         )
     x2 = x.reshape(-1, x.shape[-1])
-    if prepared.kind == "dense":
+    n, k = prepared.out_features, prepared.in_features
+    if batch_invariant:
+        y = tiled_linear(x2, prepared, out_dtype, configs.invariant(prepared.kind, n, k, x.device))
+    elif prepared.kind == "dense":
         y = dense_linear(x2, prepared, out_dtype)
+    elif x2.shape[0] >= configs.DEQUANT_M:
+        y = dequant_linear(x2, prepared, out_dtype)
     else:
         y = block_linear(x2, prepared, out_dtype)
     return y.reshape(*lead, prepared.out_features)
