@@ -3,13 +3,16 @@ backend's `moe` vs the reference op, against rooflines measured in the same run,
 layouts (`fp4`: split-nibble FP4 as stored; `fp8`: re-encoded E4M3, twice the bytes). Bytes counted are
 the weights the layer must read: the touched experts' packed FP4 + scales (%copy_fp4), or the bytes the
 layout actually streams (%copy), plus the shared expert and the router.
-Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8]"""
+Layout `fp4-inv`: the FP4 experts in batch-invariant mode (`moe(..., batch_invariant=True)`: fixed tiles
+at every size), for its cost against `fp4`.
+Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -59,7 +62,7 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
           header: dict, layouts: list[str]) -> None:
     ours, ref = flash_layers(**dims)
-    variants = {"fp4": ours, "fp8": fp8_layout(ours, ref) if "fp8" in layouts else None}
+    variants = {"fp4": ours, "fp4-inv": ours, "fp8": fp8_layout(ours, ref) if "fp8" in layouts else None}
     rows = []
     for t in tokens:
         for layout in layouts:
@@ -72,13 +75,14 @@ def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], di
     e, k, h, i = dims["experts"], dims["topk"], dims["hidden"], dims["inter"]
     per_expert = 3 * h * i // 2 + 3 * h * i // 32
     streamed = 3 * h * i + 3 * h * i // 32 if layout == "fp8" else per_expert
+    run = partial(moe.moe, batch_invariant=layout.endswith("-inv"))
     fixed = 3 * (h * i + h * i // 1024) + e * h * 2  # shared FP8 + scales, router
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
-    got = moe.moe(x, ours)
+    got = run(x, ours)
     _, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
     touched = int(torch.unique(ids).numel())
-    te = eager_ms(lambda: moe.moe(x, ours), 100)
-    tg = graph_ms([lambda: moe.moe(x, ours)]) if t <= 256 else None
+    te = eager_ms(lambda: run(x, ours), 100)
+    tg = graph_ms([lambda: run(x, ours)]) if t <= 256 else None
     best = min(te, tg or te)
     t_ref, rel = None, None
     if t in REF_TOKENS and layout == "fp4":
@@ -108,7 +112,7 @@ def main() -> None:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--experts", type=int, default=FLASH["experts"])
     ap.add_argument("--topk", type=int, default=FLASH["topk"])
-    ap.add_argument("--layouts", default="fp4,fp8", help="expert layouts to time: fp4 (stored), fp8")
+    ap.add_argument("--layouts", default="fp4,fp8", help="expert layouts to time: fp4 (stored), fp8, fp4-inv")
     args = ap.parse_args()
     roof = rooflines()
     dims = {**FLASH, "experts": args.experts, "topk": args.topk}

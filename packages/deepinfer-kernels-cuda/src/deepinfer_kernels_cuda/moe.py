@@ -266,10 +266,13 @@ def _expert_inputs(rows_ptr, valid, k0, W_FP8: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                W_FP8: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """acc + W[offs_n, k0:k0+BK] @ (the `_expert_inputs` tile), the weight decoded to x's dtype."""
+                W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                IEEE: tl.constexpr):
+    """acc + W[offs_n, k0:k0+BK] @ (the `_expert_inputs` tile), the weight decoded to x's dtype. FP8
+    weights have one scale per SCALE_ROWS rows per 32 columns (1: experts re-encoded from FP4; 32: the
+    shared expert's 32x32 blocks)."""
     if W_FP8:
-        w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 1)
+        w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, SCALE_ROWS)
         acc = tl.dot(w.to(x_a.dtype), x_a, acc, input_precision="ieee" if IEEE else None)
     else:
         w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
@@ -282,8 +285,8 @@ def _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stri
 def _gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
-    TOPK: tl.constexpr, W_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr,
+    TOPK: tl.constexpr, W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+    BK: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -306,9 +309,9 @@ def _gate_up_kernel(
     for k0 in range(0, H, BK):
         x_a, x_b = _expert_inputs(x_rows, valid, k0, W_FP8, BK)
         acc_g = _expert_dot(acc_g, x_a, x_b, w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                            W_FP8, BN, BK, IEEE)
+                            W_FP8, SCALE_ROWS, BN, BK, IEEE)
         acc_u = _expert_dot(acc_u, x_a, x_b, w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                            W_FP8, BN, BK, IEEE)
+                            W_FP8, SCALE_ROWS, BN, BK, IEEE)
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(acc_g.to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(acc_u.to(out_ty).to(tl.float32), -limit), limit)
@@ -322,7 +325,8 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, w2_ptr, s2_ptr, row_assign_ptr, block_expert_ptr, y_ptr,
     H, inter, stride_we, stride_wn, stride_se, stride_sn,
-    W_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -341,7 +345,7 @@ def _down_kernel(
     for k0 in range(0, inter, BK):
         a_a, a_b = _expert_inputs(act_rows, valid, k0, W_FP8, BK)
         acc = _expert_dot(acc, a_a, a_b, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                          W_FP8, BN, BK, IEEE)
+                          W_FP8, SCALE_ROWS, BN, BK, IEEE)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
     tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
 
@@ -480,11 +484,73 @@ def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl
     tl.store(out_ptr + t.to(tl.int64) * H + offs, (routed + shared).to(out_ty), mask=mask)
 
 
+@dataclass(frozen=True)
+class _Mlp:
+    """Stacked SwiGLU MLP weights as the grouped kernels read them."""
+
+    w1: torch.Tensor
+    s1: torch.Tensor
+    w3: torch.Tensor
+    s3: torch.Tensor
+    w2: torch.Tensor
+    s2: torch.Tensor
+    fp8: bool
+    scale_rows: int  # FP8: weight rows per scale (1 or 32)
+    expert_strides: bool  # stacked [E, ...] (else one [N, K] matrix, expert strides 0)
+
+    def strides(self, w: torch.Tensor, s: torch.Tensor) -> tuple[int, int, int, int]:
+        """(expert, row) strides of a weight and of its scale."""
+        if self.expert_strides:
+            return w.stride(0), w.stride(1), s.stride(0), s.stride(1)
+        return 0, w.stride(0), 0, s.stride(0)
+
+
+def _experts_mlp(experts: PreparedExperts) -> _Mlp:
+    e = experts
+    return _Mlp(e.w1, e.s1, e.w3, e.s3, e.w2, e.s2, e.fp8, 1, True)
+
+
+def _grouped_mlp(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, mlp: _Mlp, n_experts: int, inter: int,
+    swiglu_limit: float, cfg: configs.TileConfig,
+) -> torch.Tensor:
+    """Rows [T * k, H] (x's dtype) of each (token, slot)'s expert MLP through alignment and the grouped
+    gate+up / down kernels with tile config `cfg`."""
+    t, k = ids.shape
+    h = x.shape[1]
+    al = align(ids, n_experts, cfg.block_m)
+    ieee = x.dtype == torch.float32
+    act = torch.empty((al.blocks * cfg.block_m, inter), dtype=x.dtype, device=x.device)
+    we, wn, se, sn = mlp.strides(mlp.w1, mlp.s1)
+    _gate_up_kernel[(al.blocks, triton.cdiv(inter, cfg.block_n))](
+        x, mlp.w1, mlp.s1, mlp.w3, mlp.s3, al.row_assign, al.block_expert, weights.reshape(-1), act,
+        inter, h, x.stride(0), we, wn, se, sn, float(swiglu_limit),
+        TOPK=k, W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
+        BK=configs.block_k(h, cfg.block_k), IEEE=ieee, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
+    we, wn, se, sn = mlp.strides(mlp.w2, mlp.s2)
+    _down_kernel[(al.blocks, triton.cdiv(h, cfg.block_n))](
+        act, mlp.w2, mlp.s2, al.row_assign, al.block_expert, y, h, inter, we, wn, se, sn,
+        W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
+        BK=configs.block_k(inter, cfg.block_k), IEEE=ieee, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y
+
+
+# Batch-invariant mode: one tile config for every batch, no GEMV path, so a row's reduction order is fixed
+# by the weight shape alone (an output element's MMA chain never depends on the other rows of its tile)
+INVARIANT_CONFIG = configs.TileConfig(block_n=64, block_m=16, block_k=128, split_k=1, num_warps=4,
+                                      num_stages=4)
+
+
 def routed_experts(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PreparedExperts, swiglu_limit: float,
     config: configs.TileConfig | None = None,
 ) -> torch.Tensor:
-    """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token)."""
+    """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token).
+    `config`: that tile config and the grouped kernels at any size (else decode GEMVs for few
+    assignments, the tuned table's config above)."""
     t, k = ids.shape
     e, i, h = experts.n_experts, experts.inter, experts.hidden
     if t == 0:
@@ -492,46 +558,70 @@ def routed_experts(
     if t * k <= DECODE_ASSIGNMENTS and config is None:
         return routed_experts_decode(x, weights, ids, experts, swiglu_limit)
     cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
-    al = align(ids, e, cfg.block_m)
-    ieee = x.dtype == torch.float32
-    act = torch.empty((al.blocks * cfg.block_m, i), dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(al.blocks, triton.cdiv(i, cfg.block_n))](
-        x, experts.w1, experts.s1, experts.w3, experts.s3, al.row_assign, al.block_expert,
-        weights.reshape(-1), act,
-        i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
-        experts.s1.stride(0), experts.s1.stride(1),
-        float(swiglu_limit),
-        TOPK=k, W_FP8=experts.fp8, BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(h, cfg.block_k),
-        IEEE=ieee,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
-    _down_kernel[(al.blocks, triton.cdiv(h, cfg.block_n))](
-        act, experts.w2, experts.s2, al.row_assign, al.block_expert, y,
-        h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
-        W_FP8=experts.fp8, BN=cfg.block_n, BM=cfg.block_m, BK=configs.block_k(i, cfg.block_k), IEEE=ieee,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return y
+    return _grouped_mlp(x, weights, ids, _experts_mlp(experts), e, i, swiglu_limit, cfg)
 
 
-def router_logits(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """x gate^T in float32 (the reference's router precision)."""
-    return mm_out(x, gate, torch.float32)
+_ROUTER_BM, _ROUTER_BN, _ROUTER_BK = 16, 64, 128
 
 
-def moe(x: torch.Tensor, layer: Any, image_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The MoE sub-layer for `layer` (deepinfer.ops MoEWeights with cuda-prepared experts/linears)."""
+@triton.jit
+def _router_kernel(x_ptr, g_ptr, out_ptr, T, E, H, stride_xm, stride_ge,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    m_mask = offs_m < T
+    n_mask = offs_n < E
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        k_mask = offs_k < H
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        g = tl.load(g_ptr + offs_n[None, :] * stride_ge + offs_k[:, None],
+                    mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+        acc = tl.dot(x, g, acc, input_precision="ieee" if IEEE else None)
+    tl.store(out_ptr + offs_m[:, None] * E + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
+
+
+def router_logits(x: torch.Tensor, gate: torch.Tensor, *, batch_invariant: bool = False) -> torch.Tensor:
+    """x gate^T in float32 (the reference's router precision). Batch-invariant: a fixed-tile Triton GEMM
+    (BF16 operands, or float32 ones in IEEE precision, float32 accumulation) instead of cuBLAS, whose
+    algorithm choice follows the row count."""
+    if not batch_invariant:
+        return mm_out(x, gate, torch.float32)
+    t, h = x.shape
+    e = gate.shape[0]
+    bf16 = x.dtype == gate.dtype == torch.bfloat16
+    if not bf16:  # products of float32 (tiny test configs) in float32
+        x, gate = x.float(), gate.float()
+    x, gate = x.contiguous(), gate.contiguous()
+    out = torch.empty((t, e), dtype=torch.float32, device=x.device)
+    if t:
+        _router_kernel[(triton.cdiv(t, _ROUTER_BM), triton.cdiv(e, _ROUTER_BN))](
+            x, gate, out, t, e, h, x.stride(0), gate.stride(0),
+            BM=_ROUTER_BM, BN=_ROUTER_BN, BK=_ROUTER_BK, IEEE=not bf16, num_warps=4, num_stages=3,
+        )
+    return out
+
+
+def moe(
+    x: torch.Tensor, layer: Any, image_mask: torch.Tensor | None = None, *, batch_invariant: bool = False
+) -> torch.Tensor:
+    """The MoE sub-layer for `layer` (deepinfer.ops MoEWeights with cuda-prepared experts/linears).
+
+    `batch_invariant`: a token's output does not depend on the batch around it (INVARIANCE.md): the
+    router GEMM, the routed experts and the FP8 shared expert run fixed-tile kernels at every size."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     mask = image_mask.reshape(-1) if image_mask is not None else None
-    weights, ids = route(router_logits(x2, layer.gate), layer.bias, layer.bias_vl, mask, layer.topk,
-                         layer.route_scale)
+    weights, ids = route(router_logits(x2, layer.gate, batch_invariant=batch_invariant), layer.bias,
+                         layer.bias_vl, mask, layer.topk, layer.route_scale)
     xe = x2.to(layer.dtype)
     if xe.stride(-1) != 1:
         xe = xe.contiguous()
-    y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit)
-    shared = _shared_expert(xe, layer)
+    cfg = INVARIANT_CONFIG if batch_invariant else None
+    y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit, cfg)
+    shared = _shared_expert_invariant(xe, layer) if batch_invariant else _shared_expert(xe, layer)
     out = torch.empty((x2.shape[0], shape[-1]), dtype=layer.dtype, device=x.device)
     if x2.shape[0]:
         block = 1024
@@ -541,13 +631,33 @@ def moe(x: torch.Tensor, layer: Any, image_mask: torch.Tensor | None = None) -> 
     return out.reshape(shape)
 
 
+def _is_fp8_block(w: Any) -> bool:
+    return isinstance(w, PreparedLinear) and w.kind == "fp8" and w.groups == 1
+
+
 def _shared_expert(x: torch.Tensor, layer: Any) -> torch.Tensor:
     w1, w3 = layer.shared_w1, layer.shared_w3
-    fused = all(isinstance(w, PreparedLinear) and w.kind == "fp8" and w.groups == 1 for w in (w1, w3))
-    if fused and x.shape[0] * layer.topk <= DECODE_ASSIGNMENTS and x.shape[0]:
+    decode = 0 < x.shape[0] * layer.topk <= DECODE_ASSIGNMENTS
+    if decode and _is_fp8_block(w1) and _is_fp8_block(w3):
         act = _shared_gate_up_decode(x, w1, w3, layer.swiglu_limit)
         return linear(act, layer.shared_w2, layer.dtype)
     gate = linear(x, layer.shared_w1, layer.dtype).float().clamp(max=layer.swiglu_limit)
     up = linear(x, layer.shared_w3, layer.dtype).float().clamp(-layer.swiglu_limit, layer.swiglu_limit)
     act = (F.silu(gate) * up).to(layer.dtype)
     return linear(act, layer.shared_w2, layer.dtype)
+
+
+def _shared_expert_invariant(x: torch.Tensor, layer: Any) -> torch.Tensor:
+    """The shared expert as a one-expert MLP through the grouped kernels at INVARIANT_CONFIG (routing
+    weight 1: exact), the same rounding points as `_shared_expert`."""
+    w1, w3, w2 = layer.shared_w1, layer.shared_w3, layer.shared_w2
+    if not all(_is_fp8_block(w) for w in (w1, w3, w2)):
+        kinds = [getattr(w, "kind", type(w).__name__) for w in (w1, w3, w2)]
+        raise ValueError(f"batch-invariant MoE: the shared expert must be ungrouped FP8 linears, got {kinds}")
+    t = x.shape[0]
+    mlp = _Mlp(w1.weight, w1.scale, w3.weight, w3.scale, w2.weight, w2.scale, True, GROUP, False)
+    if t == 0:
+        return torch.empty((0, w2.out_features), dtype=x.dtype, device=x.device)
+    ones = torch.ones((t, 1), dtype=torch.float32, device=x.device)
+    zeros = torch.zeros((t, 1), dtype=torch.int32, device=x.device)
+    return _grouped_mlp(x, ones, zeros, mlp, 1, w1.out_features, layer.swiglu_limit, INVARIANT_CONFIG)
