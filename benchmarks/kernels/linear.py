@@ -1,6 +1,7 @@
-"""Linear kernels at Flash shapes: the cuda backend's `linear` vs the reference op, torch._scaled_mm
-on the same FP8 bytes and a BF16 F.linear on the dequantised weight, against rooflines measured in
-the same run. Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]"""
+"""Linear kernels at Flash shapes: the cuda backend's `linear` (default and batch-invariant mode, and
+the tiled kernel where the default decodes once for cuBLAS) vs the reference op, torch._scaled_mm on
+the same FP8 bytes and a BF16 F.linear on the dequantised weight, against rooflines measured in the
+same run. Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from roofline import FLASH_LINEARS, TOKENS, graph_ms, rooflines, write
 
 from deepinfer.checkpoint.formats import quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear
-from deepinfer_kernels_cuda import linear
+from deepinfer_kernels_cuda import configs, linear
 
 L2_BYTES = 60 << 20
 
@@ -58,6 +59,14 @@ def _us(ms: float | None) -> float | None:
     return ms * 1e3 if ms else None
 
 
+def _time(fn, prepared, wbytes: int, m: int) -> float:
+    """ms per call of fn(prepared): graph replays over L2-busting weight copies to 64 tokens, else eager."""
+    if m <= 64:
+        copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
+        return graph_ms(rotating_calls(fn, prepared, copies))
+    return eager_ms(lambda: fn(prepared))
+
+
 def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
     n, k, groups, kind = FLASH_LINEARS[name]
     out_dtype = torch.float32 if kind == "dense" else torch.bfloat16
@@ -67,18 +76,21 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
     want = ref_linear.linear(x, ref, out_dtype) if m * n <= (1 << 31) // 8 else None
     rel = float((got.float() - want.float()).norm() / want.float().norm()) if want is not None else None
     t = eager_ms(lambda: linear.linear(x, ours, out_dtype))
-    t_graph = None
-    if m <= 64:
-        copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
-        t_graph = graph_ms(rotating_calls(lambda p: linear.linear(x, p, out_dtype), ours, copies))
+    t_graph = _time(lambda p: linear.linear(x, p, out_dtype), ours, wbytes, m) if m <= 64 else None
     best = min(t, t_graph or t)
-    t_ref = eager_ms(lambda: ref_linear.linear(x, ref, out_dtype)) if want is not None else None
-    t_bf16 = eager_ms(lambda: F.linear(x[:, :k], w_deq[: n // groups]), 40) if groups == 1 else None
+    t_inv = _time(lambda p: linear.linear(x, p, out_dtype, batch_invariant=True), ours, wbytes, m)
+    t_tiled = None  # the tiled kernel where the default path decodes once and calls cuBLAS
+    if kind != "dense" and m >= configs.DEQUANT_M:
+        t_tiled = eager_ms(lambda: linear.block_linear(x, ours, out_dtype), 30)
+    t_ref = None
+    if want is not None and m <= 64:
+        t_ref = eager_ms(lambda: ref_linear.linear(x, ref, out_dtype), 20)
+    t_bf16 = eager_ms(lambda: F.linear(x[:, :k], w_deq[: n // groups]), 30) if groups == 1 else None
     t_peer = None
     if kind == "fp8":
         xq = torch.randn(max(16, m), k, device="cuda").to(torch.float8_e4m3fn)
         one = torch.ones((), device="cuda")
-        t_peer = eager_ms(lambda: torch._scaled_mm(xq, weight.t(), one, one, out_dtype=torch.bfloat16), 40)
+        t_peer = eager_ms(lambda: torch._scaled_mm(xq, weight.t(), one, one, out_dtype=torch.bfloat16), 30)
     flops = 2 * m * n * k
     moved = wbytes + x.numel() * 2 + m * n * (4 if out_dtype == torch.float32 else 2)
     return {
@@ -86,8 +98,8 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
         "TB/s": moved / best / 1e9, "%copy": 100 * moved / best / 1e9 / roof["copy_tbs"],
         "TFLOP/s": flops / best / 1e9, "%bf16": 100 * flops / best / 1e9 / roof["bf16_tflops"],
         "%fp8": 100 * flops / best / 1e9 / roof["fp8_tflops"],
-        "ref_us": _us(t_ref), "x_vs_ref": t_ref / best if t_ref else None,
-        "scaled_mm_us": _us(t_peer), "bf16_linear_us": _us(t_bf16), "rel_err": rel,
+        "inv_us": t_inv * 1e3, "inv_x": t_inv / best, "tiled_us": _us(t_tiled),
+        "ref_us": _us(t_ref), "scaled_mm_us": _us(t_peer), "bf16_linear_us": _us(t_bf16), "rel_err": rel,
     }
 
 

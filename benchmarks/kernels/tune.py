@@ -19,8 +19,8 @@ from roofline import FLASH_LINEARS, TOKENS, graph_ms
 from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
-GEMV = [  # M <= GEMV_M: (block_n, block_k at M=1, num_warps, num_stages), split-K swept around the default
-    (8, 1024, 4, 1), (16, 512, 4, 1), (4, 1024, 4, 1), (8, 2048, 8, 1), (16, 1024, 8, 1), (32, 256, 4, 1),
+GEMV = [  # M <= GEMV_M (FP8): (block_n, num_warps); block_k = GEMV_THREADS_K x num_warps, split-K swept
+    (8, 4), (4, 4), (16, 4), (8, 2), (16, 2), (32, 1), (8, 8),
 ]
 SMALL_M = [  # (block_n, block_k, num_warps, num_stages), split-K swept around the default
     (64, 256, 4, 4), (64, 128, 4, 6), (128, 256, 8, 3), (64, 512, 4, 3),
@@ -41,10 +41,10 @@ def candidates(n: int, k: int, m: int) -> list[TileConfig]:
     if m > 64:
         return [TileConfig(bn, bm, configs.block_k(k, bk), 1, w, s) for bn, bm, bk, w, s in LARGE_M]
     out = []
-    if m <= configs.GEMV_M:  # the register tile holds block_n x M x block_k products
-        for bn, bk, w, s in GEMV:
+    if m <= configs.GEMV_M:  # one 8-column chunk per thread per K step
+        for bn, w in GEMV:
             for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:
-                out.append(TileConfig(bn, base.block_m, configs.block_k(k, bk // base.block_m), split, w, s))
+                out.append(TileConfig(bn, base.block_m, configs.GEMV_THREADS_K * w, split, w, 1))
         return out
     for bn, bk, w, s in SMALL_M:
         for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:

@@ -37,7 +37,7 @@ def _weight(kind: str, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 @pytest.mark.parametrize("kind", ["fp8", "fp4", "dense"])
-@pytest.mark.parametrize("m", [1, 3, 64, 300])
+@pytest.mark.parametrize("m", [1, 3, 8, 64, 300, 600])  # GEMV, tiled, decode-once + cuBLAS (>= DEQUANT_M)
 @pytest.mark.parametrize("groups", [1, 4])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_linear_matches_reference(cuda_ops, ref_ops, poison, kind, m, groups, out_dtype):
@@ -48,6 +48,35 @@ def test_linear_matches_reference(cuda_ops, ref_ops, poison, kind, m, groups, ou
     got = cuda_ops.linear(x, cuda_ops.prepare_linear(kind, weight, scale, groups), out_dtype)
     want = ref_ops.linear(x, ref_ops.prepare_linear(kind, weight, scale, groups), out_dtype)
     assert _rel_err(got, want) <= TOL[out_dtype]
+
+
+@pytest.mark.parametrize(
+    ("m", "block_n", "block_k", "split", "warps"),
+    [(1, 8, 1024, 1, 4), (1, 4, 1024, 4, 4), (1, 32, 256, 2, 1), (2, 16, 512, 1, 2), (4, 4, 1024, 3, 4),
+     (3, 8, 2048, 1, 8)],
+)
+def test_gemv_configs_match_reference(ref_ops, poison, m, block_n, block_k, split, warps):
+    """The FP8 GEMV at configs tune.py sweeps: ragged last K steps (1280 = 1024 + 256), split K, groups."""
+    from deepinfer_kernels_cuda import configs, linear
+
+    torch.manual_seed(m)
+    weight, scale = _weight("fp8", 8 * 64, 1280)
+    x = torch.randn(m, 8 * 1280, device="cuda", dtype=torch.bfloat16)
+    cfg = configs.TileConfig(block_n, m, block_k, split, warps, 1)
+    got = linear.gemv_linear(x, linear.prepare_linear("fp8", weight, scale, 8), torch.float32, cfg)
+    want = ref_ops.linear(x, ref_ops.prepare_linear("fp8", weight, scale, 8), torch.float32)
+    assert _rel_err(got, want) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp4"])
+def test_dequantize_is_exact(ref_ops, kind):
+    from deepinfer_kernels_cuda import dequant
+
+    weight, scale = _weight(kind, 96, 320)
+    want = ref_ops.prepare_linear(kind, weight, scale).dequantized(torch.bfloat16)
+    got = dequant.dequantize(kind, weight.view(torch.uint8) if kind == "fp4" else weight,
+                             scale.view(torch.uint8), 96, 320, torch.bfloat16)
+    assert torch.equal(got, want)
 
 
 def test_backend_provides_the_linear_moe_group(cuda_ops):

@@ -1,0 +1,77 @@
+"""Batch-invariant linears (INVARIANCE.md): with `batch_invariant=True` a row's output is bitwise the same
+alone and at any position of batches of 3/17/64/256 rows, for FP8 (plain and grouped), FP4 and dense
+weights, and still matches the reference op. The default mode is shown to need the switch (its GEMV and
+tiled paths sum in different orders), so the bitwise checks can fail."""
+
+import pytest
+import torch
+
+from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
+from deepinfer.ops.reference import linear as ref_linear
+from deepinfer_kernels_cuda import linear
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+BATCHES = (3, 17, 64, 256)
+# name -> (kind, out rows, in columns per group, groups, out dtype): Flash-like widths, kept small;
+# mostly float32 outputs, which show any change of summation order (bf16 rounding hides most)
+CASES = {
+    "fp8": ("fp8", 1024, 1280, 1, torch.float32),
+    "fp8 bf16 out": ("fp8", 512, 5120, 1, torch.bfloat16),
+    "fp8 grouped": ("fp8", 8 * 128, 512, 8, torch.float32),
+    "fp4": ("fp4", 512, 1024, 1, torch.float32),
+    "dense": ("dense", 2048, 1024, 1, torch.float32),
+    "dense grouped": ("dense", 4 * 64, 256, 4, torch.float32),
+}
+
+
+def _prepared(kind: str, n: int, k: int, groups: int):
+    w = torch.randn(n, k, device="cuda") * 0.05
+    weight, scale = {"fp8": quantize_fp8, "fp4": quantize_fp4}.get(kind, lambda t: (t.bfloat16(), None))(w)
+    args = (kind, weight, scale, groups)
+    return linear.prepare_linear(*args), ref_linear.prepare_linear(*args)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_row_is_bitwise_the_same_alone_and_in_any_batch(name):
+    kind, n, k, groups, out_dtype = CASES[name]
+    torch.manual_seed(0)
+    ours, ref = _prepared(kind, n, k, groups)
+    x = torch.randn(max(BATCHES), groups * k, device="cuda", dtype=torch.bfloat16)
+    alone = torch.cat([linear.linear(x[i:i + 1], ours, out_dtype, batch_invariant=True) for i in range(3)])
+    for b in BATCHES:
+        where = [0, b // 2, b - 1]  # the probe rows sit at the start, the middle and the end of the batch
+        batch = torch.randn(b, groups * k, device="cuda", dtype=x.dtype)
+        batch[where] = x[:3]
+        got = linear.linear(batch, ours, out_dtype, batch_invariant=True)
+        assert torch.equal(got[where], alone), (name, b)
+    want = ref_linear.linear(x, ref, out_dtype)
+    got = linear.linear(x, ours, out_dtype, batch_invariant=True)
+    tol = 1e-2 if out_dtype == torch.bfloat16 else 1e-5
+    assert float((got.double() - want.double()).norm() / want.double().norm()) <= tol
+
+
+def test_default_mode_is_not_batch_invariant():
+    """The check above can fail: by default one row alone takes the GEMV, in a batch the tiled kernel."""
+    torch.manual_seed(1)
+    ours, _ = _prepared("fp8", 1024, 1280, 1)
+    x = torch.randn(64, 1280, device="cuda", dtype=torch.bfloat16)
+    one, batch = linear.linear(x[:1], ours, torch.float32), linear.linear(x, ours, torch.float32)
+    assert not torch.equal(one, batch[:1])
+
+
+def test_invariant_mode_ignores_the_m_tuned_table(monkeypatch):
+    """Invariant mode must not consult the per-M configs (a table entry for one M would change the order)."""
+    from deepinfer_kernels_cuda import configs
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("per-M config looked up in batch-invariant mode")
+
+    monkeypatch.setattr(configs, "lookup", refuse)
+    ours, _ = _prepared("fp8", 512, 512, 1)
+    for m in (1, 4, 600):
+        linear.linear(torch.randn(m, 512, device="cuda", dtype=torch.bfloat16), ours, torch.bfloat16,
+                      batch_invariant=True)
