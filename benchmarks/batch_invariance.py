@@ -15,7 +15,12 @@ whether the probe's logits are bitwise those of batch 1 (unpinned, eager and gra
 `--modes default invariant`: the backend's default ops, then its batch-invariant ones (get_ops(...,
 batch_invariant=True)).
 
+`--cost`: what the invariant mode costs instead, per mode: decode ms/step at each `--batch` size (CUDA
+graphs, after a batched prefill of `--context` tokens per sequence) and prefill tok/s of one
+`--prefill`-token sequence; then the invariant / default ratios.
+
     python benchmarks/batch_invariance.py [--layers 3 --batch 3 8 64 mixed --json out.json]
+    python benchmarks/batch_invariance.py --cost [--layers 2 --batch 1 8 64 --json cost.json]
     python benchmarks/batch_invariance.py --device cpu --backend reference --config full --modes default
 """
 
@@ -23,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -159,6 +166,50 @@ def survey(runtime: DeepseekV41Runtime, rec: Recorder, batches: list[int | str])
     return report
 
 
+def _timed(fn: Callable[[], Any], repeat: int) -> float:
+    """Seconds per call of `fn` (synchronised), after one untimed call (compiles, captures graphs)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / repeat
+
+
+def cost(runtime: DeepseekV41Runtime, batches: list[int], context: int, prefill: int, steps: int) -> dict:
+    """Decode ms/step per batch size and prefill tok/s of one sequence (module docstring)."""
+    block = runtime.cache_layout().block_size
+    per_seq = -(-(max(context + 2 * steps + 2, prefill)) // block)
+    most = max(batches)
+    runtime.allocate_cache(1 + most * per_seq, most + 1)
+    tables = {s: list(range(1 + (s - 1) * per_seq, 1 + s * per_seq)) for s in range(1, most + 1)}
+    gen = torch.Generator().manual_seed(0)
+    result: dict = {"decode_ms": {}}
+    for batch in batches:
+        slots = range(1, batch + 1)
+        prompts = [torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist() for _ in slots]
+        for s in slots:
+            runtime.reset_slot(s)
+        runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, p) for s, p in zip(slots, prompts)]))
+        pos = [context]
+
+        def decode(slots: range = slots, pos: list[int] = pos) -> None:
+            runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], pos[0], [7 + s]) for s in slots]))
+            pos[0] += 1
+
+        result["decode_ms"][batch] = 1e3 * _timed(decode, steps)
+    tokens = torch.randint(3, runtime.vocab_size, (prefill,), generator=gen).tolist()
+
+    def prefill_once() -> None:
+        runtime.reset_slot(1)
+        runtime.forward(ForwardBatch([SequenceSegment(1, tables[1], 0, tokens)]))
+
+    result["prefill_tok_s"] = prefill / _timed(prefill_once, 2)
+    return result
+
+
 def survey_ops(backend: str, device: torch.device, invariant: bool) -> Ops:
     """The backend's ops; in invariant mode, before every op has one, the kernels that have an invariant
     mode bound to it and the others as they are (so the survey shows what still varies)."""
@@ -177,35 +228,55 @@ def survey_ops(backend: str, device: torch.device, invariant: bool) -> Ops:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--batch", nargs="+", default=["3", "8", "64", "mixed"])
+    p.add_argument("--batch", nargs="+", default=None,
+                   help="batch sizes (and 'mixed' in the survey); default 3 8 64 mixed, --cost: 1 8 64")
     p.add_argument("--modes", nargs="+", choices=["default", "invariant"], default=["default", "invariant"])
     p.add_argument("--device", default="cuda")
     p.add_argument("--backend", default="cuda")
     p.add_argument("--config", default="flash-slice", help="flash-slice or a tiny config name")
     p.add_argument("--json", default=None)
+    p.add_argument("--cost", action="store_true", help="time both modes instead of surveying")
+    p.add_argument("--context", type=int, default=512, help="--cost: tokens per sequence before decoding")
+    p.add_argument("--prefill", type=int, default=4096, help="--cost: tokens of the timed prefill")
+    p.add_argument("--steps", type=int, default=8, help="--cost: timed decode steps per batch size")
     args = p.parse_args()
     device = torch.device(args.device)
     if args.config == "flash-slice":
         config, dtype = flash_slice_config(num_layers=args.layers), torch.bfloat16
     else:
         config, dtype = tiny_config(args.config), torch.float32
-    batches = [b if b == "mixed" else int(b) for b in args.batch]
+    default = ["1", "8", "64"] if args.cost else ["3", "8", "64", "mixed"]
+    batches = [b if b == "mixed" else int(b) for b in args.batch or default]
     tensors = random_weights(config, device)
     report: dict = {}
     for mode in args.modes:
         print(f"== {mode}", flush=True)
-        rec = Recorder()
-        ops = survey_ops(args.backend, device, mode == "invariant")
-        table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
-        recorded = Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
-        runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=recorded,
-                                engram_token_map=token_map(config),
-                                options=RuntimeOptions(cache_precision="release"))
-        report[mode] = survey(runtime, rec, batches)
+        invariant = mode == "invariant"
+        options = RuntimeOptions(cache_precision="release")
+        if args.cost:
+            ops = get_ops(args.backend, device, batch_invariant=invariant)
+            runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=ops,
+                                    engram_token_map=token_map(config),
+                                    options=replace(options, batch_invariant=invariant))
+            report[mode] = cost(runtime, [int(b) for b in batches], args.context, args.prefill, args.steps)
+            print(report[mode], flush=True)
+        else:
+            rec = Recorder()
+            ops = survey_ops(args.backend, device, invariant)
+            table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
+            recorded = Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
+            runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=recorded,
+                                    engram_token_map=token_map(config), options=options)
+            report[mode] = survey(runtime, rec, batches)
         del runtime
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=2)
+    if args.cost and len(report) == 2:
+        base, inv = report["default"], report["invariant"]
+        ratios = {f"decode_b{b}": inv["decode_ms"][b] / base["decode_ms"][b] for b in base["decode_ms"]}
+        ratios["prefill"] = base["prefill_tok_s"] / inv["prefill_tok_s"]
+        print(f"invariant / default time: {ratios}", flush=True)
 
 
 if __name__ == "__main__":
