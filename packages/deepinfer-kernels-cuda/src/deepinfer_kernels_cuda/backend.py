@@ -19,6 +19,7 @@ class CudaBackend(Backend):
         "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "indexer_topk",
         "fp8_quantize", "fp8_dequantize", "nvfp4_quantize", "nvfp4_dequantize", "mxfp4_quantize",
         "mxfp4_dequantize", "prepare_linear", "prepare_experts", "cache_write", "compressor_update",
+        "engram_hash", "engram_lookup", "engram_gate",
     })
 
     def supports(self, device: torch.device) -> bool:
@@ -30,6 +31,7 @@ class CudaBackend(Backend):
             attention,
             cache_quant,
             compressor,
+            engram,
             indexer,
             linear,
             mhc,
@@ -56,6 +58,9 @@ class CudaBackend(Backend):
             "mxfp4_dequantize": cache_quant.mxfp4_dequantize,
             "cache_write": cache_quant.cache_write,
             "compressor_update": compressor.compressor_update,
+            "engram_hash": engram.engram_hash,
+            "engram_lookup": engram.engram_lookup,
+            "engram_gate": engram.engram_gate,
             "prepare_linear": linear.prepare_linear,
             "linear": linear.linear,
             "prepare_experts": moe.prepare_experts,

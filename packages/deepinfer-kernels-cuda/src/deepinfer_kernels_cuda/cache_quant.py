@@ -293,11 +293,13 @@ def _e4m3_bits(y):
 
 
 @triton.jit
-def _e4m3_positive(code):
-    """E4M3 bytes of non-negative finite values -> float32."""
-    exp, man = code >> 3, code & 7
+def e4m3_value(code):
+    """E4M3 bytes (int32 0..255) -> float32 (0x7F, 0xFF -> NaN), in integer math (see `_e4m3_bits`)."""
+    exp, man = (code >> 3) & 15, code & 7
     normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
-    return tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)
+    mag = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)
+    mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
+    return mag * tl.where((code & 0x80) != 0, -1.0, 1.0)  # a product keeps -0
 
 
 @triton.jit
@@ -338,7 +340,7 @@ def _cache_write_kernel(
         if FMT == 2:
             scale = tl.math.div_rn(tl.maximum(amax, 6.0 * 2.0**-9), tl.full(amax.shape, 6.0, tl.float32))
             byte = _e4m3_bits(tl.minimum(scale, 448.0))  # saturate, as the reference does
-            y = tl.math.div_rn(g, _e4m3_positive(byte)[:, :, None])
+            y = tl.math.div_rn(g, e4m3_value(byte)[:, :, None])
         else:
             byte = _ue8m0_ceil(tl.maximum(amax, 6.0 * 2.0**-126) * (1.0 / 6.0))
             y = g * _pow2_reciprocal(byte)[:, :, None]
