@@ -6,6 +6,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer.ops import Backend
+from deepinfer.ops.registry import invariant_ops
 from deepinfer.plugins import module_available
 
 
@@ -17,7 +18,9 @@ class AscendBackend(Backend):
     def supports(self, device: torch.device) -> bool:
         return device.type == "npu" and module_available("torch_npu")
 
-    def ops(self) -> dict[str, Callable]:
+    def ops(self, *, batch_invariant: bool = False) -> dict[str, Callable]:
         from deepinfer_kernels_ascend import norm
 
-        return {"rms_norm": norm.rms_norm}
+        table = {"rms_norm": norm.rms_norm}
+        # nothing here has a batch-invariant mode yet: get_ops names the ops that cannot be invariant
+        return invariant_ops(table, ()) if batch_invariant else table
