@@ -1,7 +1,7 @@
-"""Linear kernels at Flash shapes: the cuda backend's `linear` (default and batch-invariant mode, and
-the tiled kernel where the default decodes once for cuBLAS) vs the reference op, torch._scaled_mm on
-the same FP8 bytes and a BF16 F.linear on the dequantised weight, against rooflines measured in the
-same run. Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]"""
+"""Linear kernels at Flash shapes: the cuda backend's `linear` (default and batch-invariant mode; the
+tiled kernel where the default decodes once for cuBLAS, the GEMV just past GEMV_M) vs the reference op,
+torch._scaled_mm on the same FP8 bytes and a BF16 F.linear on the dequantised weight, against rooflines
+measured in the same run. Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]"""
 
 from __future__ import annotations
 
@@ -82,6 +82,10 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
     t_tiled = None  # the tiled kernel where the default path decodes once and calls cuBLAS
     if kind != "dense" and m >= configs.DEQUANT_M:
         t_tiled = eager_ms(lambda: linear.block_linear(x, ours, out_dtype), 30)
+    t_gemv = None  # the GEMV just past GEMV_M (where the tiled kernel serves by default)
+    if kind == "fp8" and configs.GEMV_M < m <= 2 * configs.GEMV_M:
+        cfg = configs.default(kind, n, k, configs.GEMV_M)
+        t_gemv = _time(lambda p: linear.gemv_linear(x, p, out_dtype, cfg), ours, wbytes, m)
     t_ref = None
     if want is not None and m <= 64:
         t_ref = eager_ms(lambda: ref_linear.linear(x, ref, out_dtype), 20)
@@ -98,7 +102,7 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
         "TB/s": moved / best / 1e9, "%copy": 100 * moved / best / 1e9 / roof["copy_tbs"],
         "TFLOP/s": flops / best / 1e9, "%bf16": 100 * flops / best / 1e9 / roof["bf16_tflops"],
         "%fp8": 100 * flops / best / 1e9 / roof["fp8_tflops"],
-        "inv_us": t_inv * 1e3, "inv_x": t_inv / best, "tiled_us": _us(t_tiled),
+        "inv_us": t_inv * 1e3, "inv_x": t_inv / best, "tiled_us": _us(t_tiled), "gemv_us": _us(t_gemv),
         "ref_us": _us(t_ref), "scaled_mm_us": _us(t_peer), "bf16_linear_us": _us(t_bf16), "rel_err": rel,
     }
 

@@ -1,6 +1,7 @@
 """Batch-invariant linears (INVARIANCE.md): with `batch_invariant=True` a row's output is bitwise the same
-alone and at any position of batches of 3/17/64/256 rows, for FP8 (plain and grouped), FP4 and dense
-weights, and still matches the reference op. The default mode is shown to need the switch (its GEMV and
+alone and at any position of batches of 3/17/64/256 rows and one past DEQUANT_M (where the weight is
+decoded once before the same kernel), for FP8 (plain and grouped), FP4 and dense weights, and still
+matches the reference op. The default mode is shown to need the switch (its GEMV and
 tiled paths sum in different orders), so the bitwise checks can fail."""
 
 import pytest
@@ -8,14 +9,14 @@ import torch
 
 from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear
-from deepinfer_kernels_cuda import linear
+from deepinfer_kernels_cuda import configs, linear
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-BATCHES = (3, 17, 64, 256)
+BATCHES = (3, 17, 64, 256, configs.DEQUANT_M + 88)
 # name -> (kind, out rows, in columns per group, groups, out dtype): Flash-like widths, kept small;
 # mostly float32 outputs, which show any change of summation order (bf16 rounding hides most)
 CASES = {

@@ -15,7 +15,7 @@ import torch
 from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear, moe as ref_moe
 from deepinfer.ops.weights import MoEWeights
-from deepinfer_kernels_cuda import linear, moe
+from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
 torch.manual_seed(0)
@@ -25,6 +25,7 @@ def rel(a, b):
 def check(got, want, *what):
     assert rel(got, want) < 1e-5, (*what, rel(got, want))
 
+configs.DEQUANT_M = 16  # M=17: invariant mode's decode-once twin of the tiled kernel
 gemv = TileConfig(8, 1, 32, 1, 4, 1)
 cases = {  # kind -> (M, groups, config): M <= GEMV_M runs the FP8 GEMV, else (and FP4) the tiled kernel
     "fp8": ((1, 2, gemv), (3, 1, TileConfig(32, 16, 64, 2, 4, 1)), (4, 2, TileConfig(16, 4, 64, 1, 1, 1)),

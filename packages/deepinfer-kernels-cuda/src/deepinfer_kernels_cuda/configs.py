@@ -96,16 +96,16 @@ def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBA
 
 
 def default_invariant(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
-    """The one batch-invariant config of a weight shape: prefill-sized tiles; split-K (a fixed count)
-    only where the tiles alone leave most SMs idle at decode, since it costs partial-sum traffic at
-    large M."""
+    """The one batch-invariant config of a weight shape: prefill-sized tiles (64 weight rows where 128
+    would leave most SMs idle at decode) and a fixed split-K count only as far as decode needs it to fill
+    the SMs, since every split costs partial-sum traffic at large M."""
     bk = block_k(k, 64) if kind != "dense" else 64  # dense: any K (the kernel masks a ragged step)
-    bn = 128
+    bn = 128 if 2 * -(-n // 128) > sm_count else 64
     tiles = -(-n // bn)
     split = 1
-    while tiles * split < sm_count and split < 8 and k // (bk * split * 2) >= 8:
+    while 2 * tiles * split <= sm_count and split < 8 and k // (bk * split * 2) >= 8:
         split *= 2
-    return TileConfig(bn, 64, bk, split, 8 if kind != "dense" else 4, 3)
+    return TileConfig(bn, 64, bk, split, 8 if kind != "dense" and bn == 128 else 4, 3)
 
 
 def invariant(kind: str, n: int, k: int, device: torch.device) -> TileConfig:

@@ -27,6 +27,8 @@ from BF16 operands without the reference's float32 copy of the weight.
 Batch-invariant mode (`batch_invariant=True`, INVARIANCE.md): every kind, at every M, runs the tiled
 kernel with one config per weight shape (`configs.invariant`: fixed tiles and a fixed split-K count
 whose partials are summed in a fixed order), so a row's reduction order never depends on the batch.
+From DEQUANT_M tokens the weight is decoded once and the same kernel runs on the dense copy: the same
+decoded values meet the same MMAs in the same order, so the bits are those of the in-register decode.
 """
 
 from __future__ import annotations
@@ -95,10 +97,13 @@ def prepare_linear(
     return PreparedLinear(kind, w, scale.contiguous().view(torch.uint8), groups, n, k)
 
 
-def compute_dtype(x_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(
+    x_dtype: torch.dtype, out_dtype: torch.dtype, weight_dtype: torch.dtype = torch.bfloat16
+) -> torch.dtype:
     """MMA operand dtype: out_dtype, except float32 outputs of BF16 inputs keep BF16 operands (every
-    decoded weight is exact in BF16 and products accumulate in float32, as in the reference)."""
-    if out_dtype == torch.float32 and x_dtype == torch.bfloat16:
+    decoded or BF16 weight is exact in BF16 and products accumulate in float32, as in the reference)
+    unless the weight itself is float32."""
+    if out_dtype == torch.float32 and x_dtype == torch.bfloat16 and weight_dtype != torch.float32:
         return torch.bfloat16
     return out_dtype
 
@@ -215,8 +220,9 @@ def _launch(kernel, grid_n: int, grid_m: int | None, x: torch.Tensor, w: Prepare
     return out
 
 
-def _operand(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    x = x.to(compute_dtype(x.dtype, out_dtype))
+def _operand(x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype) -> torch.Tensor:
+    weight_dtype = w.weight.dtype if w.kind == "dense" else torch.bfloat16
+    x = x.to(compute_dtype(x.dtype, out_dtype, weight_dtype))
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
@@ -224,7 +230,7 @@ def tiled_linear(
     x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig
 ) -> torch.Tensor:
     """x [M, groups * K] -> [M, N] through the tiled MMA kernel at `cfg` (any kind, any M)."""
-    x = _operand(x, out_dtype)
+    x = _operand(x, w, out_dtype)
     if x.dtype == torch.float32:  # float32 operands (tiny test configs) take 2x the shared memory per stage
         cfg = replace(cfg, block_k=min(cfg.block_k, 64), num_stages=min(cfg.num_stages, 2))
     rows_per_group = w.out_features // w.groups
@@ -233,9 +239,9 @@ def tiled_linear(
     if cfg.block_n < 16:  # the MMA tile needs 16 rows
         raise ValueError(f"grouped linear: {rows_per_group} rows per group leave no tile of >= 16")
     k = w.in_features
-    if w.kind != "dense":  # whole scale blocks per K step
+    if k % GROUP == 0:  # whole scale blocks per K step (dense too: its decoded twin takes the same steps)
         cfg = replace(cfg, block_k=configs.block_k(k, cfg.block_k))
-    elif k < cfg.block_k:
+    elif k < cfg.block_k:  # dense only: a ragged last step
         cfg = replace(cfg, block_k=max(16, triton.next_power_of_2(k)))  # the MMA's K is >= 16
     return _launch(
         _block_linear_kernel, triton.cdiv(w.out_features, cfg.block_n), triton.cdiv(x.shape[0], cfg.block_m),
@@ -250,7 +256,7 @@ def gemv_linear(
     """x [M, groups * K] -> [M, N] for a few tokens and an FP8 weight through the CUDA-core GEMV."""
     if w.kind != "fp8" or GROUP % cfg.block_n:
         raise ValueError(f"GEMV: {w.kind} weight with {cfg.block_n}-row tiles (needs fp8, rows dividing 32)")
-    x = _operand(x, out_dtype)
+    x = _operand(x, w, out_dtype)
     return _launch(
         _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype, cfg,
         BN=cfg.block_n, BM=triton.next_power_of_2(x.shape[0]), BK=cfg.block_k,
@@ -269,11 +275,15 @@ def block_linear(
     return tiled_linear(x, w, out_dtype, cfg)
 
 
+def _decoded(w: PreparedLinear, dtype: torch.dtype) -> PreparedLinear:
+    """A block-scaled weight decoded once into a dense scratch copy (exact in BF16 and float32)."""
+    dense = dequantize(w.kind, w.weight, w.scale, w.out_features, w.in_features, dtype)
+    return replace(w, kind="dense", weight=dense, scale=None)
+
+
 def dequant_linear(x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype) -> torch.Tensor:
     """Many tokens: the weight decoded once into a scratch copy in the operand dtype, then cuBLAS."""
-    dtype = compute_dtype(x.dtype, out_dtype)
-    dense = dequantize(w.kind, w.weight, w.scale, w.out_features, w.in_features, dtype)
-    return dense_linear(x, replace(w, kind="dense", weight=dense, scale=None), out_dtype)
+    return dense_linear(x, _decoded(w, compute_dtype(x.dtype, out_dtype)), out_dtype)
 
 
 def dense_linear(x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype) -> torch.Tensor:
@@ -314,7 +324,7 @@ def linear(
     if isinstance(prepared, reference_linear.ReferenceLinear):
         if not batch_invariant:
             return reference_linear.linear(x, prepared, out_dtype)
-        prepared = _as_dense(prepared, compute_dtype(x.dtype, out_dtype))
+        prepared = _as_dense(prepared, out_dtype)  # the reference decodes into out_dtype
     lead = x.shape[:-1]
     if x.shape[-1] != prepared.groups * prepared.in_features:
         raise ValueError(
@@ -323,7 +333,11 @@ def linear(
     x2 = x.reshape(-1, x.shape[-1])
     n, k = prepared.out_features, prepared.in_features
     if batch_invariant:
-        y = tiled_linear(x2, prepared, out_dtype, configs.invariant(prepared.kind, n, k, x.device))
+        cfg = configs.invariant(prepared.kind, n, k, x.device)
+        if prepared.kind != "dense" and x2.shape[0] >= configs.DEQUANT_M:
+            # the same tiles, K steps and MMAs on the weight decoded once: the in-register decode's bits
+            prepared = _decoded(prepared, compute_dtype(x.dtype, out_dtype))
+        y = tiled_linear(x2, prepared, out_dtype, cfg)
     elif prepared.kind == "dense":
         y = dense_linear(x2, prepared, out_dtype)
     elif x2.shape[0] >= configs.DEQUANT_M:
