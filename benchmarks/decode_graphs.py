@@ -1,83 +1,171 @@
-"""Decode of the Flash-width slice eagerly and through CUDA graphs, several batch sizes on one set of weights.
+"""CUDA graphs vs eager steps on the Flash-width slice: decode, verification and the DSpark draft forward.
 
-For each `--batch B:PREFILL` (default 1:2048 and 64:512): reference_forward.py's timed passes, eager
-(no layer timer) then graphs: decode ms/step (host metadata build + launch + the GPU, one synchronous
-step after another) and the GPU time of back-to-back replays; then the CUDA kernels of one eager decode
-step by total GPU time (torch.profiler), i.e. what a replay spends its time in.
+One set of random weights (release cache precision, bf16). For each `--batch B:PREFILL` (default 1:2048
+and 64:512) the sequences are prefilled once; then every step kind runs from the same cache state
+(each step starts at the prefill end, the next one overwrites it: a rollback), eagerly and through
+graphs, timed as ms/step with the device synchronised after each step (host metadata build + launch +
+GPU, as a synchronous engine step):
+- decode: one token per sequence;
+- verify K: 1 + K tokens per sequence, logits of every row (--drafts, default 3 5);
+- verify uneven K: sequence i verifies i mod (K + 1) drafts (padded to 1 + K by the graphs);
+- draft: the DSpark draft forward of every sequence.
+First, `plan_graphs` for the largest batch and K (the memory it keeps out of a cache budget) and the
+start-up capture of every planned graph of the first batch's cache (count, seconds, pool memory).
 
-    python benchmarks/decode_graphs.py [--layers 5 --batch 1:2048 64:512 --decode 8 --json out.json]
+    python benchmarks/decode_graphs.py [--layers 5 --batch 1:2048 64:512 --drafts 3 5 --steps 10
+                                        --json out.json]
+    python benchmarks/decode_graphs.py --cpu-check   # the tiny `full` config on the CPU, a recorder that
+                                                      # re-runs each step standing in for graphs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
+from collections.abc import Callable
 
 import torch
-from reference_forward import _ops, random_weights, run, token_map
+from reference_forward import _ops, random_weights, token_map
 
+from deepinfer.models.deepseek_v41.graphs import CudaRecorder, DecodeGraphs, DraftGraphs
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
-from deepinfer.testing.configs import flash_slice_config
+from deepinfer.testing.configs import flash_slice_config, tiny_config
 
 
-def kernel_table(runtime: DeepseekV41Runtime, batch: int, prefill: int, decode: int, top: int) -> list[dict]:
-    """Kernels of an eager run of run()'s last decode step (its cache, its tables), by total GPU time."""
-    graphs, runtime.graphs = runtime.graphs, None
-    blocks = -(-(prefill + decode) // runtime.cache_layout().block_size)
-    position = prefill + decode - 1
-    segs = [SequenceSegment(s, list(range(1 + (s - 1) * blocks, 1 + s * blocks)), position, [5])
-            for s in range(1, batch + 1)]
-    runtime.forward(ForwardBatch(segs))  # same shapes as the profiled step: nothing left to compile
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        runtime.forward(ForwardBatch(segs))
+def sync() -> None:
+    if torch.cuda.is_available():
         torch.cuda.synchronize()
-    runtime.graphs = graphs
-    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
-    kernels.sort(key=lambda e: e.device_time_total, reverse=True)
-    total = sum(e.device_time_total for e in kernels)
-    rows = [{"kernel": e.key[:90], "calls": e.count, "us": e.device_time_total} for e in kernels[:top]]
-    return [{"kernel": "all kernels", "calls": sum(e.count for e in kernels), "us": total}, *rows]
+
+
+def timed_ms(step: Callable[[], object], steps: int) -> float:
+    """Mean ms of `steps` synchronised calls after two warm-up calls (the first may capture)."""
+    for _ in range(2):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+        sync()
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def rerun_recorder(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
+    """--cpu-check: a 'graph' that runs its step again (reads the same persistent buffers)."""
+    out = step()
+    return out, lambda: out.copy_(step())
+
+
+class Bench:
+    def __init__(self, runtime: DeepseekV41Runtime, batch: int, prefill: int, max_drafts: int) -> None:
+        self.rt, self.batch, self.prefill = runtime, batch, prefill
+        block = runtime.cache_layout().block_size
+        blocks = -(-(prefill + max_drafts + 1) // block)
+        runtime.allocate_cache(batch * blocks + 1, batch + 1)
+        self.tables = {s: list(range(1 + (s - 1) * blocks, 1 + s * blocks)) for s in range(1, batch + 1)}
+        gen = torch.Generator().manual_seed(0)
+        for s, table in self.tables.items():  # one prompt at a time: the prefill peak stays small
+            prompt = torch.randint(3, runtime.vocab_size, (prefill,), generator=gen).tolist()
+            runtime.forward(ForwardBatch([SequenceSegment(s, table, 0, prompt)]))
+        sync()
+        self.graphs: tuple[DecodeGraphs | None, DraftGraphs | None] = (
+            runtime.graphs, runtime.dspark.graphs if runtime.dspark else None)
+
+    def use_graphs(self, on: bool) -> None:
+        decode, draft = self.graphs if on else (None, None)
+        self.rt.graphs = decode
+        if self.rt.dspark is not None:
+            self.rt.dspark.graphs = draft
+
+    def step(self, drafts: list[int]) -> Callable[[], object]:
+        """A step where sequence i brings 1 + drafts[i] tokens at the prefill end."""
+        segs = [SequenceSegment(s, self.tables[s], self.prefill, [5] + [7] * k, "all" if k else "last")
+                for s, k in zip(self.tables, drafts, strict=True)]
+        return lambda: self.rt.forward(ForwardBatch(segs)).logits
+
+    def draft(self) -> Callable[[], object]:
+        slots, anchors, golden = list(self.tables), [self.prefill] * self.batch, [5] * self.batch
+        return lambda: self.rt.dspark.draft(self.rt.cache, slots, anchors, golden)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--batch", nargs="+", default=["1:2048", "64:512"], help="BATCH:PREFILL pairs")
-    p.add_argument("--decode", type=int, default=8)
-    p.add_argument("--top", type=int, default=25, help="kernels listed per batch")
+    p.add_argument("--drafts", nargs="+", type=int, default=[3, 5], help="K of the verification steps")
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default=None)
+    p.add_argument("--cpu-check", action="store_true", help="dry run of every code path on the CPU")
     args = p.parse_args()
-    device = torch.device("cuda")
-    config = flash_slice_config(num_layers=args.layers)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    kmax = max(args.drafts)
+    if args.cpu_check:
+        device, dtype, config = torch.device("cpu"), torch.float32, tiny_config("full")
+        pairs, precision = [(1, 20), (3, 9)], "exact"
+    else:
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        config = flash_slice_config(num_layers=args.layers)
+        pairs, precision = [tuple(int(v) for v in pair.split(":")) for pair in args.batch], "release"
+    options = RuntimeOptions(cache_precision=precision, max_backtrack=kmax + 1)
+    weights, ops = random_weights(config, device), _ops("cuda" if device.type == "cuda" else None, device)
+    runtime = build_runtime(config, weights, dtype=dtype, ops=ops, engram_token_map=token_map(config),
+                            options=options)
+    if args.cpu_check:
+        runtime.graph_recorder = rerun_recorder
+    results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                     "runs": []}
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+
+    # start-up capture, planned for the largest batch and K, with the first pair's cache
     t0 = time.perf_counter()
-    runtime = build_runtime(config, random_weights(config, device), dtype=torch.bfloat16,
-                            ops=_ops("cuda", device), engram_token_map=token_map(config),
-                            options=RuntimeOptions(cache_precision="release"))
-    results: dict = {"build_s": time.perf_counter() - t0, "gpu": torch.cuda.get_device_name(device)}
-    results["runs"] = []
-    for pair in args.batch:
-        batch, prefill = (int(v) for v in pair.split(":"))
-        eager = run(runtime, device, batch, prefill, args.decode, graphs=False, layers=False)
-        graphs = run(runtime, device, batch, prefill, args.decode, graphs=True)
-        step = {
-            "batch": batch, "prefill": prefill,
-            "eager_ms": eager["decode_s"] * 1e3 / args.decode,
-            "graphs_ms": graphs["decode_s"] * 1e3 / args.decode,
-            "replay_gpu_ms": graphs["graph_replay_ms"],
-            "prefill_tok_s": graphs["prefill_tok_s"],
-            "kernels": kernel_table(runtime, batch, prefill, args.decode, args.top),
-        }
-        results["runs"].append(step)
-        print(f"batch {batch}: decode eager {step['eager_ms']:.2f} ms/step, graphs {step['graphs_ms']:.2f} "
-              f"ms/step, replay GPU {step['replay_gpu_ms']}")
-        for k in step["kernels"]:
-            print(f"  {k['us']:9.1f} us {k['calls']:5d}x  {k['kernel']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    reserve = runtime.plan_graphs(max(b for b, _ in pairs), kmax, max(pf for _, pf in pairs) + kmax + 1)
+    results["plan_s"], results["reserve_mib"] = time.perf_counter() - t0, reserve / 2**20
+    for i, (batch, prefill) in enumerate(pairs):
+        t0 = time.perf_counter()
+        bench = Bench(runtime, batch, prefill, kmax)
+        if i == 0:
+            recorder = runtime.graph_recorder
+            decode, draft = bench.graphs
+            results["startup"] = {
+                "allocate_prefill_capture_s": time.perf_counter() - t0,
+                "graphs": len(decode.graphs) + len(draft.graphs if draft else ()),
+                "pool_mib": recorder.pool_bytes() / 2**20 if isinstance(recorder, CudaRecorder) else None,
+                "outputs_mib": sum(t.nbytes for t in [*decode.outputs.values(),
+                                                      *((draft.outputs or ()) if draft else ())]) / 2**20,
+            }
+            print(f"plan_graphs: {results['reserve_mib']:.0f} MiB kept ({results['plan_s']:.1f} s); "
+                  f"start-up: {results['startup']}", flush=True)
+            save()
+            runtime.graph_plan = None  # the later pairs' caches capture lazily (first warm-up call)
+        steps = {"decode": bench.step([0] * batch)}
+        for k in args.drafts:
+            steps[f"verify K={k}"] = bench.step([k] * batch)
+        steps[f"verify uneven K<={kmax}"] = bench.step([j % (kmax + 1) for j in range(batch)])
+        if runtime.dspark is not None:
+            steps["draft"] = bench.draft()
+        for name, step in steps.items():
+            row = {"batch": batch, "prefill": prefill, "step": name}
+            for mode in ("eager", "graphs"):
+                bench.use_graphs(mode == "graphs")
+                try:
+                    row[f"{mode}_ms"] = timed_ms(step, args.steps)
+                except Exception as exc:  # one failing kind must not lose the others' numbers
+                    row[f"{mode}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            bench.use_graphs(True)
+            if "eager_ms" in row and "graphs_ms" in row:
+                row["speedup"] = row["eager_ms"] / row["graphs_ms"]
+            results["runs"].append(row)
+            print(json.dumps(row), flush=True)
+            save()
+    if device.type == "cuda":
+        results["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    save()
 
 
 if __name__ == "__main__":

@@ -238,3 +238,150 @@ def test_graph_greedy_tokens_match_eager_and_the_reference_backend(checkpoint: P
         torch.testing.assert_close(logits[0], logits[1], rtol=1e-3, atol=1e-3)
     assert runs[0].tokens == runs[1].tokens == runs[2].tokens
     assert len(graphed_rt.graphs.graphs) == 3
+
+
+# --- padded verification, draft graphs, capture ahead
+
+
+def readable_state(
+    rt: DeepseekV41Runtime, slot: int, table: list[int], length: int
+) -> dict[str, torch.Tensor]:
+    """Every cache and state entry a later step of a sequence of `length` cached tokens may read:
+    window rings (backbone and DSpark context) over the last W positions, compressor rings over the
+    open group, compressed KV / index keys of its complete groups, the Engram history's last N - 1."""
+    cache, mb, w = rt.cache, rt.max_backtrack, rt.cfg.sliding_window
+    out = {}
+    for (kind, layer), _ in cache.spec.slot_regions.items():
+        ring = cache.window(layer) if kind == "window" else cache.compressor_state(layer)
+        ratio = ring.length - mb + 1  # a compressor ring holds ratio - 1 + max_backtrack rows
+        first = max(0, length - w) if kind == "window" else length - length % ratio
+        out[f"{kind}{layer}"] = ring.data[slot, [p % ring.length for p in range(first, length)]]
+    for (kind, layer), _ in cache.spec.block_regions.items():
+        pool = cache.compressed_kv(layer) if kind == "kv" else cache.index_keys(layer)
+        per_block = pool.data.shape[1]
+        entries = range(length // (BLOCK_TOKENS // per_block))
+        rows = [table[j // per_block] for j in entries]
+        out[f"{kind}{layer}"] = pool.data[rows, [j % per_block for j in entries]]
+    n = rt.cfg.engram_max_ngram_size
+    out["history"] = rt.history[slot, [p % rt.history_len for p in range(max(0, length - n + 1), length)]]
+    return out
+
+
+def assert_same_state(
+    a: DeepseekV41Runtime, b: DeepseekV41Runtime, seqs: dict[int, tuple[list[int], int]]
+) -> None:
+    for slot, (table, length) in seqs.items():
+        want, got = readable_state(a, slot, table, length), readable_state(b, slot, table, length)
+        for name, w in want.items():
+            g = got[name]
+            if w.dtype == torch.uint8:  # the exact cache stores float32 rows: equal up to GEMM rounding
+                w, g = w.view(torch.float32), g.view(torch.float32)
+            where = f"slot {slot}, {name}"
+            torch.testing.assert_close(g, w, rtol=2e-4, atol=2e-5, msg=lambda m, where=where: f"{where}: {m}")
+
+
+def test_padded_verification_leaves_the_state_unpadded_eager_leaves(checkpoint: Path) -> None:
+    """Uneven verification segments (3, 1 and 4 tokens; the second one's padding spills past its only
+    block) run as one 4-token graph; after it and after the rollback step every readable cache and
+    state entry equals an eager run's, and the logits rows asked for match."""
+    eager, graphed = load_runtime(checkpoint), load_runtime(checkpoint)
+    graphed.graph_recorder = rerun_recorder
+    lens = {1: PREFILL, 2: BLOCK_TOKENS - 2, 3: PREFILL + 3}
+    tables = {1: [1], 2: [2], 3: [3, 4]}
+    prompts = {s: [3 + (5 * s + j) % 40 for j in range(n)] for s, n in lens.items()}
+    drafts = {1: [7, 8], 2: [], 3: [9, 10, 11]}
+    accepted = {1: 1, 2: 0, 3: 0}
+    for rt in (eager, graphed):
+        rt.allocate_cache(num_blocks=6, num_slots=4)
+        rt.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, p) for s, p in prompts.items()]))
+    graphed.graphs.verify_tokens = 4
+
+    def verify(rt: DeepseekV41Runtime):
+        return rt.forward(ForwardBatch([
+            SequenceSegment(s, tables[s], lens[s], [5, *drafts[s]], "all" if drafts[s] else "last")
+            for s in lens]))
+
+    want, got = verify(eager), verify(graphed)
+    assert got.row_offsets == want.row_offsets == [0, 3, 4, 8]
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    assert set(graphed.graphs.graphs) == {FixedShape(4, 4, 2, "all")}
+    cached = {s: lens[s] + 1 + accepted[s] for s in lens}
+    assert_same_state(eager, graphed, {s: (tables[s], cached[s]) for s in lens})
+    # rollback: the next step starts right after the accepted tokens, overwriting the rest
+    tables[2] = [2, 5]  # slot 2 crosses into a new block
+    step = ForwardBatch([SequenceSegment(s, tables[s], cached[s], [6]) for s in lens])
+    torch.testing.assert_close(graphed.forward(step).logits, eager.forward(step).logits, rtol=1e-5, atol=1e-5)
+    assert_same_state(eager, graphed, {s: (tables[s], cached[s] + 1) for s in lens})
+
+
+def test_draft_forward_replays_match_eager(checkpoint: Path) -> None:
+    eager = Greedy(load_runtime(checkpoint), batch=3)
+    rt = load_runtime(checkpoint)
+    rt.graph_recorder = rerun_recorder
+    graphed = Greedy(rt, batch=3)
+    assert rt.dspark.graphs is not None
+    for slots in ([1, 2, 3], [1, 3], [2]):  # buckets 4 (one padding sequence), 2, 1: one output buffer
+        args = (slots, [len(graphed.tokens[s]) - 1 for s in slots], [graphed.tokens[s][-1] for s in slots])
+        want, got = eager.rt.dspark.draft(eager.rt.cache, *args), rt.dspark.draft(rt.cache, *args)
+        for name in ("hidden", "normed", "base_logits"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-5)
+    assert set(rt.dspark.graphs.graphs) == {1, 2, 4}
+    assert rt.dspark.graphs.outputs[2].shape == (4 * rt.dspark.block_size, rt.vocab_size)
+
+
+def test_planned_graphs_are_captured_with_the_cache(
+    checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = load_runtime(checkpoint)
+    rt.graph_recorder = rerun_recorder
+    assert rt.plan_graphs(max_num_seqs=3, num_draft_tokens=3, max_model_len=BLOCK_TOKENS) == 0  # CPU: 0 B
+    assert rt.cache is None  # the probe's throwaway cache is gone
+    with caplog.at_level("INFO", logger="deepinfer.models.deepseek_v41.graphs"):
+        rt.allocate_cache(num_blocks=7, num_slots=4)
+    # buckets 1, 2, 4 x table widths 1, 2 (a verification may pass the first block) x decode / verify
+    assert set(rt.graphs.graphs) == {FixedShape(b, n, w, "last" if n == 1 else "all")
+                                     for b in (1, 2, 4) for w in (1, 2) for n in (1, 4)}
+    assert set(rt.dspark.graphs.graphs) == {1, 2, 4}
+    assert "CUDA graphs: captured 15 graphs in" in caplog.text
+
+
+@pytest.mark.parametrize(("speculator", "schedule"), [
+    ("ngram", "fixed"), pytest.param("dspark", "confidence", marks=pytest.mark.slow)])
+def test_engine_speculation_generates_the_same_with_graphs(
+    checkpoint: Path, speculator: str, schedule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy speculative decoding through the engine: uneven draft counts per step (n-gram matches of
+    different lengths, confidence-chosen counts) pad to the 4-token verification graphs."""
+    pytest.importorskip("deepinfer_spec")
+    # the first prompt holds every token, so every newest token has a 1-gram match: n-gram drafts
+    # there, rarely for the short prompts, so a verification step mixes 4- and 1-token segments
+    vocab = load_runtime(checkpoint).vocab_size
+    prompts = [[0, *torch.randperm(vocab - 1, generator=torch.Generator().manual_seed(0)).add(1).tolist()],
+               [0, 9, 8, 7, 9, 8, 7, 9], [0, *range(20, 31)]]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    pads = []
+    pad = DecodeGraphs._pad
+    monkeypatch.setattr(DecodeGraphs, "_pad", staticmethod(lambda seg, n: pads.append(n) or pad(seg, n)))
+
+    def generate(recorder: Callable | None) -> tuple[list[list[int]], LLMEngine]:
+        rt = load_runtime(checkpoint)
+        rt.graph_recorder = recorder
+        config = EngineConfig(max_model_len=vocab + 16, max_num_seqs=3, cache_bytes=16 << 20,
+                              log_stats_interval=0, speculator=speculator, num_draft_tokens=3,
+                              spec_schedule=schedule)
+        rt.plan_graphs(config.max_num_seqs, 3, config.max_model_len)
+        engine = LLMEngine(rt, None, config)
+        for i, ids in enumerate(prompts):
+            engine.add_request(ids, params, request_id=f"r{i}")
+        done = {}
+        while engine.has_unfinished_requests():
+            done |= {o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished}
+        engine.close()
+        return [done[f"r{i}"] for i in range(len(prompts))], engine
+
+    eager, _ = generate(None)
+    graphed, engine = generate(rerun_recorder)
+    assert graphed == eager
+    assert engine.stats.spec_draft_tokens > 0 and pads and set(pads) == {4}
+    if speculator == "dspark":
+        assert engine.model.dspark.graphs.graphs

@@ -13,7 +13,7 @@ import torch
 
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.sequence import Sequence
-from deepinfer.models.interface import CacheLayout
+from deepinfer.models.interface import CacheLayout, CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +34,31 @@ class CachePlan:
                 f"{self.budget_bytes / 2**20:.1f} MiB budget")
 
 
-def cache_budget(config: EngineConfig, device: torch.device) -> int:
-    """Bytes the cache may use: explicit, or a share of the GPU's memory beyond what is in use."""
+def cache_budget(config: EngineConfig, device: torch.device, model: CausalLM | None = None) -> int:
+    """Bytes the cache may use: explicit, or a share of the GPU's memory beyond what is in use, less
+    what the model's CUDA graphs will hold (a model with `plan_graphs` captures them with its cache)."""
+    graphs = graph_reserve(model, config)
     if config.cache_bytes is not None:
         return config.cache_bytes
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         # a reserve for activations of the largest step; the weights are already counted as used
         budget = int(total * config.gpu_memory_utilization) - (total - free)
-        return max(0, int(budget * 0.9))
+        return max(0, int(budget * 0.9) - graphs)
     return CPU_DEFAULT_CACHE_BYTES
+
+
+def graph_reserve(model: CausalLM | None, config: EngineConfig) -> int:
+    """Plan the model's start-up graph capture (decode, and verification of the configured drafts) and
+    return the bytes the graphs will take; 0 for models without graphs."""
+    plan = getattr(model, "plan_graphs", None)
+    if plan is None:
+        return 0
+    drafts = (config.num_draft_tokens or 0) if config.speculator != "none" else 0  # None: captured lazily
+    reserve = plan(config.max_num_seqs, drafts, config.max_model_len)
+    if reserve:
+        logger.info("cache budget: %.0f MiB kept for CUDA graphs", reserve / 2**20)
+    return reserve
 
 
 def plan_cache(layout: CacheLayout, budget: int, config: EngineConfig) -> CachePlan:

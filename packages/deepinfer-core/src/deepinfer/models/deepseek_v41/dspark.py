@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from deepinfer.models.deepseek_v41.mhc import initial_streams
 from deepinfer.models.deepseek_v41.model import AttentionFactory, Block, DeepseekV41Model
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import Ops
+
+if TYPE_CHECKING:
+    from deepinfer.models.deepseek_v41.graphs import DraftGraphs
 
 
 @dataclass
@@ -68,6 +71,7 @@ class DSpark:
         self.noise_id = cfg.dspark_noise_token_id
         self.window = cfg.sliding_window
         self.staging = Staging(main.embed.device)
+        self.graphs: DraftGraphs | None = None  # set by the runtime per cache (CUDA graphs on)
 
     # --- context keys, written on every main-model forward
 
@@ -90,9 +94,19 @@ class DSpark:
     def draft(
         self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
     ) -> DraftOutput:
-        """Run the draft blocks for n sequences: slot, golden-token position a and golden token id each."""
-        n, bsz = len(slots), self.block_size
-        ids, positions, window = self._draft_inputs(cache, slots, anchors, golden)
+        """Run the draft blocks for n sequences: slot, golden-token position a and golden token id each
+        (through a CUDA graph of the batch bucket when the runtime set `graphs`)."""
+        if self.graphs is not None and (out := self.graphs.draft(cache, slots, anchors, golden)) is not None:
+            return out
+        ids, positions, window = self.staging.upload(self.draft_arrays(cache, slots, anchors, golden))
+        return self.draft_forward(cache, ids, positions, window)
+
+    def draft_forward(
+        self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, window: torch.Tensor
+    ) -> DraftOutput:
+        """The device work of a draft step (what a graph records) on draft_arrays' uploaded inputs."""
+        bsz = self.block_size
+        n = ids.shape[0] // bsz
         streams, pre = initial_streams(self.main.embed_tokens(ids), self.cfg.hc_mult)
         for blk in self.blocks:
             x = blk.attn_input(streams, pre)
@@ -104,25 +118,27 @@ class DSpark:
         logits = self.main.logits(normed)
         return DraftOutput(hidden.view(n, bsz, -1), normed.view(n, bsz, -1), logits.view(n, bsz, -1))
 
-    def _draft_inputs(
-        self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ids [n*B], positions [n*B], window keys [n*B, W + B]) in one upload: each slot sees its
-        sequence's context keys [a - W, a - 1] (ring rows) and its whole draft block (step rows)."""
+    def draft_arrays(
+        self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int],
+        num_seqs: int | None = None,
+    ) -> list[np.ndarray]:
+        """Host inputs [ids [n*B], positions [n*B], window keys [n*B, W + B]]: each slot sees its
+        sequence's context keys [a - W, a - 1] (ring rows) and its whole draft block (step rows).
+        `num_seqs`: padded with padding sequences (slot 0, anchor 0: no context keys) to that many."""
         bsz, w = self.block_size, self.window
         ring = cache.window(self.blocks[0].spec.index)
         ring_len, ring_rows = ring.length, ring.data.shape[0] * ring.length
-        slot_arr, anchor = np.asarray(slots, dtype=np.int64), np.asarray(anchors, dtype=np.int64)
+        pad = (num_seqs or len(slots)) - len(slots)
+        slot_arr = np.asarray([*slots, *[0] * pad], dtype=np.int64)
+        anchor = np.asarray([*anchors, *[0] * pad], dtype=np.int64)
         ids = np.full((len(slot_arr), bsz), self.noise_id, dtype=np.int64)
-        ids[:, 0] = golden
+        ids[:, 0] = [*golden, *[0] * pad]
         positions = anchor[:, None] + np.arange(bsz)
         ctx = anchor[:, None] - w + np.arange(w)  # [n, W] context positions
         ctx_rows = np.where(ctx >= 0, slot_arr[:, None] * ring_len + ctx % ring_len, -1)
         block_rows = ring_rows + np.arange(len(slot_arr) * bsz).reshape(-1, bsz)
         keys = np.concatenate((ctx_rows, block_rows), axis=1)  # [n, W + B]
-        window = np.repeat(keys, bsz, axis=0)
-        ids_t, pos_t, window_t = self.staging.upload([ids.ravel(), positions.ravel(), window])
-        return ids_t, pos_t, window_t
+        return [ids.ravel(), positions.ravel(), np.repeat(keys, bsz, axis=0)]
 
     def _attend(
         self, blk: Block, cache: KVCache, x: torch.Tensor, positions: torch.Tensor, window: torch.Tensor

@@ -1,18 +1,27 @@
-"""CUDA graphs for decode and verification steps (issue 10 item 6).
+"""CUDA graphs for decode and verification steps and the DSpark draft forward (issue 10 item 6).
 
-A step is graphable when every sequence brings the same number of tokens n (decode: 1; verification:
-1 + draft tokens, up to StepGeometry.max_fixed_tokens) and wants the same logits rows. Its graph key
-is a metadata.FixedShape: the batch padded up to the next bucket, n, the block-table width (a power
-of two, as eager steps use) and the logits rows. The first step of a key captures a graph: the warm-up
-and the capture run on a batch of padding sequences only, so no real sequence's state is touched.
-Every later step of that key builds its metadata into the graph's own persistent staging buffer (the
-addresses the graph reads), copies the engine's device-side token ids over the list values, and
-replays. Prefill, mixed steps and batches above the last bucket run eagerly, and so does every step
-after a capture that failed (an op that cannot be captured: logged as a warning).
+A step is graphable when no sequence brings more than StepGeometry.max_fixed_tokens tokens and every
+one wants logits. Its graph key is a metadata.FixedShape: the batch padded up to the next bucket, n
+tokens per sequence, the block-table width (a power of two, as eager steps use) and the logits rows.
+n is 1 for decode steps, else the verification length (1 + draft tokens, `verify_tokens`) when every
+segment fits it, else the longest segment. Shorter segments (uneven draft counts under confidence
+scheduling or n-gram lookup, a decode beside verifications) are padded to n with padding tokens past
+their end: those rows' logits are dropped, and their cache writes land at positions after the
+sequence's last token, exactly where rejected drafts would have been written. The runtime rolls back
+by overwriting from the next step's start, and a padded step reaches at most n - 1 <= max_backtrack
+positions past that start, the rollback depth every ring (window, compressor partial groups, Engram
+history, DSpark context) keeps; padded positions beyond the sequence's blocks go to padding block 0.
 
-Memory: the graphs share one memory pool and, per number of logits rows per sequence, one output
-buffer (grown on demand, which drops the graphs that wrote the old one: they are recaptured when next
-used); a replay's logits are copied out at once, so graphs never need each other's memory.
+The first step of a key captures a graph (or `precapture` does at start-up): the warm-up and the
+capture run on a batch of padding sequences only (slot 0, block 0), so no real sequence's state is
+touched. Every later step of that key builds its metadata into the graph's own persistent staging
+buffer (the addresses the graph reads), copies the engine's device-side token ids over the list
+values, and replays. Prefill, steps with a segment wanting no logits and batches above the last bucket
+run eagerly, and so does every step after a capture that failed (logged as a warning).
+
+Memory: all graphs (decode, verification, draft) share one memory pool and, per output kind, one
+output buffer (grown on demand, which drops the graphs that wrote the old one: they are recaptured
+when next used); a replay's outputs are copied out at once, so graphs never need each other's memory.
 
 Why next to the model and not in the engine: what makes a step graphable is the model's metadata
 (padded entry counts, fixed indexer capacity, fixed table width) and the model's reserved padding
@@ -24,13 +33,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+import numpy as np
 import torch
 
+from deepinfer.cache import BLOCK_TOKENS, KVCache
+from deepinfer.models.deepseek_v41.dspark import DraftOutput, DSpark
 from deepinfer.models.deepseek_v41.metadata import FixedShape, MetadataBuilder, Staging, StepMetadata
-from deepinfer.models.interface import ForwardBatch, ForwardOutput
+from deepinfer.models.interface import ForwardBatch, ForwardOutput, SequenceSegment
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +73,27 @@ class CudaRecorder:
             out = step()
         return out, graph.replay
 
+    def pool_bytes(self) -> int:
+        """Device memory the pool's segments hold (the graphs' intermediates, not the output buffers)."""
+        pool = tuple(self.pool)
+        return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+                   if tuple(s.get("segment_pool_id", ())) == pool)
+
+
+def bucket_for(num_seqs: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket holding `num_seqs` sequences, None above the last."""
+    return next((b for b in buckets if b >= num_seqs), None)
+
+
+def _check_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
+    if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
+        raise ValueError(f"graph buckets must be increasing positive batch sizes, got {buckets}")
+    return tuple(buckets)
+
+
+def _table_width(blocks: int) -> int:
+    return 1 << max(blocks - 1, 0).bit_length()
+
 
 @dataclass
 class _Graph:
@@ -75,7 +108,12 @@ def _rows_per_seq(shape: FixedShape) -> int:
 
 
 class DecodeGraphs:
-    """Graphs of one runtime's cache, captured lazily per FixedShape."""
+    """Graphs of one runtime's cache, captured per FixedShape (lazily, or ahead with `precapture`).
+
+    `max_backtrack`: the cache's rollback depth, which bounds how far a segment may be padded.
+    `verify_tokens`: the verification length (1 + the speculator's draft tokens) shorter segments are
+    padded to; None: to the longest segment of the step.
+    """
 
     def __init__(
         self,
@@ -85,57 +123,114 @@ class DecodeGraphs:
         vocab_size: int,
         recorder: Recorder,
         buckets: Sequence[int] = BUCKETS,
+        max_backtrack: int = 0,
+        verify_tokens: int | None = None,
     ) -> None:
-        if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
-            raise ValueError(f"graph buckets must be increasing positive batch sizes, got {buckets}")
         self.builder, self.last_is_consumer, self.step = builder, last_layer_is_consumer, step
-        self.vocab_size, self.recorder, self.buckets = vocab_size, recorder, tuple(buckets)
+        self.vocab_size, self.recorder, self.buckets = vocab_size, recorder, _check_buckets(buckets)
+        self.max_backtrack, self.verify_tokens = max_backtrack, verify_tokens
         self.graphs: dict[FixedShape, _Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # logits rows per sequence -> shared output buffer
+        self.indices = Staging(builder.staging.device)  # padded steps: id destinations, logits rows
         self.failed = False  # a capture failed: every step runs eagerly
 
     def shape(self, batch: ForwardBatch) -> FixedShape | None:
         """The batch's graph key, or None when it runs eagerly."""
         segs = batch.segments
-        if not segs or len(segs) > self.buckets[-1]:
+        num_seqs = bucket_for(len(segs), self.buckets) if segs else None
+        if num_seqs is None or any(s.logits == "none" for s in segs):
             return None
-        n = len(segs[0].token_ids)
-        logits = "last" if n == 1 else segs[0].logits
-        if not 0 < n <= self.builder.geo.max_fixed_tokens or logits == "none":
+        lens = [len(s.token_ids) for s in segs]
+        longest = max(lens)
+        verify = self.verify_tokens or 0
+        n = verify if 1 < longest <= verify else longest
+        if n > self.builder.geo.max_fixed_tokens:
             return None
-        for s in segs:
-            if len(s.token_ids) != n or s.logits == "none" or (n > 1 and s.logits != logits):
-                return None
-        num_seqs = next(b for b in self.buckets if b >= len(segs))
-        width = 1 << max(max(len(s.block_table) for s in segs) - 1, 0).bit_length()
-        return FixedShape(num_seqs, n, width, logits)  # type: ignore[arg-type]
+        kinds = {s.logits for s in segs}
+        padded = min(lens) < n or (n > 1 and len(kinds) > 1)
+        if padded and n > self.max_backtrack + 1:
+            return None  # a rollback could not reach back over the padded positions
+        logits = "last" if n == 1 else "all" if padded else kinds.pop()
+        blocks = max(max(len(s.block_table), -(-(s.start_pos + n) // BLOCK_TOKENS)) for s in segs)
+        return FixedShape(num_seqs, n, _table_width(blocks), logits)  # type: ignore[arg-type]
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput | None:
         """Replay the batch's graph (capturing it first if new); None when the batch runs eagerly."""
         shape = None if self.failed else self.shape(batch)
         if shape is None:
             return None
-        graph = self.graphs.get(shape)
+        graph = self.graphs.get(shape) or self._capture_or_fail(shape)
         if graph is None:
-            try:
-                graph = self._capture(shape)
-            except RuntimeError as exc:  # an op that cannot be captured (e.g. one reading the device)
-                logger.warning("CUDA graphs: capturing %s failed, every step runs eagerly from now on: %s",
-                               shape, exc)
-                self.failed = True
-                return None
-        meta = self.builder.build(batch, self.last_is_consumer, shape, graph.staging)
+            return None
+        segs, n = batch.segments, shape.tokens
+        padded = n > 1 and any(len(s.token_ids) < n or s.logits != shape.logits for s in segs)
+        run = [self._pad(s, n) for s in segs] if padded else segs
+        meta = self.builder.build(ForwardBatch(run), self.last_is_consumer, shape, graph.staging)
         if meta.input_ids.data_ptr() != graph.input_ids.data_ptr():
             raise RuntimeError(f"the metadata of {shape} moved out of the buffers its graph reads")
-        rows = len(batch.segments) * shape.tokens
+        if not padded:
+            if batch.input_ids is not None:
+                self._check_ids(batch, len(segs) * n)
+                graph.input_ids[: len(segs) * n].copy_(batch.input_ids)  # after the metadata upload
+            graph.replay()
+            offsets = meta.row_offsets[: len(segs) + 1]
+            return ForwardOutput(logits=graph.logits[: offsets[-1]].clone(), row_offsets=offsets)
+
+        # padded: real tokens sit at i * n + [0, len) of sequence i; keep only the rows it asked for
+        lens = np.array([len(s.token_ids) for s in segs], dtype=np.int64)
+        firsts = np.arange(len(segs), dtype=np.int64) * n
+        dest = np.concatenate([np.arange(f, f + k) for f, k in zip(firsts, lens, strict=True)])
+        picks = np.concatenate([np.arange(f, f + k) if s.logits == "all" else [f + k - 1]
+                                for f, k, s in zip(firsts, lens, segs, strict=True)]).astype(np.int64)
+        dest_t, picks_t = self.indices.upload([dest, picks])
         if batch.input_ids is not None:
-            if batch.input_ids.shape != (rows,):
-                raise ValueError(f"input_ids has shape {tuple(batch.input_ids.shape)}, "
-                                 f"the segments hold {rows} tokens")
-            graph.input_ids[:rows].copy_(batch.input_ids)  # after the metadata upload, in stream order
+            self._check_ids(batch, int(lens.sum()))
+            graph.input_ids.index_copy_(0, dest_t, batch.input_ids)
         graph.replay()
-        offsets = meta.row_offsets[: len(batch.segments) + 1]
-        return ForwardOutput(logits=graph.logits[: offsets[-1]].clone(), row_offsets=offsets)
+        rows = [k if s.logits == "all" else 1 for k, s in zip(lens.tolist(), segs, strict=True)]
+        offsets = np.concatenate(([0], np.cumsum(rows))).tolist()
+        return ForwardOutput(logits=graph.logits.index_select(0, picks_t), row_offsets=offsets)
+
+    @staticmethod
+    def _pad(seg: SequenceSegment, n: int) -> SequenceSegment:
+        """`seg` with padding tokens up to n, every row's logits, and padding block 0 wherever the
+        padded positions pass its blocks (the engine reserves blocks for its real tokens only)."""
+        blocks = -(-(seg.start_pos + n) // BLOCK_TOKENS)
+        table = seg.block_table + [0] * (blocks - len(seg.block_table))
+        return replace(seg, block_table=table, token_ids=seg.token_ids + [0] * (n - len(seg.token_ids)),
+                       logits="all")
+
+    @staticmethod
+    def _check_ids(batch: ForwardBatch, rows: int) -> None:
+        if batch.input_ids.shape != (rows,):  # type: ignore[union-attr]
+            raise ValueError(f"input_ids has shape {tuple(batch.input_ids.shape)}, "  # type: ignore[union-attr]
+                             f"the segments hold {rows} tokens")
+
+    def precapture(self, max_num_seqs: int, max_model_len: int) -> int:
+        """Capture decode (and, with `verify_tokens`, verification) graphs of every bucket up to the
+        one holding `max_num_seqs`, at every table width up to max_model_len's; the number captured."""
+        top = bucket_for(max_num_seqs, self.buckets) or self.buckets[-1]
+        tokens = [n for n in (1, self.verify_tokens) if n and n <= self.builder.geo.max_fixed_tokens]
+        widths = _table_width(-(-(max_model_len + max(tokens)) // BLOCK_TOKENS))
+        count = 0
+        for n in tokens:  # largest bucket first: the shared output buffer is sized once
+            for b in sorted((b for b in self.buckets if b <= top), reverse=True):
+                for w in (1 << i for i in range(widths.bit_length())):
+                    shape = FixedShape(b, n, w, "last" if n == 1 else "all")
+                    if self.failed:
+                        return count
+                    if shape not in self.graphs and self._capture_or_fail(shape) is not None:
+                        count += 1
+        return count
+
+    def _capture_or_fail(self, shape: FixedShape) -> _Graph | None:
+        try:
+            return self._capture(shape)
+        except RuntimeError as exc:  # an op that cannot be captured (e.g. one reading the device)
+            logger.warning("CUDA graphs: capturing %s failed, every step runs eagerly from now on: %s",
+                           shape, exc)
+            self.failed = True
+            return None
 
     def _capture(self, shape: FixedShape) -> _Graph:
         staging = Staging(self.builder.staging.device, persistent=True)
@@ -143,9 +238,9 @@ class DecodeGraphs:
         out = self._output(_rows_per_seq(shape), len(meta.logits_rows))
         t0 = time.perf_counter()
         logits, replay = self.recorder(lambda: out[: len(meta.logits_rows)].copy_(self.step(meta, None)))
-        logger.info("captured a CUDA graph for %d x %d tokens (table width %d, logits %s) in %.0f ms",
-                    shape.num_seqs, shape.tokens, shape.table_width, shape.logits,
-                    (time.perf_counter() - t0) * 1e3)
+        logger.debug("captured a CUDA graph for %d x %d tokens (table width %d, logits %s) in %.0f ms",
+                     shape.num_seqs, shape.tokens, shape.table_width, shape.logits,
+                     (time.perf_counter() - t0) * 1e3)
         graph = _Graph(staging, meta.input_ids, logits, replay)
         self.graphs[shape] = graph
         return graph
@@ -159,3 +254,150 @@ class DecodeGraphs:
             self.outputs[rows_per_seq] = out
             self.graphs = {k: g for k, g in self.graphs.items() if _rows_per_seq(k) != rows_per_seq}
         return out
+
+
+@dataclass
+class _DraftGraph:
+    staging: Staging  # ids, positions, window keys the graph reads
+    rows: int  # bucket * block size
+    replay: Callable[[], None]
+
+
+class DraftGraphs:
+    """Graphs of the DSpark draft forward over one cache, one per batch bucket.
+
+    A draft step's inputs (ids, positions, window key rows) depend only on the sequences' slots,
+    anchors and golden tokens, so padding sequences (slot 0, anchor 0: no context keys) fill a bucket;
+    the three outputs are copied into shared buffers and cloned out after each replay.
+    """
+
+    def __init__(
+        self, dspark: DSpark, cache: KVCache, recorder: Recorder, buckets: Sequence[int] = BUCKETS
+    ) -> None:
+        self.dspark, self.cache, self.recorder = dspark, cache, recorder
+        self.buckets = _check_buckets(buckets)
+        self.graphs: dict[int, _DraftGraph] = {}
+        self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # hidden, normed, logits
+        self.failed = False
+
+    def draft(
+        self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
+    ) -> DraftOutput | None:
+        """The draft outputs through the bucket's graph; None when the step runs eagerly."""
+        bucket = bucket_for(len(slots), self.buckets) if slots else None
+        if self.failed or cache is not self.cache or bucket is None:
+            return None
+        graph = self.graphs.get(bucket) or self._capture_or_fail(bucket)
+        if graph is None:
+            return None
+        arrays = self.dspark.draft_arrays(cache, slots, anchors, golden, bucket)
+        graph.staging.upload(arrays)  # persistent: the same addresses the capture read
+        graph.replay()
+        n, rows = len(slots), len(slots) * self.dspark.block_size
+        hidden, normed, logits = (buf[:rows].view(n, self.dspark.block_size, -1).clone()
+                                  for buf in self.outputs)  # type: ignore[union-attr]
+        return DraftOutput(hidden, normed, logits)
+
+    def precapture(self, max_num_seqs: int) -> int:
+        """Capture every bucket up to the one holding `max_num_seqs`; the number captured."""
+        top = bucket_for(max_num_seqs, self.buckets) or self.buckets[-1]
+        before = len(self.graphs)
+        for b in sorted((b for b in self.buckets if b <= top), reverse=True):  # outputs sized once
+            if self.failed:
+                break
+            if b not in self.graphs:
+                self._capture_or_fail(b)
+        return len(self.graphs) - before
+
+    def _capture_or_fail(self, bucket: int) -> _DraftGraph | None:
+        try:
+            return self._capture(bucket)
+        except RuntimeError as exc:
+            logger.warning("CUDA graphs: capturing the draft forward of %d sequences failed, drafts run "
+                           "eagerly from now on: %s", bucket, exc)
+            self.failed = True
+            return None
+
+    def _capture(self, bucket: int) -> _DraftGraph:
+        ds = self.dspark
+        staging = Staging(ds.staging.device, persistent=True)
+        ids, positions, window = staging.upload(ds.draft_arrays(self.cache, [], [], [], bucket))
+        rows = bucket * ds.block_size
+        hidden, normed, logits = self._outputs(rows)
+
+        def step() -> torch.Tensor:
+            out = ds.draft_forward(self.cache, ids, positions, window)
+            hidden[:rows].copy_(out.hidden.view(rows, -1))
+            normed[:rows].copy_(out.normed.view(rows, -1))
+            return logits[:rows].copy_(out.base_logits.view(rows, -1))
+
+        _, replay = self.recorder(step)
+        graph = _DraftGraph(staging, rows, replay)
+        self.graphs[bucket] = graph
+        return graph
+
+    def _outputs(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The shared output buffers, at least `rows` long (growing them drops the older graphs)."""
+        if self.outputs is None or self.outputs[0].shape[0] < rows:
+            rows = max(rows, 2 * self.outputs[0].shape[0]) if self.outputs is not None else rows
+            ds, device = self.dspark, self.dspark.staging.device
+            h = ds.cfg.hidden_size
+            self.outputs = (torch.empty(rows, h, dtype=ds.dtype, device=device),
+                            torch.empty(rows, h, dtype=ds.dtype, device=device),
+                            torch.empty(rows, ds.cfg.vocab_size, dtype=torch.float32, device=device))
+            self.graphs = {}
+        return self.outputs
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """What to capture at start-up, before the first request (runtime.plan_graphs)."""
+
+    max_num_seqs: int
+    verify_tokens: int | None  # 1 + the speculator's draft tokens; None: no speculation planned
+    max_model_len: int
+
+    def tokens(self, geo_max: int) -> list[int]:
+        """Tokens per sequence of the planned step kinds that have fixed shapes (decode first)."""
+        return [n for n in (1, self.verify_tokens) if n and n <= geo_max]
+
+    def capture(self, decode: DecodeGraphs, draft: DraftGraphs | None, recorder: Recorder) -> None:
+        """Capture every planned graph of one cache; one INFO line with the count, time and memory."""
+        t0 = time.perf_counter()
+        count = decode.precapture(self.max_num_seqs, self.max_model_len)
+        if draft is not None:
+            count += draft.precapture(self.max_num_seqs)
+        buffers = [*decode.outputs.values(), *((draft.outputs or ()) if draft else ())]
+        outputs = sum(t.nbytes for t in buffers)
+        pool = f"pool {recorder.pool_bytes() / 2**20:.0f} MiB, " if isinstance(recorder, CudaRecorder) else ""
+        logger.info("CUDA graphs: captured %d graphs in %.1f s (%soutput buffers %.0f MiB)", count,
+                    time.perf_counter() - t0, pool, outputs / 2**20)
+
+
+def probe_graph_memory(
+    plan: GraphPlan, builder: MetadataBuilder, last_layer_is_consumer: bool, step: StepFn, vocab_size: int,
+    dspark: DSpark | None, cache: KVCache,
+) -> int:
+    """Device bytes the planned graphs will hold: the peak of eager padding-only steps of the largest
+    planned shapes (a graph's pool holds what its step allocates; graphs in one pool reuse each
+    other's freed memory) plus the shared output buffers. 0 off CUDA."""
+    device = builder.staging.device
+    if device.type != "cuda":
+        return 0
+    top = bucket_for(plan.max_num_seqs, BUCKETS) or BUCKETS[-1]
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    outputs = 0
+    for n in plan.tokens(builder.geo.max_fixed_tokens):
+        width = _table_width(-(-(plan.max_model_len + n) // BLOCK_TOKENS))
+        shape = FixedShape(top, n, width, "last" if n == 1 else "all")
+        meta = builder.build(ForwardBatch([]), last_layer_is_consumer, shape)
+        step(meta, None)
+        outputs += len(meta.logits_rows) * vocab_size * 4
+    if dspark is not None:
+        ids, positions, window = dspark.staging.upload(dspark.draft_arrays(cache, [], [], [], top))
+        out = dspark.draft_forward(cache, ids, positions, window)
+        outputs += out.hidden.nbytes + out.normed.nbytes + out.base_logits.nbytes
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base + outputs

@@ -25,7 +25,14 @@ from deepinfer.checkpoint.loader import load_checkpoint
 from deepinfer.config import ModelConfig, TextConfig, load_model_config
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.dspark import DSpark
-from deepinfer.models.deepseek_v41.graphs import CudaRecorder, DecodeGraphs, Recorder
+from deepinfer.models.deepseek_v41.graphs import (
+    CudaRecorder,
+    DecodeGraphs,
+    DraftGraphs,
+    GraphPlan,
+    Recorder,
+    probe_graph_memory,
+)
 from deepinfer.models.deepseek_v41.metadata import MetadataBuilder, StepMetadata
 from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
 from deepinfer.models.deepseek_v41.step_state import (
@@ -75,6 +82,7 @@ class DeepseekV41Runtime:
         self.last_is_consumer = model.blocks[-1].spec.is_yoco_consumer
         self.graphs: DecodeGraphs | None = None
         self.graph_recorder: Recorder | None = None  # when set, each cache gets graphs recorded by it
+        self.graph_plan: GraphPlan | None = None  # what allocate_cache captures ahead (plan_graphs)
         if options.cuda_graphs:
             if self.device.type != "cuda":
                 logger.info("CUDA graphs: not available on %s, every step runs eagerly", self.device)
@@ -107,9 +115,35 @@ class DeepseekV41Runtime:
         geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
         self.builder = MetadataBuilder(geometry, self.device)
         self.graphs = None  # graphs read the cache's addresses: recaptured for a new cache
+        if self.dspark is not None:
+            self.dspark.graphs = None
         if self.graph_recorder is not None:
+            plan = self.graph_plan
             self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, self.vocab_size,
-                                       self.graph_recorder)
+                                       self.graph_recorder, max_backtrack=self.max_backtrack,
+                                       verify_tokens=plan.verify_tokens if plan else None)
+            if self.dspark is not None:
+                self.dspark.graphs = DraftGraphs(self.dspark, self.cache, self.graph_recorder)
+            if plan is not None:
+                plan.capture(self.graphs, self.dspark.graphs if self.dspark else None, self.graph_recorder)
+
+    def plan_graphs(self, max_num_seqs: int, num_draft_tokens: int, max_model_len: int) -> int:
+        """Have every later `allocate_cache` capture its graphs ahead: decode steps of up to
+        `max_num_seqs` sequences, verification steps of 1 + `num_draft_tokens` (0: none), the draft
+        forward, at table widths up to `max_model_len`'s. Returns the device bytes the graphs will
+        take (to keep out of the cache budget; 0 without graphs), measured on a throwaway cache."""
+        if self.graph_recorder is None:
+            return 0
+        plan = GraphPlan(max_num_seqs, 1 + num_draft_tokens if num_draft_tokens else None, max_model_len)
+        self.graph_plan = None  # the probe's cache captures nothing
+        self.allocate_cache(num_blocks=2, num_slots=2)
+        reserve = probe_graph_memory(plan, self.builder, self.last_is_consumer, self.run_step,
+                                     self.vocab_size, self.dspark, self.cache)
+        self.cache = self.builder = self.graphs = self.history = None
+        if self.dspark is not None:
+            self.dspark.graphs = None
+        self.graph_plan = plan
+        return reserve
 
     def reset_slot(self, slot: int) -> None:
         self._require_cache().reset_slot(slot)
