@@ -408,3 +408,18 @@ def _added(engine, reqs, stream: bool = False):
     for i, (ids, params) in enumerate(reqs):
         engine.add_request(ids, params, request_id=f"r{i}", stream=stream)
     return engine
+
+
+def test_history_view_reads_like_the_joined_list():
+    from deepinfer.speculators.interface import History
+
+    base, tail = [3, 4, 5, 6], [7, 8]
+    view, joined = History(base, tail), base + tail
+    assert len(view) == 6 and list(view) == joined
+    for i in range(-6, 6):
+        assert view[i] == joined[i]
+    for s in (slice(None), slice(2, None), slice(4, None), slice(5, 6), slice(1, 5), slice(-3, None),
+              slice(0, 0), slice(7, None), slice(None, None, 2)):
+        assert view[s] == joined[s], s
+    with pytest.raises(IndexError, match="history index 6 out of range"):
+        view[6]

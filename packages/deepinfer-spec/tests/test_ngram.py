@@ -66,7 +66,7 @@ def test_incremental_index_equals_a_rescan(seed):
     index = NgramIndex(min_n, max_n)
     done = 0
     while done < len(tokens):
-        step = rng.randint(1, 7)
+        step = rng.choice([rng.randint(1, 7), rng.randint(16, 40)])  # a step's tokens, or a prompt
         index.extend(tokens[done : done + step])
         done = min(done + step, len(tokens))
         assert index.propose(5) == _rescan(tokens[:done], 5, min_n, max_n)

@@ -5,7 +5,8 @@ deterministic (one-hot), and exact verification keeps the output the target's wh
 Each sequence keeps an index from n-gram to the end position of its latest occurrence that has a
 following token; appending tokens only indexes the n-grams the new tokens complete, so a step costs
 O(new tokens * n-gram lengths) however long the history is (memory: one int -> int dict entry per
-token and n, about 100 bytes).
+token and n, about 100 bytes). An n-gram's key packs its token ids into one Python int (32 bits
+each, one dict per n): exact, and cheaper than hashing tuples.
 
 Acceptance estimates for confidence scheduling come from the drafts themselves: the tokens a
 sequence emits next show which of its previous drafts matched the target's choice. With one-hot
@@ -36,6 +37,10 @@ def _check_lengths(min_n: int, max_n: int) -> None:
         raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
 
 
+KEY_BITS = 32  # token ids are packed into n-gram keys this wide: they must lie in [0, 2**32)
+BULK = 16  # from this many new n-gram ends on, index with list comprehensions (a prompt)
+
+
 class NgramIndex:
     """One token history and, for every n in [min_n, max_n], where each n-gram last occurred."""
 
@@ -44,31 +49,51 @@ class NgramIndex:
         self.min_n = min_n
         self.max_n = max_n
         self.tokens: list[int] = []
-        # hash of the n-gram tuple -> end index of its latest occurrence with a follower. Int keys keep
-        # the dict out of the garbage collector's traversals (tuple keys made every collection walk
-        # millions of entries); a 64-bit hash collision can only cost a rejected draft.
-        self._latest_end: dict[int, int] = {}
+        # per n: packed key of the n-gram (`_key`) -> end index of its latest occurrence with a
+        # follower. Int keys also keep the dicts out of the garbage collector's traversals.
+        self._latest_end: list[dict[int, int]] = [{} for _ in range(max_n + 1)]
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens; index the n-grams that now have a following token (those ending before the
         last token), later occurrences overwriting earlier ones."""
         history = self.tokens
-        first_end = max(len(history) - 1, 0)  # the old last token gains a follower
+        first = max(len(history) - 1, 0)  # the old last token gains a follower
         history.extend(tokens)
-        last_end = len(history) - 2
-        for n in range(self.min_n, self.max_n + 1):
-            start = max(first_end, n - 1)
-            if start > last_end:
-                continue
-            columns = (history[start - n + 1 + i : last_end - n + 2 + i] for i in range(n))
-            self._latest_end.update(zip(map(hash, zip(*columns)), range(start, last_end + 1)))
+        last = len(history) - 2
+        if last - first + 1 >= BULK:
+            self._index_bulk(first, last)
+            return
+        latest, min_n, max_n = self._latest_end, self.min_n, self.max_n
+        for end in range(first, last + 1):  # a step's few tokens: plain loops cost least
+            key = 0
+            for n in range(1, min(max_n, end + 1) + 1):
+                key |= history[end - n + 1] << (KEY_BITS * (n - 1))
+                if n >= min_n:
+                    latest[n][key] = end
+
+    def _index_bulk(self, first: int, last: int) -> None:
+        """`extend` for n-grams ending at first..last, the same keys built a column at a time."""
+        history = self.tokens
+        keys, start = history[first : last + 1], first  # keys of the n-grams ending at start..last
+        for n in range(1, self.max_n + 1):
+            if n > 1:
+                drop = max(0, n - 1 - start)  # ends with fewer than n tokens up to them
+                keys, start = keys[drop:], start + drop
+                shift = KEY_BITS * (n - 1)
+                keys = [k | t << shift for k, t in zip(keys, history[start - n + 1 : last - n + 2])]
+            if n >= self.min_n:
+                self._latest_end[n].update(zip(keys, range(start, last + 1)))
 
     def propose(self, max_drafts: int) -> tuple[list[int], int]:
         """Up to `max_drafts` tokens that followed the latest earlier occurrence of the longest
         matching suffix, and that suffix's length n; ([], 0) when no suffix of length >= min_n recurs."""
         history = self.tokens
-        for n in range(min(self.max_n, len(history)), self.min_n - 1, -1):
-            end = self._latest_end.get(hash(tuple(history[len(history) - n :])))
+        keys, key = [0], 0  # keys[n]: the suffix of length n
+        for n in range(1, min(self.max_n, len(history)) + 1):
+            key |= history[-n] << (KEY_BITS * (n - 1))
+            keys.append(key)
+        for n in range(len(keys) - 1, self.min_n - 1, -1):
+            end = self._latest_end[n].get(keys[n])
             if end is not None:
                 return history[end + 1 : end + 1 + max_drafts], n
         return [], 0
@@ -131,21 +156,20 @@ class NgramProposer:
 
     def propose(self, batch: ProposeBatch) -> Proposal:
         states = [self._update(request.seq_id, request.token_ids) for request in batch.requests]
-        estimates = self._matched / self._observed  # after this step's evidence, whatever the row order
-        max_drafts = max((request.num_drafts for request in batch.requests), default=0)
-        token_ids = np.zeros((len(states), max_drafts), dtype=np.int64)
-        confidences = np.zeros((len(states), max_drafts), dtype=np.float32)
-        num_drafts = []
-        for row, (request, state) in enumerate(zip(batch.requests, states)):
-            drafts, state.match_n = state.index.propose(min(request.num_drafts, self.num_draft_tokens))
-            state.drafts = drafts
+        # after this step's evidence, whatever the row order; host lists: a few rows of K floats
+        estimates = (self._matched / self._observed).tolist()
+        width = min(max((request.num_drafts for request in batch.requests), default=0), self.num_draft_tokens)
+        token_ids, confidences, num_drafts = [], [], []
+        for request, state in zip(batch.requests, states):
+            drafts, state.match_n = state.index.propose(min(request.num_drafts, width))
+            state.drafts, pad = drafts, [0] * (width - len(drafts))
             num_drafts.append(len(drafts))
-            token_ids[row, : len(drafts)] = drafts
-            confidences[row, : len(drafts)] = estimates[state.match_n, : len(drafts)]
+            token_ids.append(drafts + pad)
+            confidences.append(estimates[state.match_n][: len(drafts)] + pad)
         return Proposal(
-            token_ids=torch.from_numpy(token_ids),
+            token_ids=torch.tensor(token_ids, dtype=torch.int64).view(len(states), width),
             num_drafts=num_drafts,
-            confidences=torch.from_numpy(confidences),
+            confidences=torch.tensor(confidences, dtype=torch.float32).view(len(states), width),
         )
 
     def release(self, seq_id: int) -> None:

@@ -40,7 +40,7 @@ from deepinfer.sampling.sampler import (
     TokenLogprob,
     to_device,
 )
-from deepinfer.speculators.interface import Proposal, ProposeBatch, Proposer, ProposeRequest
+from deepinfer.speculators.interface import History, Proposal, ProposeBatch, Proposer, ProposeRequest
 from deepinfer.speculators.verify import verify
 from deepinfer.structured.manager import StructuredManager
 
@@ -297,7 +297,7 @@ class ModelRunner:
         todo, requests = [], []
         for v in verified:
             seq, params = v.seq, v.seq.request.params
-            context = seq.token_ids + v.tokens
+            context = History(seq.token_ids, v.tokens)
             room = min(self.num_draft_tokens, seq.limit - len(context) - 1)
             eos = None if params.ignore_eos else self.sampler.eos_token_id
             stopped = any(t == eos or t in params.stop_token_ids for t in v.tokens)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, overload
 
 import torch
 
@@ -32,6 +32,39 @@ class SpeculatorConfig:
     num_draft_tokens: int | None = None  # K: most drafts per sequence and step; None: the proposer's default
 
 
+class History(Sequence[int]):
+    """A sequence's tokens followed by the ones its step just emitted, read in place: building the
+    joined list would copy the whole (often long) history for every request and step. Valid during
+    the `propose` call only (the engine appends to the underlying list afterwards)."""
+
+    __slots__ = ("base", "tail")
+
+    def __init__(self, base: list[int], tail: list[int]) -> None:
+        self.base, self.tail = base, tail
+
+    def __len__(self) -> int:
+        return len(self.base) + len(self.tail)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        n = len(self.base)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return [*self.base, *self.tail][i]
+            return self.base[start:min(stop, n)] + self.tail[max(start - n, 0):max(stop - n, 0)]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"history index {i} out of range ({len(self)} tokens)")
+        return self.base[i] if i < n else self.tail[i - n]
+
+
 @dataclass(frozen=True)
 class ProposeRequest:
     """One sequence that sampled a token this step: propose up to `num_drafts` tokens after it."""
@@ -39,7 +72,8 @@ class ProposeRequest:
     seq_id: int  # stable for the sequence's life; `Proposer.release` names it when it ends
     slot: int  # its model state slot: the caches hold every position before `position`
     position: int  # position of the newly sampled token (not yet fed to the model)
-    token_ids: Sequence[int]  # the whole sequence on the host (prompt + outputs), ending in that token
+    token_ids: Sequence[int]  # the whole sequence on the host (prompt + outputs), ending in that token;
+    # a `History` view: copy what must outlive the call
     params: SamplingParams
     seed: int  # int64 bit pattern; draft draws use rng.uniform(seed, draft position, PURPOSE_DRAFT)
     num_drafts: int  # 1 <= num_drafts <= Proposer.num_draft_tokens
