@@ -10,7 +10,8 @@ processing on the engine thread) comes from benchmarks/engine_overhead.py with a
     python benchmarks/step_host.py --batches 1,8,64,256 --contexts 2048,8192,65536 --tokens 1,4
     python benchmarks/step_host.py --batches 64 --contexts 8192 --tokens 1 --profile   # cProfile top 25
 
-Times are medians over --repeat builds (microseconds) of the same batch, positions advancing by n
+Times are medians over --repeat builds of the thread's CPU time (microseconds; CPU time rather than
+wall-clock time so that other processes on a loaded machine count less), positions advancing by n
 each step (block tables growing as they would), after warm-up builds.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from deepinfer.cache import BLOCK_TOKENS, KVCache
+from deepinfer.models.deepseek_v41 import metadata
 from deepinfer.models.deepseek_v41.metadata import FixedShape, MetadataBuilder, Staging
 from deepinfer.models.deepseek_v41.step_state import BoundedReplay, step_geometry
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -83,9 +85,9 @@ def median_us(fn: Callable[[], object], repeat: int, between: Callable[[], None]
     for _ in range(repeat):
         if between:
             between()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     return 1e6 * statistics.median(times)
 
 
@@ -114,6 +116,56 @@ def measure(builder: MetadataBuilder, batch: int, context: int, tokens: int, rep
     return row
 
 
+# parts of a fixed-shape build: (owner, function) -> column; the rest of the build is "other"
+PARTS = {
+    "checks": ("_check_segments", metadata),
+    "tables": ("update", getattr(metadata, "SlotTables", None)),
+    "window": ("_window", getattr(metadata, "FixedPlan", None)),
+    "entries": ("_compression", getattr(metadata, "FixedPlan", None)),
+    "engram": ("_engram", getattr(metadata, "FixedPlan", None)),
+    "copy": ("send", Staging),
+}
+
+
+def measure_parts(builder: MetadataBuilder, batch: int, context: int, tokens: int, repeat: int) -> dict:
+    """Median CPU us per fixed-shape build of each part (timed through wrappers, which add ~0.3 us per
+    call: "tables" runs once per sequence)."""
+    spent: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable) -> Callable:
+        def wrapper(*args: object, **kwargs: object) -> object:
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.thread_time() - t0
+        return wrapper
+
+    present = {k: (attr, owner) for k, (attr, owner) in PARTS.items() if hasattr(owner, attr)}
+    saved = {k: getattr(owner, attr) for k, (attr, owner) in present.items()}
+    for k, (attr, owner) in present.items():
+        setattr(owner, attr, timed(k, saved[k]))
+    try:
+        steps = Steps(batch, context, tokens)
+        persistent = Staging(torch.device("cpu"), persistent=True)
+        per_part: dict[str, list[float]] = {k: [] for k in [*present, "total"]}
+        for i in range(repeat + 3):
+            steps.advance()
+            b = steps.batch()
+            spent.clear()
+            t0 = time.thread_time()
+            builder.build(b, False, fixed_shape(b, tokens), persistent)
+            total = time.thread_time() - t0
+            if i >= 3:
+                for k in present:
+                    per_part[k].append(spent.get(k, 0.0))
+                per_part["total"].append(total)
+    finally:
+        for k, (attr, owner) in present.items():
+            setattr(owner, attr, saved[k])
+    return {k: 1e6 * statistics.median(v) for k, v in per_part.items()}
+
+
 def profile(builder: MetadataBuilder, batch: int, context: int, tokens: int, repeat: int) -> None:
     steps = Steps(batch, context, tokens)
     persistent = Staging(torch.device("cpu"), persistent=True)
@@ -136,6 +188,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--engine-steps", type=int, default=30, help="0: skip the engine-side part")
     parser.add_argument("--profile", action="store_true", help="cProfile the fixed-shape build instead")
+    parser.add_argument("--parts", action="store_true", help="also time the parts of the fixed-shape build")
     args = parser.parse_args()
     torch.set_num_threads(1)
     batches = [int(x) for x in args.batches.split(",")]
@@ -153,6 +206,17 @@ def main() -> None:
                 r = measure(builder, bsz, c, n, args.repeat)
                 print(f"{c:>6} {bsz:>5} {n:>2} {r['batch']:>12.0f} {r['eager']:>12.0f} {r['fixed']:>12.0f}",
                       flush=True)
+    if args.parts:
+        print("\nfixed build by part, median us (through timing wrappers)")
+        header = None
+        for c in contexts:
+            for bsz in batches:
+                for n in tokens:
+                    r = measure_parts(builder, bsz, c, n, args.repeat)
+                    if header is None:
+                        header = list(r)
+                        print(f"{'ctx':>6} {'batch':>5} {'n':>2} " + " ".join(f"{k:>8}" for k in header))
+                    print(f"{c:>6} {bsz:>5} {n:>2} " + " ".join(f"{r[k]:>8.0f}" for k in header), flush=True)
     if args.engine_steps:
         print("\nengine side (engine thread CPU time, benchmarks/engine_overhead.py, token ids only, async)")
         print(f"{'batch':>5} {'schedule us':>12} {'process us':>11}")

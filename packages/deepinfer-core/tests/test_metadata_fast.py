@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.models.deepseek_v41.metadata import (
     BoundedReplay,
     FixedShape,
@@ -141,3 +142,73 @@ def test_metadata_matches_recorded_builds(name: str) -> None:
 
 if __name__ == "__main__":
     record()
+
+
+def _table_of(meta: StepMetadata, i: int) -> list[int]:
+    return meta.block_tables[i].tolist()
+
+
+def test_block_tables_follow_appends_and_replaced_lists() -> None:
+    geo = GEOMETRIES["flash"]
+    builder = MetadataBuilder(geo, "cpu")
+    table = list(range(1, 101))  # wider than the slot tables' first allocation
+    last = 100 * BLOCK_TOKENS - 1
+    meta = builder.build(ForwardBatch([_seg(1, table, last, 1)]), False)
+    assert _table_of(meta, 0) == table + [0] * 28
+    table.append(500)  # the engine appends to the same list
+    shape = FixedShape(2, 1, 128, "last")
+    meta = builder.build(ForwardBatch([_seg(1, table, last + 1, 1)]), False, shape)
+    assert _table_of(meta, 0) == table + [0] * 27 and _table_of(meta, 1) == [0] * 128
+    assert meta.compression[1].pool_dest.tolist() == [500 * BLOCK_TOKENS, 0]
+    fresh = [7, 8]  # the slot goes to a new sequence: a new, shorter list
+    meta = builder.build(ForwardBatch([_seg(1, fresh, 130, 1)]), False, FixedShape(2, 1, 2, "last"))
+    assert _table_of(meta, 0) == [7, 8]
+    meta = builder.build(ForwardBatch([_seg(1, fresh, 131, 1)]), False)
+    assert _table_of(meta, 0) == [7, 8] and builder.tables.rows[1, 2:].tolist() == [0] * 126
+    with pytest.raises(ValueError, match=r"block tables of slots \[1\] do not cover"):
+        builder.build(ForwardBatch([_seg(1, fresh, 2 * BLOCK_TOKENS, 1)]), False, FixedShape(1, 1, 2, "last"))
+
+
+def test_fixed_builds_reuse_one_metadata_per_buffer() -> None:
+    """A graph's staging gets the same StepMetadata (same addresses) every step, with new values."""
+    builder = MetadataBuilder(GEOMETRIES["flash"], "cpu")
+    staging = Staging(torch.device("cpu"), persistent=True)
+    shape = FixedShape(4, 1, 2, "last")
+    table = [3, 4]
+    first = builder.build(ForwardBatch([_seg(2, table, 10, 1)]), False, shape, staging)
+    ptr = first.all_rows.window.data_ptr()
+    second = builder.build(ForwardBatch([_seg(2, table, 11, 1), _seg(1, [5], 0, 1)]), False, shape, staging)
+    assert second is first and second.all_rows.window.data_ptr() == ptr
+    assert second.seg_start.tolist() == [11, 0, 0, 0] and second.slots.tolist() == [2, 1, 0, 0]
+
+
+def test_plans_sharing_a_buffer_rewrite_their_constants() -> None:
+    """Shapes that alternate on one staging buffer, with eager builds in between, build what a fresh
+    builder builds for each step alone."""
+    geo = GEOMETRIES["mask"]
+    shared = MetadataBuilder(geo, "cpu")
+    tables = {s: [10 * s, 10 * s + 1] for s in range(1, 5)}
+    for step in range(6):
+        n = (1, 3, 2)[step % 3]
+        segs = [_seg(s, tables[s], 100 + 7 * s + step, n, "all") for s in range(1, 2 + step % 3)]
+        shape = _fixed(segs, 4, n, "all")
+        got = digest(shared.build(ForwardBatch(segs), True, shape))
+        assert got == digest(MetadataBuilder(geo, "cpu").build(ForwardBatch(segs), True, shape))
+        shared.build(ForwardBatch(segs), False)
+
+
+def test_fixed_shape_errors_name_the_problem() -> None:
+    builder = MetadataBuilder(GEOMETRIES["small"], "cpu")
+    seg = _seg(1, [2], 5, 2)
+    with pytest.raises(ValueError, match="2 sequences do not fit a fixed shape of 1"):
+        builder.build(ForwardBatch([seg, _seg(2, [3], 5, 2)]), False, FixedShape(1, 2, 1, "last"))
+    with pytest.raises(ValueError, match="at most 3 tokens per sequence, got 4"):
+        builder.build(ForwardBatch([seg]), False, FixedShape(1, 4, 1, "last"))
+    with pytest.raises(ValueError, match="'last' or 'all' logits rows, got 'none'"):
+        builder.build(ForwardBatch([seg]), False, FixedShape(1, 2, 1, "none"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="does not fit the fixed shape"):
+        builder.build(ForwardBatch([seg]), False, FixedShape(1, 2, 1, "all"))
+    with pytest.raises(ValueError, match="has no tokens"):
+        builder.build(ForwardBatch([_seg(1, [2], 5, 0)]), False, FixedShape(1, 2, 1, "last"))
+    with pytest.raises(ValueError, match=r"slots must lie in \[1, 9\)"):
+        builder.build(ForwardBatch([_seg(9, [2], 5, 2)]), False, FixedShape(1, 2, 1, "last"))

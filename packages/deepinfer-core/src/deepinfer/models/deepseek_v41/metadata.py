@@ -6,10 +6,16 @@ never overwrites a copy still in flight) and copies it to a persistent device bu
 non-blocking copy. The forward then sees only tensors, plus host ints derived from the lists (row
 counts, capacities). Row sets, index conventions and the meaning of each field: docs/architecture.md.
 
+Block tables are kept per slot (SlotTables): a step copies only the entries a sequence appended since
+its last step, not its whole list.
+
 A build for a `FixedShape` (CUDA graphs, graphs.py) pads the batch with padding sequences (slot 0,
 block table of block 0, both reserved for padding) and pads every data-dependent count to its bound,
 so every tensor shape and host int is a function of the shape alone; the padding writes only to
-slot 0's rings and block 0.
+slot 0's rings and block 0. Such a build follows a per-shape plan (FixedPlan): every array has a fixed
+place in the staging buffer, the values that depend on the shape alone are written once, the rest is
+computed over [sequences, tokens] arrays straight into the buffer, and the StepMetadata (views of the
+buffer) is made once per buffer and returned again by every later build.
 """
 
 from __future__ import annotations
@@ -148,27 +154,48 @@ class Staging:
         self.persistent = persistent
         self.pinned = device.type == "cuda"
         self.host: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * 2
+        self.host_np: list[np.ndarray] = [h.numpy() for h in self.host]
         self.events: list[torch.cuda.Event | None] = [None, None]
         self.dev = torch.empty(0, dtype=torch.int64, device=device)
         self.turn = 0
+        self.writer: list[object] = [None, None]  # per host buffer: the FixedPlan that wrote it last
 
     def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         sizes = [a.size for a in arrays]
         total = sum(sizes)
-        capacity = 1 << max(total, 1024).bit_length()
-        if self.events[self.turn] is not None:
-            self.events[self.turn].synchronize()  # the copy that last read this buffer is done
-        if self.host[self.turn].numel() < total:
-            self.host[self.turn] = torch.empty(capacity, dtype=torch.int64, pin_memory=self.pinned)
-        host = self.host[self.turn]
+        host, _ = self.acquire(total, None)
         if total:
-            np.concatenate([a.ravel() for a in arrays], out=host.numpy()[:total])
+            np.concatenate([a.ravel() for a in arrays], out=host[:total])
+        flat = self.send(total)
+        # views only where needed: a view per array costs more than the copy at decode sizes
+        return [t if a.ndim == 1 else t.view(a.shape) for t, a in zip(flat.split(sizes), arrays, strict=True)]
+
+    def acquire(self, total: int, writer: object) -> tuple[np.ndarray, bool]:
+        """The host buffer of the next upload (at least `total` values), once the copy that last read
+        it is done, and whether `writer` wrote it last (then what only `writer` writes is still there)."""
+        turn = self.turn
+        if self.events[turn] is not None:
+            self.events[turn].synchronize()  # the copy that last read this buffer is done
+        if self.host[turn].numel() < total:
+            capacity = 1 << max(total, 1024).bit_length()
+            self.host[turn] = torch.empty(capacity, dtype=torch.int64, pin_memory=self.pinned)
+            self.host_np[turn] = self.host[turn].numpy()
+            self.writer[turn] = None
+        held = writer is not None and self.writer[turn] is writer
+        self.writer[turn] = writer
+        return self.host_np[turn], held
+
+    def send(self, total: int) -> torch.Tensor:
+        """Ship the first `total` values of the acquired host buffer: the device values (the host
+        buffer itself on the CPU unless persistent); the next upload uses the other host buffer."""
+        host = self.host[self.turn]
         if self.device.type == "cpu" and not self.persistent:
             flat = host[:total]
         else:
             if self.dev.numel() < total:
                 if self.persistent and self.dev.numel():
                     raise RuntimeError(f"persistent staging holds {self.dev.numel()} values, got {total}")
+                capacity = 1 << max(total, 1024).bit_length()
                 self.dev = torch.empty(capacity, dtype=torch.int64, device=self.device)
             flat = self.dev[:total]
             flat.copy_(host[:total], non_blocking=True)
@@ -177,8 +204,277 @@ class Staging:
                 event.record()
                 self.events[self.turn] = event
         self.turn ^= 1
-        # views only where needed: a view per array costs more than the copy at decode sizes
-        return [t if a.ndim == 1 else t.view(a.shape) for t, a in zip(flat.split(sizes), arrays, strict=True)]
+        return flat
+
+
+class SlotTables:
+    """Each slot's block table as a row of one numpy array, updated only where its list changed.
+
+    A list is recognised by identity: passed again for the same slot, it is taken to have changed
+    only by appends (the engine's contract: scheduler.ScheduledSegment.blocks is appended to or
+    replaced, never rewritten), so only the new entries are copied; any other list is copied whole.
+    Entries past a row's length are 0 (the padding block), as in a padded table.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        self.rows = np.zeros((num_slots, 64), dtype=np.int64)
+        self.lists: list[object] = [None] * num_slots
+        self.lens = [0] * num_slots
+
+    def update(self, slot: int, table: list[int]) -> int:
+        """Make row `slot` hold `table`; its length."""
+        n, k = len(table), self.lens[slot]
+        if table is self.lists[slot] and n >= k:
+            if n > k:
+                self.reserve(n)
+                self.rows[slot, k:n] = table[k:]
+                self.lens[slot] = n
+            return n
+        self.reserve(n)
+        row = self.rows[slot]
+        row[:n] = table
+        if k > n:
+            row[n:k] = 0
+        self.lists[slot], self.lens[slot] = table, n
+        return n
+
+    def reserve(self, width: int) -> None:
+        if width > self.rows.shape[1]:
+            grown = np.zeros((self.rows.shape[0], 1 << (width - 1).bit_length()), dtype=np.int64)
+            grown[:, : self.rows.shape[1]] = self.rows
+            self.rows = grown
+
+
+def _check_segments(segs: list[SequenceSegment], num_slots: int) -> list[int]:
+    """Each segment's slot, once checked: tokens present, each slot once, in [1, num_slots)."""
+    slots = [s.slot for s in segs]
+    for s in segs:
+        if not s.token_ids:
+            raise ValueError(f"segment of slot {s.slot} has no tokens")
+    if len(set(slots)) != len(segs):
+        raise ValueError(f"a forward may hold each slot once, got slots {slots}")
+    if slots and (min(slots) <= 0 or max(slots) >= num_slots):
+        raise ValueError(f"slots must lie in [1, {num_slots}), got {slots}")
+    return slots
+
+
+def window_ring_keys(geo: StepGeometry, n: int) -> np.ndarray:
+    """[L, n, W]: (start + j - W + 1 + w) mod L by start mod L, the ring entries of every window key."""
+    offsets = np.arange(n)[:, None] - geo.window + 1 + np.arange(geo.window)
+    return (np.arange(geo.ring_len)[:, None, None] + offsets) % geo.ring_len
+
+
+class FixedPlan:
+    """The metadata of one FixedShape: each array's place in the staging buffer, the arrays that
+    depend on the shape alone, and index templates over [sequence, token(, key)] (module docstring).
+
+    B sequences (real ones first, then padding ones: slot 0, position 0, table of block 0) of n tokens
+    each: row r = b * n + j holds position start_b + j. Window key w of that row is position
+    start_b + j - W + 1 + w: from the slot's ring when j - W + 1 + w < 0, else step row b * n + (key -
+    start_b); counts that depend on data elsewhere (ring rows kept, compressed entries) are at their
+    bounds, because n <= StepGeometry.max_fixed_tokens.
+    """
+
+    def __init__(self, geo: StepGeometry, shape: FixedShape, ring_keys: np.ndarray) -> None:
+        """`ring_keys`: window_ring_keys(geo, shape.tokens), shared by the plans of one n."""
+        self.geo, self.shape, self.ring_keys = geo, shape, ring_keys
+        b, n, w = shape.num_seqs, shape.tokens, geo.window
+        rows = b * n
+        seq = np.arange(b, dtype=np.int64)
+        row_seg = np.repeat(seq, n)
+        every_row = np.arange(rows, dtype=np.int64)
+        self.tok = np.arange(n, dtype=np.int64)
+        self.key_offsets = self.tok[:, None] - w + 1 + np.arange(w)  # [n, W]: key - start
+        self.seq_rows = seq * n  # each sequence's first row
+        self.first_rows = geo.num_slots * geo.ring_len + self.seq_rows  # window key of its start
+        self.table_rows = seq * shape.table_width  # each sequence's first entry of the flat tables
+        self.layout: list[tuple[str, tuple[int, ...]]] = []
+        self.view_shapes: dict[str, tuple[int, ...]] = {}
+        self.constants: dict[str, np.ndarray] = {}
+
+        def add(name: str, *dims: int, value: np.ndarray | None = None, per: int = 0) -> None:
+            """`per`: the array holds `per` rows (or entry places) per sequence; `fill` sees [B, per, ...]."""
+            self.layout.append((name, dims))
+            self.view_shapes[name] = (b, per, *dims[1:]) if per else dims
+            if value is not None:
+                self.constants[name] = value.reshape(self.view_shapes[name])
+
+        mode = geo.replay.mode
+        add("slots", b)
+        add("seg_start", b)
+        add("seg_end", b)
+        add("qsl", b + 1, value=np.arange(b + 1, dtype=np.int64) * n)
+        add("tables", b, shape.table_width)
+        add("consumer_from", b, value=np.zeros(b, dtype=np.int64) if mode == "off" else None)
+        add("all.positions", rows, per=n)
+        add("all.row_seg", rows, value=row_seg)
+        add("all.window", rows, w, per=n)
+        add("all.ring_dest", rows, per=n)
+        add("all.ring_src", rows, value=every_row)
+        if mode != "off":
+            add("consumer.window", rows, w, per=n)
+        if mode == "compact":
+            add("kept", rows, value=every_row)
+        self.per_seq: dict[int, int] = {}
+        for r in geo.ratios:
+            self.per_seq[r] = p = -(-n // r)
+            add(f"c{r}.entry_positions", b * p, per=p)
+            add(f"c{r}.pool_dest", b * p, per=p)
+            if r > 1:
+                add(f"c{r}.sources", b * p, r, per=p)
+                add(f"c{r}.state_dest", rows, per=n)
+                add(f"c{r}.state_src", rows, value=every_row)
+        if geo.engram_n:
+            shifts = np.arange(geo.engram_n)
+            self.history_in_step = self.tok[:, None] - shifts >= 0  # [n, N]: shifts within the segment
+            self.history_step = geo.num_slots * geo.history_len + every_row.reshape(b, n, 1) - shifts
+            add("engram_sources", rows, geo.engram_n, per=n)
+            add("history_dest", rows, per=n)
+            add("history_src", rows, value=every_row)
+        last = shape.logits == "last"
+        logits_rows = seq * n + n - 1 if last else every_row
+        add("logits_rows", len(logits_rows), value=logits_rows)
+        add("input_ids", rows)
+        self.places: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+        at = 0
+        for name, dims in self.layout:
+            size = int(np.prod(dims))
+            self.places[name] = (at, at + size, dims)
+            at += size
+        self.total = at
+        self.bounds = tuple((i * n, (i + 1) * n) for i in range(b))
+        self.row_offsets = [i * (n if not last else 1) for i in range(b + 1)]
+        self._views: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        self._metas: dict[int, tuple[torch.Tensor, StepMetadata]] = {}
+
+    def views(self, host: np.ndarray) -> dict[str, np.ndarray]:
+        """Views of each array's place in `host` (kept per buffer), shaped as `fill` computes them:
+        per-row arrays as [B, n(, ...)], per-entry-place arrays as [B, places(, r)]."""
+        hit = self._views.get(id(host))  # the entry holds `host`: its id stays unique
+        if hit is None:
+            if len(self._views) >= 4:
+                self._views.clear()
+            hit = (host, {n: host[a:e].reshape(self.view_shapes[n]) for n, (a, e, _) in self.places.items()})
+            self._views[id(host)] = hit
+        return hit[1]
+
+    def metadata(self, flat: torch.Tensor) -> StepMetadata:
+        """The StepMetadata viewing the uploaded buffer `flat` (made once per buffer)."""
+        key = flat.data_ptr()
+        hit = self._metas.get(key)
+        if hit is None:
+            if len(self._metas) >= 4:
+                self._metas.clear()
+            hit = (flat, self._make_metadata(flat))
+            self._metas[key] = hit
+        return hit[1]
+
+    def _make_metadata(self, flat: torch.Tensor) -> StepMetadata:
+        t = {n: flat[a:e].view(d) for n, (a, e, d) in self.places.items()}
+        geo, shape = self.geo, self.shape
+        rows = shape.num_seqs * shape.tokens
+
+        def row_set(window: torch.Tensor) -> RowSet:
+            return RowSet(rows, self.bounds, t["all.positions"], t["all.row_seg"], window,
+                          t["all.ring_dest"], t["all.ring_src"])
+
+        all_rows = row_set(t["all.window"])
+        consumer_rows = all_rows if geo.replay.mode == "off" else row_set(t["consumer.window"])
+        compression = {
+            r: Compression(r, shape.table_width * (BLOCK_TOKENS // r), shape.num_seqs * self.per_seq[r],
+                           t[f"c{r}.entry_positions"], t[f"c{r}.pool_dest"], t.get(f"c{r}.sources"),
+                           t.get(f"c{r}.state_dest"), t.get(f"c{r}.state_src"))
+            for r in geo.ratios
+        }
+        return StepMetadata(
+            num_seqs=shape.num_seqs, num_rows=rows, slots=t["slots"], seg_start=t["seg_start"],
+            seg_end=t["seg_end"], query_start_loc=t["qsl"], block_tables=t["tables"],
+            consumer_from=t["consumer_from"], all_rows=all_rows, consumer_rows=consumer_rows,
+            kept=t.get("kept"), compression=compression, engram_sources=t.get("engram_sources"),
+            history_dest=t.get("history_dest"), history_src=t.get("history_src"),
+            input_ids=t["input_ids"], logits_rows=t["logits_rows"], row_offsets=list(self.row_offsets),
+        )
+
+    def fill(self, v: dict[str, np.ndarray], slots: list[int], starts: list[int], tables: SlotTables,
+             ids: list[int]) -> None:
+        """Write every per-step array into the views `v`: the real sequences' `slots`, `starts` and
+        token `ids`, then padding sequences."""
+        geo, shape = self.geo, self.shape
+        n, ring, real = shape.tokens, geo.ring_len, len(slots)
+        slot, start = v["slots"], v["seg_start"]
+        slot[:real], slot[real:] = slots, 0
+        start[:real], start[real:] = starts, 0
+        np.add(start, n, out=v["seg_end"])
+        np.take(tables.rows[:, : shape.table_width], slot, axis=0, out=v["tables"], mode="clip")
+        pos = np.add(start[:, None], self.tok, out=v["all.positions"])  # [B, n]
+        self._window(v)
+        np.add(pos % ring, (slot * ring)[:, None], out=v["all.ring_dest"])
+        for r in geo.ratios:
+            self._compression(v, r, pos)
+        if geo.engram_n:
+            self._engram(v, pos)
+        out = v["input_ids"]
+        out[: len(ids)], out[len(ids):] = ids, 0
+
+    def _window(self, v: dict[str, np.ndarray]) -> None:
+        geo, n, ring = self.geo, self.shape.tokens, self.geo.ring_len
+        slot, start, end = v["slots"], v["seg_start"], v["seg_end"]
+        window, offsets, w = v["all.window"], self.key_offsets, geo.window
+        np.take(self.ring_keys, start % ring, axis=0, out=window, mode="clip")  # keys % L
+        window += (slot * ring)[:, None, None]
+        for j in range(n):  # keys at or after the start are this step's rows
+            np.add(self.first_rows[:, None], offsets[j, w - 1 - j:], out=window[:, j, w - 1 - j:])
+        if geo.replay.mode != "off":
+            lo = np.maximum(end - geo.replay.keep, 0, out=v["consumer_from"])
+            consumer = v["consumer.window"]
+            np.copyto(consumer, window)
+            np.copyto(consumer, -1, where=start[:, None, None] + offsets < lo[:, None, None])
+        young = np.flatnonzero(start < w - 1)  # windows reaching back before position 0 (padding too)
+        if young.size:
+            rows = window[young]
+            np.copyto(rows, -1, where=start[young, None, None] + offsets < 0)
+            window[young] = rows
+
+    def _engram(self, v: dict[str, np.ndarray], pos: np.ndarray) -> None:
+        """N-gram token sources (shift i: position p - i, from this step or the history ring) and the
+        history ring rows this step's ids go to."""
+        hl, slot = self.geo.history_len, v["slots"]
+        back = pos[:, :, None] - np.arange(self.geo.engram_n)  # [B, n, N] positions
+        src = v["engram_sources"]
+        np.remainder(back, hl, out=src)
+        src += (slot * hl)[:, None, None]
+        np.copyto(src, self.history_step, where=self.history_in_step)
+        np.copyto(src, -1, where=back < 0)
+        np.add(pos % hl, (slot * hl)[:, None], out=v["history_dest"])
+
+    def _compression(self, v: dict[str, np.ndarray], r: int, pos: np.ndarray) -> None:
+        """Entry place j of sequence b holds entry start_b // r + j if that group completes in this
+        step, else a padding entry (position 0, pool row 0, pooled from the padding ring row)."""
+        geo, width = self.geo, self.shape.table_width
+        slot, start, end = v["slots"], v["seg_start"], v["seg_end"]
+        p, per_block = self.per_seq[r], BLOCK_TOKENS // r
+        entries = (start // r)[:, None] + np.arange(p)  # [B, p]
+        pending = entries >= (end // r)[:, None]
+        positions = v[f"c{r}.entry_positions"]
+        np.multiply(entries, r, out=positions)
+        np.copyto(positions, 0, where=pending)
+        col = np.minimum(entries // per_block, width - 1) + self.table_rows[:, None]
+        dest = v[f"c{r}.pool_dest"]
+        np.take(v["tables"].ravel(), col, out=dest, mode="clip")
+        dest *= per_block
+        dest += entries % per_block
+        np.copyto(dest, 0, where=pending)
+        if r == 1:
+            return
+        lc = geo.state_lens[r]
+        group = entries[:, :, None] * r + np.arange(r)  # [B, p, r] positions
+        sources = v[f"c{r}.sources"]
+        np.remainder(group, lc, out=sources)
+        sources += (slot * lc)[:, None, None]
+        step_rows = group + (geo.num_slots * lc + self.seq_rows - start)[:, None, None]
+        np.copyto(sources, step_rows, where=group >= start[:, None, None])
+        np.copyto(sources, geo.num_slots * lc, where=pending[:, :, None])
+        np.add(pos % lc, (slot * lc)[:, None], out=v[f"c{r}.state_dest"])
 
 
 class MetadataBuilder:
@@ -187,6 +483,9 @@ class MetadataBuilder:
     def __init__(self, geometry: StepGeometry, device: torch.device | str) -> None:
         self.geo = geometry
         self.staging = Staging(torch.device(device))
+        self.tables = SlotTables(geometry.num_slots)
+        self.plans: dict[FixedShape, FixedPlan] = {}
+        self.ring_keys: dict[int, np.ndarray] = {}  # tokens per sequence -> window_ring_keys
 
     def build(
         self,
@@ -197,36 +496,24 @@ class MetadataBuilder:
     ) -> StepMetadata:
         """The step's metadata, uploaded through `staging` (default: the builder's own); with `fixed`,
         padded to that shape (a batch of only padding sequences is then allowed)."""
+        if fixed is not None:
+            return self._build_fixed(batch.segments, fixed, staging or self.staging)
         geo = self.geo
         segs = list(batch.segments)
-        if not segs and fixed is None:
+        if not segs:
             raise ValueError("a forward needs at least one segment")
-        for s in segs:
-            if not s.token_ids:
-                raise ValueError(f"segment of slot {s.slot} has no tokens")
-        slots = np.array([s.slot for s in segs], dtype=np.int64)
-        if len(set(slots.tolist())) != len(segs):
-            raise ValueError(f"a forward may hold each slot once, got slots {slots.tolist()}")
-        if (slots <= 0).any() or (slots >= geo.num_slots).any():
-            raise ValueError(f"slots must lie in [1, {geo.num_slots}), got {slots.tolist()}")
-        if fixed is not None:
-            self._check_fixed(segs, fixed)
-            pad = SequenceSegment(0, [0], 0, [0] * fixed.tokens, fixed.logits)
-            segs += [pad] * (fixed.num_seqs - len(segs))
-            slots = np.array([s.slot for s in segs], dtype=np.int64)
+        slots = np.array(_check_segments(segs, geo.num_slots), dtype=np.int64)
         start = np.array([s.start_pos for s in segs], dtype=np.int64)
         lens = np.array([len(s.token_ids) for s in segs], dtype=np.int64)
         end = start + lens
         qsl = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-        max_blocks = max(len(s.block_table) for s in segs)
-        width = fixed.table_width if fixed else 1 << max(max_blocks - 1, 0).bit_length()
-        tables = np.zeros((len(segs), width), dtype=np.int64)
-        for i, s in enumerate(segs):
-            tables[i, : len(s.block_table)] = s.block_table
-        needed = -(-end // BLOCK_TOKENS)
-        short = [s.slot for s, n in zip(segs, needed, strict=True) if len(s.block_table) < n]
-        if short:
-            raise ValueError(f"block tables of slots {short} do not cover their new positions")
+        table_lens = np.array([self.tables.update(s.slot, s.block_table) for s in segs], dtype=np.int64)
+        short = slots[table_lens * BLOCK_TOKENS < end]
+        if short.size:
+            raise ValueError(f"block tables of slots {short.tolist()} do not cover their new positions")
+        width = 1 << max(int(table_lens.max()) - 1, 0).bit_length()
+        self.tables.reserve(width)
+        tables = self.tables.rows[slots, :width]
 
         replay = geo.replay
         consumer_from = np.maximum(end - replay.keep, 0) if replay.mode != "off" else np.zeros_like(end)
@@ -244,8 +531,7 @@ class MetadataBuilder:
             consumer_host = self._rows("consumer", start, first, end, slots, consumer_from, arrays)
             arrays["kept"] = _ranges(qsl[:-1] + (first - start), qsl[1:])
         for ratio in geo.ratios:
-            per_seq = -(-fixed.tokens // ratio) if fixed else None
-            self._compression(ratio, start, end, slots, qsl, tables, arrays, per_seq)
+            self._compression(ratio, start, end, slots, qsl, tables, arrays)
         if geo.engram_n:
             self._engram(start, end, slots, qsl, arrays)
         last_bounds = consumer_host[0] if last_layer_is_consumer else all_host[0]
@@ -270,9 +556,8 @@ class MetadataBuilder:
         compression = {}
         for r in geo.ratios:
             g = t.get
-            capacity = width * (BLOCK_TOKENS // r) if fixed else int((end // r).max())
             compression[r] = Compression(
-                r, capacity, arrays[f"c{r}.pool_dest"].size, t[f"c{r}.entry_positions"],
+                r, int((end // r).max()), arrays[f"c{r}.pool_dest"].size, t[f"c{r}.entry_positions"],
                 t[f"c{r}.pool_dest"], g(f"c{r}.sources"), g(f"c{r}.state_dest"), g(f"c{r}.state_src"),
             )
         return StepMetadata(
@@ -312,36 +597,22 @@ class MetadataBuilder:
 
     def _compression(
         self, r: int, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,
-        tables: np.ndarray, arrays: dict[str, np.ndarray], per_seq: int | None = None,
+        tables: np.ndarray, arrays: dict[str, np.ndarray],
     ) -> None:
-        """Groups completed by this step: entries [start // r, end // r) of each sequence.
-
-        per_seq (fixed shapes): each sequence owns that many entry places, its entries first; the rest
-        are padding entries (position 0, pool row 0 of the padding block, pooled from step row 0).
-        """
+        """Groups completed by this step: entries [start // r, end // r) of each sequence."""
         geo, per_block = self.geo, BLOCK_TOKENS // r
         counts = end // r - start // r
         entries = _ranges(start // r, end // r)
         seg = np.repeat(np.arange(len(counts)), counts)
-        place = None if per_seq is None else seg * per_seq + entries - (start // r)[seg]
-
-        def put(name: str, values: np.ndarray, fill: int) -> None:
-            if place is not None:
-                padded = np.full((len(counts) * per_seq, *values.shape[1:]), fill, dtype=np.int64)
-                padded[place] = values
-                values = padded
-            arrays[name] = values
-
-        put(f"c{r}.entry_positions", entries * r, 0)
-        put(f"c{r}.pool_dest", tables[seg, entries // per_block] * per_block + entries % per_block, 0)
+        arrays[f"c{r}.entry_positions"] = entries * r
+        arrays[f"c{r}.pool_dest"] = tables[seg, entries // per_block] * per_block + entries % per_block
         if r == 1:
             return
         lc = geo.state_lens[r]
         group = entries[:, None] * r + np.arange(r)  # [M, r] positions
         s = seg[:, None]
         in_step = geo.num_slots * lc + qsl[s] + group - start[s]
-        put(f"c{r}.sources", np.where(group >= start[s], in_step, slots[s] * lc + group % lc),
-            geo.num_slots * lc)
+        arrays[f"c{r}.sources"] = np.where(group >= start[s], in_step, slots[s] * lc + group % lc)
         rows = np.arange(qsl[-1])
         row_seg = np.repeat(np.arange(len(counts)), end - start)
         pos = start[row_seg] + rows - qsl[row_seg]
@@ -349,19 +620,42 @@ class MetadataBuilder:
         arrays[f"c{r}.state_dest"] = (slots[row_seg] * lc + pos % lc)[kept]
         arrays[f"c{r}.state_src"] = rows[kept]
 
-    def _check_fixed(self, segs: list[SequenceSegment], fixed: FixedShape) -> None:
+    def _build_fixed(self, segs: list[SequenceSegment], fixed: FixedShape, staging: Staging) -> StepMetadata:
+        geo, n = self.geo, fixed.tokens
+        slots = _check_segments(segs, geo.num_slots)
         if len(segs) > fixed.num_seqs:
             raise ValueError(f"{len(segs)} sequences do not fit a fixed shape of {fixed.num_seqs}")
-        if fixed.tokens > self.geo.max_fixed_tokens:
-            raise ValueError(f"a fixed shape holds at most {self.geo.max_fixed_tokens} tokens per sequence, "
-                             f"got {fixed.tokens}")
+        if n > geo.max_fixed_tokens:
+            raise ValueError(f"a fixed shape holds at most {geo.max_fixed_tokens} tokens per sequence, "
+                             f"got {n}")
+        if fixed.logits not in ("last", "all"):
+            raise ValueError(f"a fixed shape returns 'last' or 'all' logits rows, got {fixed.logits!r}")
+        starts, ids, short = [], [], []
         for s in segs:
-            same_rows = s.logits == fixed.logits or (fixed.tokens == 1 and s.logits != "none")
-            if len(s.token_ids) != fixed.tokens or not same_rows:
+            if len(s.token_ids) != n or (s.logits != fixed.logits and (n > 1 or s.logits == "none")):
                 raise ValueError(f"segment of slot {s.slot} ({len(s.token_ids)} tokens, logits {s.logits!r}) "
                                  f"does not fit the fixed shape {fixed}")
             if len(s.block_table) > fixed.table_width:
                 raise ValueError(f"block table of slot {s.slot} is wider than {fixed.table_width}")
+            starts.append(s.start_pos)
+            ids += s.token_ids
+            if self.tables.update(s.slot, s.block_table) * BLOCK_TOKENS < s.start_pos + n:
+                short.append(s.slot)
+        if short:
+            raise ValueError(f"block tables of slots {short} do not cover their new positions")
+        self.tables.reserve(fixed.table_width)
+        plan = self.plans.get(fixed)
+        if plan is None:
+            if n not in self.ring_keys:
+                self.ring_keys[n] = window_ring_keys(geo, n)
+            plan = self.plans[fixed] = FixedPlan(geo, fixed, self.ring_keys[n])
+        host, held = staging.acquire(plan.total, plan)
+        views = plan.views(host)
+        if not held:
+            for name, value in plan.constants.items():
+                views[name][...] = value
+        plan.fill(views, slots, starts, self.tables, ids)
+        return plan.metadata(staging.send(plan.total))
 
     def _engram(
         self, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,
