@@ -228,6 +228,7 @@ def survey_ops(backend: str, device: torch.device, invariant: bool) -> Ops:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--experts", type=int, default=None, help="routed experts of the slice (default: Flash's)")
     p.add_argument("--batch", nargs="+", default=None,
                    help="batch sizes (and 'mixed' in the survey); default 3 8 64 mixed, --cost: 1 8 64")
     p.add_argument("--modes", nargs="+", choices=["default", "invariant"], default=["default", "invariant"])
@@ -242,7 +243,9 @@ def main() -> None:
     args = p.parse_args()
     device = torch.device(args.device)
     if args.config == "flash-slice":
-        config, dtype = flash_slice_config(num_layers=args.layers), torch.bfloat16
+        config = flash_slice_config(num_layers=args.layers, n_routed_experts=args.experts,
+                                    dspark_n_routed_experts=args.experts and min(args.experts, 16))
+        dtype = torch.bfloat16
     else:
         config, dtype = tiny_config(args.config), torch.float32
     default = ["1", "8", "64"] if args.cost else ["3", "8", "64", "mixed"]
