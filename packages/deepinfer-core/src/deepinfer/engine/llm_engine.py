@@ -75,7 +75,7 @@ class LLMEngine:
         self.vocab_size = model.vocab_size
         self.eos_token_id = model.eos_token_id
         layout = model.cache_layout()
-        plan = plan_cache(layout, cache_budget(config, torch.device(device)), config)
+        plan = plan_cache(layout, cache_budget(config, torch.device(device), model), config)
         model.allocate_cache(plan.num_blocks, plan.num_slots)
         logger.info("cache: %s", plan.describe(layout))
         self.max_model_len = min(config.max_model_len, (plan.num_blocks - 1) * layout.block_size)
