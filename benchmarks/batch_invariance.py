@@ -17,7 +17,9 @@ batch_invariant=True)).
 
 `--cost`: what the invariant mode costs instead, per mode: decode ms/step at each `--batch` size (CUDA
 graphs, after a batched prefill of `--context` tokens per sequence) and prefill tok/s of one
-`--prefill`-token sequence; then the invariant / default ratios.
+`--prefill`-token sequence; then the invariant / default ratios. `probe_bitwise`: whether slot 1 (the
+same prompt in every batch, prefilled and decoded beside the others) gets the first batch size's
+logits bitwise.
 
     python benchmarks/batch_invariance.py [--layers 3 --batch 3 8 64 mixed --json out.json]
     python benchmarks/batch_invariance.py --cost [--layers 2 --batch 1 8 64 --json cost.json]
@@ -179,27 +181,36 @@ def _timed(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def cost(runtime: DeepseekV41Runtime, batches: list[int], context: int, prefill: int, steps: int) -> dict:
-    """Decode ms/step per batch size and prefill tok/s of one sequence (module docstring)."""
+    """Decode ms/step per batch size and prefill tok/s of one sequence (module docstring); also whether
+    the first decode step's logits of slot 1 (the same prompt in every batch) are bitwise those of the
+    first batch size."""
     block = runtime.cache_layout().block_size
     per_seq = -(-(max(context + 2 * steps + 2, prefill)) // block)
     most = max(batches)
     runtime.allocate_cache(1 + most * per_seq, most + 1)
     tables = {s: list(range(1 + (s - 1) * per_seq, 1 + s * per_seq)) for s in range(1, most + 1)}
     gen = torch.Generator().manual_seed(0)
-    result: dict = {"decode_ms": {}}
+    probe = torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist()
+    result: dict = {"decode_ms": {}, "probe_bitwise": {}}
+    first: dict[int, torch.Tensor] = {}
     for batch in batches:
         slots = range(1, batch + 1)
-        prompts = [torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist() for _ in slots]
+        prompts = [probe] + [torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist()
+                             for _ in slots[1:]]
         for s in slots:
             runtime.reset_slot(s)
         runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, p) for s, p in zip(slots, prompts)]))
         pos = [context]
 
-        def decode(slots: range = slots, pos: list[int] = pos) -> None:
-            runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], pos[0], [7 + s]) for s in slots]))
+        def decode(slots: range = slots, pos: list[int] = pos, batch: int = batch) -> None:
+            segs = [SequenceSegment(s, tables[s], pos[0], [7 + s]) for s in slots]
+            logits = runtime.forward(ForwardBatch(segs)).logits
+            if pos[0] == context:
+                first[batch] = logits[0].clone()
             pos[0] += 1
 
         result["decode_ms"][batch] = 1e3 * _timed(decode, steps)
+        result["probe_bitwise"][batch] = bool(torch.equal(first[batch], first[batches[0]]))
     tokens = torch.randint(3, runtime.vocab_size, (prefill,), generator=gen).tolist()
 
     def prefill_once() -> None:
