@@ -3,12 +3,16 @@
 The model-side part is the step metadata build of the DeepSeek-V4.1 runtime (metadata.MetadataBuilder)
 at the Flash-width slice's geometry (window 128, compress ratios 1 and 2, Engram 4-grams, DSpark
 backtrack): eager steps (own staging) and fixed-shape steps (what a CUDA-graph replay builds, into a
-persistent staging buffer). Device tensors play no part in the host cost, so the cache is allocated on
-the meta device and staging copies land in CPU memory. The engine-side part (scheduler and output
-processing on the engine thread) comes from benchmarks/engine_overhead.py with a constant-logits model.
+persistent staging buffer), and the whole host side of a graph step (graphs.DecodeGraphs.forward with
+a no-op replay: graph key, fixed build, token ids, logits copied out). Device tensors play no part
+in the host cost, so the cache is allocated on the meta device and staging copies land in CPU memory
+(a real memcpy here; from pinned memory to a GPU the copy is asynchronous). The engine-side part
+(scheduler and output processing on the engine thread) comes from benchmarks/engine_overhead.py with
+a constant-logits model.
 
     python benchmarks/step_host.py --batches 1,8,64,256 --contexts 2048,8192,65536 --tokens 1,4
     python benchmarks/step_host.py --batches 64 --contexts 8192 --tokens 1 --profile   # cProfile top 25
+    python benchmarks/step_host.py ... --parts    # also the fixed build part by part
 
 Times are medians over --repeat builds of the thread's CPU time (microseconds; CPU time rather than
 wall-clock time so that other processes on a loaded machine count less), positions advancing by n
@@ -30,6 +34,7 @@ import torch
 
 from deepinfer.cache import BLOCK_TOKENS, KVCache
 from deepinfer.models.deepseek_v41 import metadata
+from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
 from deepinfer.models.deepseek_v41.metadata import FixedShape, MetadataBuilder, Staging
 from deepinfer.models.deepseek_v41.step_state import BoundedReplay, step_geometry
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -107,8 +112,13 @@ def measure(builder: MetadataBuilder, batch: int, context: int, tokens: int, rep
         holder["b"] = steps.batch()
 
     next_step()
+    # a graph step's host side: graph key, fixed build, ids, (no-op) replay, logits copied out
+    graphs = DecodeGraphs(builder=builder, last_layer_is_consumer=False, vocab_size=8,
+                          step=lambda meta, ids: torch.zeros(len(meta.logits_rows), 8),
+                          recorder=lambda step: (step(), lambda: None))
     row = {
         "batch": median_us(steps.batch, repeat),
+        "graph": median_us(lambda: graphs.forward(holder["b"]), repeat, next_step),
         "eager": median_us(lambda: builder.build(holder["b"], False), repeat, next_step),
         "fixed": median_us(lambda: builder.build(holder["b"], False, fixed_shape(holder["b"], tokens),
                                                  persistent), repeat, next_step),
@@ -199,13 +209,14 @@ def main() -> None:
         profile(builder, batches[0], contexts[0], tokens[0], args.repeat)
         return
     print("model side, median us per step (Flash-width slice geometry, CPU)")
-    print(f"{'ctx':>6} {'batch':>5} {'n':>2} {'ForwardBatch':>12} {'eager build':>12} {'fixed build':>12}")
+    print(f"{'ctx':>6} {'batch':>5} {'n':>2} {'ForwardBatch':>12} {'eager build':>12} {'fixed build':>12} "
+          f"{'graph step':>11}")
     for c in contexts:
         for bsz in batches:
             for n in tokens:
                 r = measure(builder, bsz, c, n, args.repeat)
-                print(f"{c:>6} {bsz:>5} {n:>2} {r['batch']:>12.0f} {r['eager']:>12.0f} {r['fixed']:>12.0f}",
-                      flush=True)
+                print(f"{c:>6} {bsz:>5} {n:>2} {r['batch']:>12.0f} {r['eager']:>12.0f} {r['fixed']:>12.0f} "
+                      f"{r['graph']:>11.0f}", flush=True)
     if args.parts:
         print("\nfixed build by part, median us (through timing wrappers)")
         header = None

@@ -453,19 +453,23 @@ class FixedPlan:
         geo, width = self.geo, self.shape.table_width
         slot, start, end = v["slots"], v["seg_start"], v["seg_end"]
         p, per_block = self.per_seq[r], BLOCK_TOKENS // r
+        positions, dest = v[f"c{r}.entry_positions"], v[f"c{r}.pool_dest"]
+        if r == 1:  # every row completes its own entry
+            positions[...] = pos
+            col = pos // per_block + self.table_rows[:, None]
+            np.take(v["tables"].ravel(), col, out=dest, mode="clip")
+            dest *= per_block
+            dest += pos % per_block
+            return
         entries = (start // r)[:, None] + np.arange(p)  # [B, p]
         pending = entries >= (end // r)[:, None]
-        positions = v[f"c{r}.entry_positions"]
         np.multiply(entries, r, out=positions)
         np.copyto(positions, 0, where=pending)
         col = np.minimum(entries // per_block, width - 1) + self.table_rows[:, None]
-        dest = v[f"c{r}.pool_dest"]
         np.take(v["tables"].ravel(), col, out=dest, mode="clip")
         dest *= per_block
         dest += entries % per_block
         np.copyto(dest, 0, where=pending)
-        if r == 1:
-            return
         lc = geo.state_lens[r]
         group = entries[:, :, None] * r + np.arange(r)  # [B, p, r] positions
         sources = v[f"c{r}.sources"]
