@@ -47,6 +47,8 @@ from deepinfer.models.interface import ForwardBatch, ForwardOutput, SequenceSegm
 logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+# a pool allocates whole segments (the caching allocator's 2 MiB small and 20 MiB large ones)
+_POOL_ROUNDING = (2 + 20) << 20
 
 # (metadata, device token ids or None: the metadata's) -> float32 logits of meta.logits_rows
 StepFn = Callable[[StepMetadata, torch.Tensor | None], torch.Tensor]
@@ -380,7 +382,7 @@ def probe_graph_memory(
 ) -> int:
     """Device bytes the planned graphs will hold: the peak of eager padding-only steps of the largest
     planned shapes (a graph's pool holds what its step allocates; graphs in one pool reuse each
-    other's freed memory) plus the shared output buffers. 0 off CUDA."""
+    other's freed memory) plus the shared output buffers and the pool's segment rounding. 0 off CUDA."""
     device = builder.staging.device
     if device.type != "cuda":
         return 0
@@ -400,4 +402,4 @@ def probe_graph_memory(
         out = dspark.draft_forward(cache, ids, positions, window)
         outputs += out.hidden.nbytes + out.normed.nbytes + out.base_logits.nbytes
     torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - base + outputs
+    return torch.cuda.max_memory_allocated(device) - base + outputs + _POOL_ROUNDING
