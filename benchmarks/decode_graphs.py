@@ -124,7 +124,11 @@ def main() -> None:
 
     # start-up capture, planned for the largest batch and K, with the first pair's cache
     t0 = time.perf_counter()
-    reserve = runtime.plan_graphs(max(b for b, _ in pairs), kmax, max(pf for _, pf in pairs) + kmax + 1)
+    try:
+        reserve = runtime.plan_graphs(max(b for b, _ in pairs), kmax, max(pf for _, pf in pairs) + kmax + 1)
+    except Exception as exc:  # the step timings below do not depend on it
+        results["plan_error"], reserve = f"{type(exc).__name__}: {exc}"[:300], 0
+        runtime.graph_plan = None
     results["plan_s"], results["reserve_mib"] = time.perf_counter() - t0, reserve / 2**20
     for i, (batch, prefill) in enumerate(pairs):
         t0 = time.perf_counter()
