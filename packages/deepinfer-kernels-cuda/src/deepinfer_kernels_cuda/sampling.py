@@ -594,7 +594,8 @@ def _bitmask_kernel(x_ptr, x_stride, mask_ptr, mask_stride, out_ptr, V, BLOCK: t
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Reference `apply_token_bitmask` in one elementwise pass (bit t % 32 of word t // 32 clear -> -inf)."""
-    if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.dtype != torch.int32:
+    if (logits.dim() != 2 or bitmask.dim() != 2 or bitmask.dtype != torch.int32
+            or bitmask.shape[0] != logits.shape[0] or bitmask.shape[1] * 32 < logits.shape[1]):
         raise ValueError(f"apply_token_bitmask takes logits [B, V] and an int32 bitmask [B, ceil(V / 32)], "
                          f"got {tuple(logits.shape)} and {bitmask.dtype} {tuple(bitmask.shape)}")
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
