@@ -1,30 +1,53 @@
-"""Speculative decoding end to end: mean accepted length and acceptance rate per draft length K, and
-tokens per second with and without speculation, at several batch sizes (offline `LLM.generate`).
+"""Speculative decoding benchmark: end-to-end engine speed per speculator / K / schedule / batch, and the
+verification cost per K on a Flash-width slice.
 
-    python benchmarks/spec_decode.py [--model DIR] [--speculators dspark,ngram] [--ks 1,2,3,4,5]
-        [--batches 1,8] [--max-tokens 64] [--temperature 0] [--schedules fixed] [--json-out FILE]
+    # engine sweep (offline LLM.generate): per-user tok/s and throughput at each batch, mean accepted
+    # length, acceptance rate, and throughput / per-user speed at matched speed of no speculation
+    python benchmarks/spec_decode.py engine [--model DIR] [--speculators dspark,ngram] [--ks 1,3,5]
+        [--schedules fixed,confidence] [--confidence-ks 3,5] [--batches 1,8,64] [--max-tokens 64]
+        [--budget-s 90] [--json-out FILE]
+    # step cost per K (model runtime + exact verification, CUDA graphs as the engine replays them):
+    # decode step, verification step of 1 + K rows per sequence, DSpark draft step; modelled speed-ups
+    python benchmarks/spec_decode.py cost [--slice-layers 5 | --tiny] [--batches 1,8,64] [--ks 1,2,3,4,5]
+        [--acceptance 0.5,0.7,0.9] [--budget-s 60] [--json-out FILE]
+    # n-gram proposer host cost per request and step at long histories (CPU)
+    python benchmarks/spec_decode.py ngram [--history 8192] [--batches 1,64]
 
-Without --model it writes the tiny `full` config with random weights (DSpark block size 4) to a
-temporary directory: the machinery is measured, the acceptance of a random draft model is not
-meaningful. Requests ignore EOS, so every one generates --max-tokens tokens. Per-user tok/s is the
-mean over requests of output tokens / (finish - arrival) seconds; throughput is all output tokens
-over the wall time of the generate call; tok_per_cpu_s divides by the process's CPU time instead (what
-a shared, loaded machine distorts least). K above the DSpark block size is skipped for dspark.
+engine: without --model it writes the tiny `full` config (random weights, DSpark block size 4) to a
+temporary directory: the machinery is measured, a random drafter's acceptance is not meaningful. One
+engine per (speculator, K, schedule), built with max_num_seqs = the largest batch and reused for every
+batch (async scheduling on, the default). Requests ignore EOS, so each generates --max-tokens tokens; a
+warm-up generate at the same batch runs first. Per-user tok/s = mean over requests of output tokens /
+(finish - arrival); throughput = all output tokens / wall time. "matched": the no-speculation curve
+over the batches (per-user speed vs throughput, interpolated in log space) read at this point's
+throughput (per-user speed-up) and at its per-user speed (throughput ratio); None outside that curve.
+Engines past --budget-s are skipped (listed), most informative first: none, fixed K, confidence.
+
+cost: random weights cannot show acceptance, so this measures what a speed-up at a given acceptance
+follows from: t_dec(B) = a decode step of B sequences, t_ver(B, K) = a step verifying K drafts per
+sequence (forward over 1 + K rows each, logits of every row, greedy verification), t_draft(B, K) = the
+DSpark proposer's step (draft forward, K Markov/sampling steps, confidences). With i.i.d. acceptance a,
+a verifying step emits E = (1 - a^(K+1)) / (1 - a) tokens per sequence, so the modelled per-user
+speed-up is E * t_dec / t_ver (prompt lookup: drafting is host work) or E * t_dec / (t_ver + t_draft)
+(DSpark); engine overheads are not in it (the engine sweep measures them on the trained model).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from deepinfer.entrypoints.llm import LLM
 from deepinfer.sampling import SamplingParams
 from deepinfer.speculators import registry
 
@@ -41,6 +64,14 @@ TEXTS = [
 ]
 
 
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
 def ensure_speculators() -> None:
     """Register deepinfer-spec's plugins directly when the installed metadata predates its entry
     points (an editable install not re-synced since they were added)."""
@@ -53,55 +84,84 @@ def ensure_speculators() -> None:
     registry.available_speculators = lambda: found
 
 
-def prompts(llm: LLM, batch: int) -> list[Any]:
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A markdown table of `columns` (floats rounded to 3 significant decimals)."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return "-" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ---- engine sweep ---------------------------------------------------------------------------------
+
+
+def prompts(llm: Any, batch: int) -> list[Any]:
     if llm.tokenizer is not None:
         return [TEXTS[i % len(TEXTS)] for i in range(batch)]
     vocab = llm.engine.vocab_size
     return [[5 + (7 * i + 3 * (j % 11)) % (vocab - 5) for j in range(40)] for i in range(batch)]
 
 
-def measure(model: Path, batch: int, params: SamplingParams, **engine: Any) -> dict[str, Any]:
-    llm = LLM(model, max_num_seqs=batch, log_stats_interval=0, **engine)
-    try:
-        warm_up = SamplingParams(temperature=0, max_tokens=4)
-        llm.generate(prompts(llm, batch), warm_up, use_tqdm=False)
-        stats = llm.engine.stats
+def measure(llm: Any, batch: int, params: SamplingParams) -> dict[str, Any]:
+    """One warm-up and one measured generate of `batch` requests on a built engine."""
+    llm.generate(prompts(llm, batch), params, use_tqdm=False)
+    stats = llm.engine.stats
 
-        def counters() -> tuple[int, int, int]:
-            return stats.spec_verify_steps, stats.spec_draft_tokens, stats.spec_accepted_tokens
+    def counters() -> tuple[int, int, int]:
+        return stats.spec_verify_steps, stats.spec_draft_tokens, stats.spec_accepted_tokens
 
-        before = counters()
-        start, cpu_start = time.perf_counter(), time.process_time()
-        outs = llm.generate(prompts(llm, batch), params, use_tqdm=False)
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        steps, drafted, accepted = (now - b for now, b in zip(counters(), before, strict=True))
-        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        per_user = [len(o.outputs[0].token_ids) / (o.metrics.finish_time - o.metrics.arrival_time)
-                    for o in outs]
-        return {
-            "batch": batch, "tokens": tokens, "wall_s": round(wall, 3),
-            "throughput_tok_s": round(tokens / wall, 1),
-            "cpu_s": round(cpu, 3), "tok_per_cpu_s": round(tokens / cpu, 1),
-            "per_user_tok_s": round(statistics.mean(per_user), 1),
-            "mean_accepted_length": round(1 + accepted / steps, 3) if steps else None,
-            "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
-        }
-    finally:
-        llm.engine.close()
+    before = counters()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    outs = llm.generate(prompts(llm, batch), params, use_tqdm=False)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    steps, drafted, accepted = (now - b for now, b in zip(counters(), before, strict=True))
+    tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    per_user = [len(o.outputs[0].token_ids) / (o.metrics.finish_time - o.metrics.arrival_time) for o in outs]
+    return {
+        "batch": batch, "tokens": tokens, "wall_s": round(wall, 3),
+        "throughput_tok_s": round(tokens / wall, 1), "per_user_tok_s": round(statistics.mean(per_user), 1),
+        "tok_per_cpu_s": round(tokens / cpu, 1),
+        "mean_accepted_length": round(1 + accepted / steps, 3) if steps else None,
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+    }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--speculators", default="dspark,ngram")
-    ap.add_argument("--ks", default="1,2,3,4,5")
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--schedules", default="fixed", help="comma list of fixed, confidence")
-    ap.add_argument("--json-out", type=Path, default=None)
-    args = ap.parse_args()
-    torch.manual_seed(0)
+def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
+    """y at x on the piecewise log-log line through (xs, ys) (xs in any order); None outside."""
+    pts = sorted(zip(xs, ys, strict=True))
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return y0
+            f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
+    return pts[0][1] if len(pts) == 1 and pts[0][0] == x else None
+
+
+def add_matched(results: list[dict[str, Any]]) -> None:
+    """Per-user speed-up at the no-speculation throughput, and throughput ratio at its per-user speed."""
+    base = [r for r in results if r["speculator"] == "none"]
+    thr = [r["throughput_tok_s"] for r in base]
+    user = [r["per_user_tok_s"] for r in base]
+    by_batch = {r["batch"]: r for r in base}
+    for r in results:
+        if r["speculator"] == "none" or r.get("skipped"):
+            continue
+        same = by_batch.get(r["batch"])
+        r["per_user_speedup"] = round(r["per_user_tok_s"] / same["per_user_tok_s"], 3) if same else None
+        u = interpolate(thr, user, r["throughput_tok_s"])
+        t = interpolate(user, thr, r["per_user_tok_s"])
+        r["per_user_x_at_matched_throughput"] = round(r["per_user_tok_s"] / u, 3) if u else None
+        r["throughput_x_at_matched_per_user"] = round(r["throughput_tok_s"] / t, 3) if t else None
+
+
+def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from deepinfer.entrypoints.llm import LLM
+
     ensure_speculators()
     model = args.model
     if model is None:
@@ -109,23 +169,203 @@ def main() -> None:
 
         model = write_tiny_checkpoint("full", tempfile.mkdtemp(prefix="spec-bench-"), seed=0)
     block = json.loads((model / "config.json").read_text())["text_config"].get("dspark_block_size") or 0
+    batches = ints(args.batches)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True, seed=1)
+    configs: list[tuple[str, int, str]] = [("none", 0, "-")]
+    for schedule in args.schedules.split(","):
+        ks = ints(args.confidence_ks) if schedule == "confidence" and args.confidence_ks else ints(args.ks)
+        configs += [(name, k, schedule) for k in ks for name in args.speculators.split(",")
+                    if not (name == "dspark" and k > block)]
+    deadline = time.perf_counter() + args.budget_s
+    results: list[dict[str, Any]] = []
+    for name, k, schedule in configs:
+        row = {"speculator": name, "k": k, "schedule": schedule}
+        if time.perf_counter() > deadline:
+            results += [{**row, "batch": b, "skipped": "budget"} for b in batches]
+            print(f"skipped (budget): {name} K={k} {schedule}", flush=True)
+            continue
+        spec = {} if name == "none" else dict(speculator=name, num_draft_tokens=k, spec_schedule=schedule)
+        t0 = time.perf_counter()
+        llm = LLM(model, max_num_seqs=max(batches), log_stats_interval=0, **spec)
+        build_s = round(time.perf_counter() - t0, 1)
+        try:
+            for batch in batches:
+                results.append({**row, **measure(llm, batch, params), "build_s": build_s})
+                print(json.dumps(results[-1]), flush=True)
+        finally:
+            llm.engine.close()
+            del llm
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    add_matched(results)
+    done = [r for r in results if not r.get("skipped")]
+    print(table(sorted(done, key=lambda r: (r["batch"], r["speculator"] != "none")),
+                ["batch", "speculator", "k", "schedule", "per_user_tok_s", "throughput_tok_s",
+                 "mean_accepted_length", "acceptance_rate", "per_user_speedup",
+                 "per_user_x_at_matched_throughput", "throughput_x_at_matched_per_user"]))
+    return results
+
+
+# ---- verification cost per K ----------------------------------------------------------------------
+
+
+def build_slice(layers: int, tiny: bool, device: torch.device) -> Any:
+    """A runtime with random weights: the Flash-width slice (GPU) or the tiny `full` config (CPU check)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from reference_forward import _ops, random_weights, token_map
+
+    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
+    from deepinfer.testing.configs import flash_slice_config, tiny_config
+
+    config = tiny_config("full") if tiny else flash_slice_config(num_layers=layers)
+    block = config.text.dspark_block_size or 0
+    options = RuntimeOptions(cache_precision="release" if device.type == "cuda" else "exact",
+                             max_backtrack=max(block, 5) + 1)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return build_runtime(config, random_weights(config, device), dtype=dtype, ops=_ops(None, device),
+                         engram_token_map=token_map(config), options=options)
+
+
+def timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """Median milliseconds of `fn` (synchronised), after one untimed call (graph capture, autotune)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from deepinfer.engine.model_runner import ModelRunner
+    from deepinfer.sampling.sampler import Sampler
+    from deepinfer.speculators.interface import History, ProposeBatch, ProposeRequest, SpeculatorConfig
+
+    device = torch.device(args.device)
+    t0 = time.perf_counter()
+    runtime = build_slice(args.slice_layers, args.tiny, device)
+    batches, ks = ints(args.batches), ints(args.ks)
+    slots = list(range(1, max(batches) + 1))
+    runtime.allocate_cache(num_blocks=len(slots) + 1, num_slots=len(slots) + 1)
+    blocks = list(range(1, len(slots) + 1))  # one block per sequence: positions 0..K, well inside one
+    runner = ModelRunner(runtime, Sampler(runtime.eos_token_id))
+    what = "tiny full config" if args.tiny else f"Flash slice, {args.slice_layers} layers"
+    print(f"{what} built in {time.perf_counter() - t0:.1f} s on {device}", flush=True)
+    drafter = None
+    block = runtime.dspark.block_size if runtime.dspark is not None else 0
+    if block:
+        from deepinfer_spec.dspark import DSparkProposer
+
+        drafter = DSparkProposer.build(runtime, SpeculatorConfig(min(max(ks), block)))
+    greedy = SamplingParams(temperature=0)
+    deadline = time.perf_counter() + args.budget_s
+    results: list[dict[str, Any]] = []
+    for batch in batches:
+        def step(k: int, batch: int = batch) -> float:
+            return runner.time_verification(batch * (k + 1), k + 1, slots[:batch], blocks[:batch])
+
+        dec = timed(lambda: step(0), device, args.reps)
+        for k in ks:
+            if time.perf_counter() > deadline:
+                results.append({"batch": batch, "k": k, "skipped": "budget"})
+                continue
+            ver = timed(lambda k=k: step(k), device, args.reps)
+            draft = None
+            if drafter is not None and k <= block:
+                history = [History([3] * 8, [])] * batch  # drafts after position 7 (a cleared slot)
+                reqs = [ProposeRequest(i, s, 7, h, greedy, i, k) for i, (s, h) in enumerate(
+                    zip(slots[:batch], history, strict=True))]
+                sampled = torch.full((batch,), 3, dtype=torch.int64, device=device)
+                draft = timed(lambda reqs=reqs, sampled=sampled: drafter.propose(ProposeBatch(reqs, sampled)),
+                              device, args.reps)
+            row = {"batch": batch, "k": k, "decode_ms": round(dec, 3), "verify_ms": round(ver, 3),
+                   "verify_x_decode": round(ver / dec, 3), "dspark_draft_ms": None if draft is None else
+                   round(draft, 3)}
+            for a in floats(args.acceptance):
+                emitted = (1 - a ** (k + 1)) / (1 - a)
+                row[f"ngram_x@{a}"] = round(emitted * dec / ver, 3)
+                row[f"dspark_x@{a}"] = None if draft is None else round(emitted * dec / (ver + draft), 3)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    columns = ["batch", "k", "decode_ms", "verify_ms", "verify_x_decode", "dspark_draft_ms"]
+    columns += [f"{s}_x@{a}" for a in floats(args.acceptance) for s in ("ngram", "dspark")]
+    print(table([r for r in results if not r.get("skipped")], columns))
+    return results
+
+
+# ---- n-gram proposer host cost --------------------------------------------------------------------
+
+
+def ngram_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """CPU microseconds per request and step of the n-gram proposer (as the runner calls it: a History
+    view, 1-4 new tokens per step) at --history-token histories; median step, best of 3 runs."""
+    import random
+
+    from deepinfer.speculators.interface import History, ProposeBatch, ProposeRequest
+    from deepinfer_spec.ngram import NgramProposer
+
+    greedy = SamplingParams(temperature=0)
     results = []
-    for batch in (int(b) for b in args.batches.split(",")):
-        base = measure(model, batch, params)
-        results.append({"speculator": "none", "k": 0, "schedule": "-", **base})
+    for batch in ints(args.batches):
+        steps = max(20, 2000 // batch)
+        best = math.inf
+        for run in range(3):
+            rng = random.Random(run)
+            proposer = NgramProposer(5)
+            hist = [[rng.randrange(4096) for _ in range(args.history)] for _ in range(batch)]
+            sampled = torch.zeros(batch, dtype=torch.int64)
+            times = []
+            for step in range(steps + 1):
+                tails = [[rng.randrange(4096) for _ in range(rng.randint(1, 4) if step else 0)] for _ in hist]
+                t0 = time.thread_time()
+                reqs = [ProposeRequest(i, i + 1, len(h) + len(t) - 1, History(h, t), greedy, 0, 5)
+                        for i, (h, t) in enumerate(zip(hist, tails, strict=True))]
+                proposer.propose(ProposeBatch(reqs, sampled))
+                if step:  # the first call indexes the whole history
+                    times.append(time.thread_time() - t0)
+                for h, t in zip(hist, tails, strict=True):
+                    h.extend(t)
+            best = min(best, statistics.median(times) / batch * 1e6)
+        results.append({"batch": batch, "history": args.history, "us_per_request_step": round(best, 1)})
         print(json.dumps(results[-1]), flush=True)
-        for name in args.speculators.split(","):
-            for k in (int(k) for k in args.ks.split(",")):
-                if name == "dspark" and k > block:
-                    continue
-                for schedule in args.schedules.split(","):
-                    r = measure(model, batch, params, speculator=name, num_draft_tokens=k,
-                                spec_schedule=schedule)
-                    r["speedup"] = round(r["throughput_tok_s"] / base["throughput_tok_s"], 3)
-                    r["cpu_speedup"] = round(r["tok_per_cpu_s"] / base["tok_per_cpu_s"], 3)
-                    results.append({"speculator": name, "k": k, "schedule": schedule, **r})
-                    print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    eng = sub.add_parser("engine", help="end-to-end engine sweep")
+    eng.add_argument("--model", type=Path, default=None)
+    eng.add_argument("--speculators", default="dspark,ngram")
+    eng.add_argument("--ks", default="1,3,5")
+    eng.add_argument("--schedules", default="fixed,confidence", help="comma list of fixed, confidence")
+    eng.add_argument("--confidence-ks", default="", help="K values for confidence (default: --ks)")
+    eng.add_argument("--batches", default="1,8,64")
+    eng.add_argument("--max-tokens", type=int, default=64)
+    eng.add_argument("--temperature", type=float, default=0.0)
+    eng.add_argument("--budget-s", type=float, default=math.inf, help="start no engine after this")
+    cost = sub.add_parser("cost", help="decode / verification / draft step cost per K")
+    cost.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    cost.add_argument("--slice-layers", type=int, default=5, help="backbone layers of the Flash slice")
+    cost.add_argument("--tiny", action="store_true", help="the tiny full config instead (CPU check)")
+    cost.add_argument("--batches", default="1,8,64")
+    cost.add_argument("--ks", default="1,2,3,4,5")
+    cost.add_argument("--acceptance", default="0.5,0.7,0.9")
+    cost.add_argument("--reps", type=int, default=5)
+    cost.add_argument("--budget-s", type=float, default=math.inf, help="measure no K after this")
+    ngram = sub.add_parser("ngram", help="n-gram proposer CPU cost per request and step")
+    ngram.add_argument("--history", type=int, default=8192)
+    ngram.add_argument("--batches", default="1,64")
+    for p in (eng, cost, ngram):
+        p.add_argument("--json-out", type=Path, default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    results = {"engine": engine_sweep, "cost": cost_sweep, "ngram": ngram_cost}[args.mode](args)
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1))
 
