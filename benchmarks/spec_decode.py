@@ -3,7 +3,7 @@ verification cost per K on a Flash-width slice.
 
     # engine sweep (offline LLM.generate): per-user tok/s and throughput at each batch, mean accepted
     # length, acceptance rate, and throughput / per-user speed at matched speed of no speculation
-    python benchmarks/spec_decode.py engine [--model DIR] [--speculators dspark,ngram] [--ks 1,3,5]
+    python benchmarks/spec_decode.py engine [--model DIR] [--speculators dspark,ngram] [--ks 3,5,1]
         [--schedules fixed,confidence] [--confidence-ks 3,5] [--batches 1,8,64] [--max-tokens 64]
         [--budget-s 90] [--json-out FILE]
     # step cost per K (model runtime + exact verification, CUDA graphs as the engine replays them):
@@ -21,7 +21,7 @@ warm-up generate at the same batch runs first. Per-user tok/s = mean over reques
 (finish - arrival); throughput = all output tokens / wall time. "matched": the no-speculation curve
 over the batches (per-user speed vs throughput, interpolated in log space) read at this point's
 throughput (per-user speed-up) and at its per-user speed (throughput ratio); None outside that curve.
-Engines past --budget-s are skipped (listed), most informative first: none, fixed K, confidence.
+Engines past --budget-s are skipped (listed): none first, then each K of --ks in the order given.
 
 cost: random weights cannot show acceptance, so this measures what a speed-up at a given acceptance
 follows from: t_dec(B) = a decode step of B sequences, t_ver(B, K) = a step verifying K drafts per
@@ -82,6 +82,14 @@ def ensure_speculators() -> None:
 
     found = {**registry.available_speculators(), "dspark": DSparkProposer, "ngram": NgramProposer}
     registry.available_speculators = lambda: found
+
+
+def save(args: argparse.Namespace, results: list[dict[str, Any]], echo: bool = True) -> None:
+    """Print the newest row; rewrite --json-out with every row so far (a run cut short keeps them)."""
+    if echo:
+        print(json.dumps(results[-1]), flush=True)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=1))
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -172,9 +180,10 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     batches = ints(args.batches)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True, seed=1)
     configs: list[tuple[str, int, str]] = [("none", 0, "-")]
-    for schedule in args.schedules.split(","):
-        ks = ints(args.confidence_ks) if schedule == "confidence" and args.confidence_ks else ints(args.ks)
-        configs += [(name, k, schedule) for k in ks for name in args.speculators.split(",")
+    confidence_ks = ints(args.confidence_ks or args.ks)
+    for k in ints(args.ks):  # in the order given: what the budget keeps first
+        schedules = [s for s in args.schedules.split(",") if s != "confidence" or k in confidence_ks]
+        configs += [(name, k, schedule) for schedule in schedules for name in args.speculators.split(",")
                     if not (name == "dspark" and k > block)]
     deadline = time.perf_counter() + args.budget_s
     results: list[dict[str, Any]] = []
@@ -191,13 +200,14 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             for batch in batches:
                 results.append({**row, **measure(llm, batch, params), "build_s": build_s})
-                print(json.dumps(results[-1]), flush=True)
+                save(args, results)
         finally:
             llm.engine.close()
             del llm
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     add_matched(results)
+    save(args, results, echo=False)
     done = [r for r in results if not r.get("skipped")]
     print(table(sorted(done, key=lambda r: (r["batch"], r["speculator"] != "none")),
                 ["batch", "speculator", "k", "schedule", "per_user_tok_s", "throughput_tok_s",
@@ -291,7 +301,7 @@ def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row[f"ngram_x@{a}"] = round(emitted * dec / ver, 3)
                 row[f"dspark_x@{a}"] = None if draft is None else round(emitted * dec / (ver + draft), 3)
             results.append(row)
-            print(json.dumps(row), flush=True)
+            save(args, results)
     columns = ["batch", "k", "decode_ms", "verify_ms", "verify_x_decode", "dspark_draft_ms"]
     columns += [f"{s}_x@{a}" for a in floats(args.acceptance) for s in ("ngram", "dspark")]
     print(table([r for r in results if not r.get("skipped")], columns))
@@ -332,7 +342,7 @@ def ngram_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
                     h.extend(t)
             best = min(best, statistics.median(times) / batch * 1e6)
         results.append({"batch": batch, "history": args.history, "us_per_request_step": round(best, 1)})
-        print(json.dumps(results[-1]), flush=True)
+        save(args, results)
     return results
 
 
@@ -342,7 +352,7 @@ def main() -> None:
     eng = sub.add_parser("engine", help="end-to-end engine sweep")
     eng.add_argument("--model", type=Path, default=None)
     eng.add_argument("--speculators", default="dspark,ngram")
-    eng.add_argument("--ks", default="1,3,5")
+    eng.add_argument("--ks", default="3,5,1", help="draft lengths, in priority order (budget)")
     eng.add_argument("--schedules", default="fixed,confidence", help="comma list of fixed, confidence")
     eng.add_argument("--confidence-ks", default="", help="K values for confidence (default: --ks)")
     eng.add_argument("--batches", default="1,8,64")
@@ -365,9 +375,7 @@ def main() -> None:
         p.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
-    results = {"engine": engine_sweep, "cost": cost_sweep, "ngram": ngram_cost}[args.mode](args)
-    if args.json_out:
-        args.json_out.write_text(json.dumps(results, indent=1))
+    {"engine": engine_sweep, "cost": cost_sweep, "ngram": ngram_cost}[args.mode](args)
 
 
 if __name__ == "__main__":
