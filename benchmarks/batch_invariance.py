@@ -240,6 +240,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--experts", type=int, default=None, help="routed experts of the slice (default: Flash's)")
+    p.add_argument("--engram-vocab", type=int, default=10_000,
+                   help="Engram vocabulary of the slice (100k: ~2.4M table rows, ~20 s to draw on the CPU)")
     p.add_argument("--batch", nargs="+", default=None,
                    help="batch sizes (and 'mixed' in the survey); default 3 8 64 mixed, --cost: 1 8 64")
     p.add_argument("--modes", nargs="+", choices=["default", "invariant"], default=["default", "invariant"])
@@ -255,7 +257,8 @@ def main() -> None:
     device = torch.device(args.device)
     if args.config == "flash-slice":
         config = flash_slice_config(num_layers=args.layers, n_routed_experts=args.experts,
-                                    dspark_n_routed_experts=args.experts and min(args.experts, 16))
+                                    dspark_n_routed_experts=args.experts and min(args.experts, 16),
+                                    engram_vocab_size=args.engram_vocab)
         dtype = torch.bfloat16
     else:
         config, dtype = tiny_config(args.config), torch.float32

@@ -1,7 +1,8 @@
 """Batch-invariant mode on the GPU: a probe sequence's logits are bitwise the same alone and in batches.
 
-* A Flash-width slice (2 layers: SWA + Engram, C2 with indexer; 64 experts; bf16, release cache; weights
-  from benchmarks/reference_forward.py), cuda backend in batch-invariant mode: the probe's prefill and
+* A Flash-width slice (2 layers: SWA + Engram, C2 with indexer; 64 experts, a 10k-token Engram
+  vocabulary; bf16, release cache; weights from benchmarks/reference_forward.py), cuda backend in
+  batch-invariant mode: the probe's prefill and
   teacher-forced decode logits alone, then in three batches (companions prefilled beside it and decoding
   with it: 3 sequences = graph bucket 4 with a padding row, 8 = bucket 8 with the probe in the middle,
   and a companion whose prefill joins a decode step), eagerly and through CUDA graphs, and in a second
@@ -93,7 +94,9 @@ def _probe_logits(runtime: DeepseekV41Runtime, scenario: Scenario, graphs: bool)
 @pytest.fixture(scope="module")
 def slice_setup():
     rf = _reference_forward()
-    config = flash_slice_config(num_layers=2, n_routed_experts=64, dspark_n_routed_experts=16)
+    # a 10k-token Engram vocabulary: drawing the default 100k one's 2.4M table rows takes ~20 s of CPU
+    config = flash_slice_config(num_layers=2, n_routed_experts=64, dspark_n_routed_experts=16,
+                                engram_vocab_size=10_000)
     tensors = rf.random_weights(config, torch.device("cuda"))
 
     def runtime() -> DeepseekV41Runtime:
