@@ -1,7 +1,8 @@
-"""Linear kernels at Flash shapes: the cuda backend's `linear` (default and batch-invariant mode; the
-tiled kernel where the default decodes once for cuBLAS, the GEMV just past GEMV_M) vs the reference op,
+"""Linear kernels at Flash shapes: the cuda backend's `linear` (default and batch-invariant mode, and
+the path the default does not take at that M: tiled vs GEMV vs decode-once + cuBLAS) vs the reference op,
 torch._scaled_mm on the same FP8 bytes and a BF16 F.linear on the dequantised weight, against rooflines
-measured in the same run. Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]"""
+measured in the same run. Kernel times are CUDA-graph replays (us_eager: one eager call, host included).
+Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]"""
 
 from __future__ import annotations
 
@@ -59,12 +60,26 @@ def _us(ms: float | None) -> float | None:
     return ms * 1e3 if ms else None
 
 
-def _time(fn, prepared, wbytes: int, m: int) -> float:
-    """ms per call of fn(prepared): graph replays over L2-busting weight copies to 64 tokens, else eager."""
-    if m <= 64:
-        copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
-        return graph_ms(rotating_calls(fn, prepared, copies))
-    return eager_ms(lambda: fn(prepared))
+def _time(fn, prepared, wbytes: int) -> float:
+    """ms per call of fn(prepared): graph replays (no launch gaps) over L2-busting weight copies."""
+    copies = max(1, min(32, -(-3 * L2_BYTES // wbytes)))
+    return graph_ms(rotating_calls(fn, prepared, copies))
+
+
+def _alternative(kind: str, n: int, k: int, m: int, device: torch.device):
+    """(name, fn(x, prepared, out_dtype)) of the path the default does not take at this M, or None:
+    the tiled kernel where it takes the GEMV or decodes once for cuBLAS, the GEMV just past GEMV_M."""
+    if kind == "dense":
+        return None
+    if m >= configs.DEQUANT_M:
+        return "tiled", linear.block_linear
+    if kind == "fp8" and m <= configs.GEMV_M:
+        cfg = configs.lookup(kind, n, k, 2 * configs.GEMV_M + 1, device)
+        return "tiled", lambda x, p, dt: linear.tiled_linear(x, p, dt, cfg)
+    if kind == "fp8" and m <= 8:
+        cfg = configs.lookup(kind, n, k, configs.GEMV_M, device)
+        return "gemv", lambda x, p, dt: linear.gemv_linear(x, p, dt, cfg)
+    return None
 
 
 def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
@@ -76,16 +91,10 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
     want = ref_linear.linear(x, ref, out_dtype) if m * n <= (1 << 31) // 8 else None
     rel = float((got.float() - want.float()).norm() / want.float().norm()) if want is not None else None
     t = eager_ms(lambda: linear.linear(x, ours, out_dtype))
-    t_graph = _time(lambda p: linear.linear(x, p, out_dtype), ours, wbytes, m) if m <= 64 else None
-    best = min(t, t_graph or t)
-    t_inv = _time(lambda p: linear.linear(x, p, out_dtype, batch_invariant=True), ours, wbytes, m)
-    t_tiled = None  # the tiled kernel where the default path decodes once and calls cuBLAS
-    if kind != "dense" and m >= configs.DEQUANT_M:
-        t_tiled = eager_ms(lambda: linear.block_linear(x, ours, out_dtype), 30)
-    t_gemv = None  # the GEMV just past GEMV_M (where the tiled kernel serves by default)
-    if kind == "fp8" and configs.GEMV_M < m <= 2 * configs.GEMV_M:
-        cfg = configs.default(kind, n, k, configs.GEMV_M)
-        t_gemv = _time(lambda p: linear.gemv_linear(x, p, out_dtype, cfg), ours, wbytes, m)
+    best = _time(lambda p: linear.linear(x, p, out_dtype), ours, wbytes)
+    t_inv = _time(lambda p: linear.linear(x, p, out_dtype, batch_invariant=True), ours, wbytes)
+    alt = _alternative(kind, n, k, m, x.device)
+    t_alt = _time(lambda p: alt[1](x, p, out_dtype), ours, wbytes) if alt else None
     t_ref = None
     if want is not None and m <= 64:
         t_ref = eager_ms(lambda: ref_linear.linear(x, ref, out_dtype), 20)
@@ -102,7 +111,7 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
         "TB/s": moved / best / 1e9, "%copy": 100 * moved / best / 1e9 / roof["copy_tbs"],
         "TFLOP/s": flops / best / 1e9, "%bf16": 100 * flops / best / 1e9 / roof["bf16_tflops"],
         "%fp8": 100 * flops / best / 1e9 / roof["fp8_tflops"],
-        "inv_us": t_inv * 1e3, "inv_x": t_inv / best, "tiled_us": _us(t_tiled), "gemv_us": _us(t_gemv),
+        "inv_us": t_inv * 1e3, "inv_x": t_inv / best, "alt": alt[0] if alt else None, "alt_us": _us(t_alt),
         "ref_us": _us(t_ref), "scaled_mm_us": _us(t_peer), "bf16_linear_us": _us(t_bf16), "rel_err": rel,
     }
 

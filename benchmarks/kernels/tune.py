@@ -19,8 +19,9 @@ from roofline import FLASH_LINEARS, TOKENS, graph_ms
 from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
-GEMV = [  # M <= GEMV_M (FP8): (block_n, num_warps); block_k = GEMV_THREADS_K x num_warps, split-K swept
-    (8, 4), (4, 4), (16, 4), (8, 2), (16, 2), (32, 1), (8, 8),
+GEMV = [  # M <= GEMV_M (FP8): (block_n, num_warps, num_stages: 2 prefetches a step); block_k =
+    # GEMV_THREADS_K x num_warps; split-K swept at the default and twice it
+    (8, 4, 1), (4, 4, 1), (8, 2, 1), (4, 2, 1), (8, 4, 2), (4, 4, 2), (8, 2, 2), (4, 2, 2),
 ]
 SMALL_M = [  # (block_n, block_k, num_warps, num_stages), split-K swept around the default
     (64, 256, 4, 4), (64, 128, 4, 6), (128, 256, 8, 3), (64, 512, 4, 3),
@@ -42,9 +43,9 @@ def candidates(n: int, k: int, m: int) -> list[TileConfig]:
         return [TileConfig(bn, bm, configs.block_k(k, bk), 1, w, s) for bn, bm, bk, w, s in LARGE_M]
     out = []
     if m <= configs.GEMV_M:  # one 8-column chunk per thread per K step
-        for bn, w in GEMV:
-            for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:
-                out.append(TileConfig(bn, base.block_m, configs.GEMV_THREADS_K * w, split, w, 1))
+        for bn, w, stages in GEMV:
+            for split in (base.split_k, base.split_k * 2):
+                out.append(TileConfig(bn, base.block_m, configs.GEMV_THREADS_K * w, split, w, stages))
         return out
     for bn, bk, w, s in SMALL_M:
         for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:

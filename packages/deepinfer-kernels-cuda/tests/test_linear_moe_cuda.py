@@ -51,18 +51,19 @@ def test_linear_matches_reference(cuda_ops, ref_ops, poison, kind, m, groups, ou
 
 
 @pytest.mark.parametrize(
-    ("m", "block_n", "block_k", "split", "warps"),
-    [(1, 8, 1024, 1, 4), (1, 4, 1024, 4, 4), (1, 32, 256, 2, 1), (2, 16, 512, 1, 2), (4, 4, 1024, 3, 4),
-     (3, 8, 2048, 1, 8)],
+    ("m", "block_n", "block_k", "split", "warps", "stages"),
+    [(1, 8, 1024, 1, 4, 1), (1, 4, 1024, 4, 4, 2), (1, 32, 256, 2, 1, 1), (2, 16, 512, 1, 2, 2),
+     (4, 4, 1024, 3, 4, 1), (3, 8, 2048, 1, 8, 2)],
 )
-def test_gemv_configs_match_reference(ref_ops, poison, m, block_n, block_k, split, warps):
-    """The FP8 GEMV at configs tune.py sweeps: ragged last K steps (1280 = 1024 + 256), split K, groups."""
+def test_gemv_configs_match_reference(ref_ops, poison, m, block_n, block_k, split, warps, stages):
+    """The FP8 GEMV at configs tune.py sweeps: ragged last K steps (1280 = 1024 + 256), split K, groups,
+    prefetch."""
     from deepinfer_kernels_cuda import configs, linear
 
     torch.manual_seed(m)
     weight, scale = _weight("fp8", 8 * 64, 1280)
     x = torch.randn(m, 8 * 1280, device="cuda", dtype=torch.bfloat16)
-    cfg = configs.TileConfig(block_n, m, block_k, split, warps, 1)
+    cfg = configs.TileConfig(block_n, m, block_k, split, warps, stages)  # stages 2: one step prefetched
     got = linear.gemv_linear(x, linear.prepare_linear("fp8", weight, scale, 8), torch.float32, cfg)
     want = ref_ops.linear(x, ref_ops.prepare_linear("fp8", weight, scale, 8), torch.float32)
     assert _rel_err(got, want) <= TOL[torch.float32]

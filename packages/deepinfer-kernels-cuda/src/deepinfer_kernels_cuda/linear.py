@@ -145,11 +145,23 @@ def _block_linear_kernel(
 
 
 @triton.jit
+def _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols):
+    """One GEMV K step's operands: FP8 weights as stored, the input rows times their block's scale
+    (a power of two: w * (x * 2^s) equals the reference's (w * 2^s) * x exactly). Steps past k_hi
+    load nothing."""
+    k_in = (k0 + chunk) < k_hi
+    xt = tl.load(x_rows + k0 + cols, mask=m_mask[None, :, None, None] & k_in, other=0.0)
+    s = tl.load(s_row + (k0 + chunk) // _BLOCK_ROWS, mask=k_in, other=127)
+    w = tl.load(w_rows + k0 + cols, mask=n_mask[:, None, None, None] & k_in, other=0.0)
+    return w, xt.to(tl.float32) * pow2(s, 0)
+
+
+@triton.jit
 def _gemv_fp8_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
-    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -168,15 +180,17 @@ def _gemv_fp8_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BN, BM, BK // _CHUNK), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        k0 = tl.multiple_of(k0, BK)
-        k_in = (k0 + chunk) < k_hi
-        xt = tl.load(x_rows + k0 + cols, mask=m_mask[None, :, None, None] & k_in, other=0.0)
-        # x * 2^s is exact (power of two), so w * (x * 2^s) equals the reference's (w * 2^s) * x
-        s = tl.load(s_row + (k0 + chunk) // _BLOCK_ROWS, mask=k_in, other=127)
-        xs = xt.to(tl.float32) * pow2(s, 0)
-        w = tl.load(w_rows + k0 + cols, mask=n_mask[:, None, None, None] & k_in, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * xs, axis=3)
+    if PREFETCH:  # the next step's loads are issued before this step's products: 2 steps in flight
+        w, xs = _gemv_loads(x_rows, w_rows, s_row, k_lo, k_hi, m_mask, n_mask, chunk, cols)
+        for k0 in range(k_lo, k_hi, BK):
+            w_next, xs_next = _gemv_loads(x_rows, w_rows, s_row, k0 + BK, k_hi, m_mask, n_mask, chunk, cols)
+            acc += tl.sum(w.to(tl.float32) * xs, axis=3)
+            w, xs = w_next, xs_next
+    else:
+        for k0 in range(k_lo, k_hi, BK):
+            k0 = tl.multiple_of(k0, BK)
+            w, xs = _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols)
+            acc += tl.sum(w.to(tl.float32) * xs, axis=3)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(ptrs, tl.sum(acc, axis=2).to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
@@ -258,8 +272,9 @@ def gemv_linear(
         raise ValueError(f"GEMV: {w.kind} weight with {cfg.block_n}-row tiles (needs fp8, rows dividing 32)")
     x = _operand(x, w, out_dtype)
     return _launch(
-        _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype, cfg,
-        BN=cfg.block_n, BM=triton.next_power_of_2(x.shape[0]), BK=cfg.block_k,
+        _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype,
+        replace(cfg, num_stages=1), BN=cfg.block_n, BM=triton.next_power_of_2(x.shape[0]), BK=cfg.block_k,
+        PREFETCH=cfg.num_stages > 1,
     )
 
 
