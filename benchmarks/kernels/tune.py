@@ -21,7 +21,7 @@ from deepinfer_kernels_cuda.configs import TileConfig
 
 GEMV = [  # M <= GEMV_M (FP8): (block_n, num_warps, num_stages: 2 prefetches a step); block_k =
     # GEMV_THREADS_K x num_warps; split-K swept at the default and twice it
-    (8, 4, 1), (4, 4, 1), (8, 2, 1), (4, 2, 1), (8, 4, 2), (4, 4, 2), (8, 2, 2), (4, 2, 2),
+    (8, 4, 1), (4, 4, 1), (8, 2, 1), (8, 4, 2), (4, 4, 2), (8, 2, 2),
 ]
 SMALL_M = [  # (block_n, block_k, num_warps, num_stages), split-K swept around the default
     (64, 256, 4, 4), (64, 128, 4, 6), (128, 256, 8, 3), (64, 512, 4, 3),
