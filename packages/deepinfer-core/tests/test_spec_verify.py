@@ -115,3 +115,22 @@ def test_draws_depend_only_on_seed_and_position() -> None:
     alone = [verify(logits[i:i + 1], rows[i:i + 1], [[2, 3, -1][i]], None, None) for i in range(3)]
     assert full.tokens.tolist() == [a.tokens.item() for a in alone]
     assert full.accepted.tolist() == [a.accepted.item() for a in alone]
+
+
+def test_mixed_greedy_and_drawn_rows_verify_as_alone() -> None:
+    """Greedy rows (argmax shortcut) beside drawn rows with draft distributions: each row's result is
+    the one it gets verified alone (the drawn rows' distributions stay paired with their drafts)."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, V, generator=g)
+    greedy, drawn = SamplingParams(temperature=0), SamplingParams(temperature=1.0)
+    kinds = [greedy, drawn, greedy, drawn, drawn, greedy]
+    rows = [SampleRow(p, 11 + i, 50 + i, 0) for i, p in enumerate(kinds)]
+    drafts = [logits[0].argmax().item(), 2, 1, 4, -1, 3]
+    probs = torch.softmax(torch.randn(5, V, generator=g), -1)  # one per drafted row, in order
+    full = verify(logits, rows, drafts, probs, None)
+    prob_of = dict(zip([i for i, d in enumerate(drafts) if d >= 0], probs, strict=True))
+    for i in range(6):
+        alone = verify(logits[i:i + 1], rows[i:i + 1], drafts[i:i + 1],
+                       prob_of[i][None] if i in prob_of else None, None)
+        assert full.tokens[i] == alone.tokens[0] and full.accepted[i] == alone.accepted[0]
+    assert full.accepted[0] and full.tokens[2] == logits[2].argmax()

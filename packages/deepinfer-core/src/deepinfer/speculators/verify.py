@@ -9,6 +9,11 @@ law q; with a one-hot q (greedy) it keeps d iff d is the argmax and otherwise em
 without a draft (the bonus row after all drafts were accepted, or a plain decode) samples exactly as
 the sampler does. Draws use the counter RNG at the decided position with their own purposes, so a
 result depends only on (seed, position, distributions), never on the batch.
+
+On a greedy row q is one-hot on the argmax a, so the rule reduces to: accept iff d == a, else emit a
+(p(d) > 0 for a drawn draft; the residual max(0, q - p) is a multiple of the one-hot q), whatever p
+is. Greedy rows take that shortcut (one comparison instead of float64 distributions over the
+vocabulary and two draws).
 """
 
 from __future__ import annotations
@@ -91,12 +96,21 @@ def verify(
     adjusted = ops.apply_penalties(raw, meta)
     tokens = ops.sample_tokens(adjusted, meta)  # what a draft-less row emits: exactly the sampler's
     accepted = torch.zeros_like(tokens, dtype=torch.bool)
-    with_draft = [i for i, d in enumerate(drafts) if d >= 0]
-    if with_draft:
+    drafted = [i for i, d in enumerate(drafts) if d >= 0]
+    greedy = [i for i in drafted if rows[i].params.greedy]
+    if greedy:  # tokens already holds the argmax
+        idx = torch.tensor(greedy, dtype=torch.int64).to(raw.device)
+        d = torch.tensor([drafts[i] for i in greedy], dtype=torch.int64).to(raw.device)
+        accepted[idx] = tokens.index_select(0, idx) == d
+    drawn = [j for j, i in enumerate(drafted) if not rows[i].params.greedy]  # among the drafted rows
+    if drawn:
+        with_draft = [drafted[j] for j in drawn]
         idx = torch.tensor(with_draft, dtype=torch.int64).to(raw.device)
         d = torch.tensor([drafts[i] for i in with_draft], dtype=torch.int64).to(raw.device)
         sub = _select(meta, idx)
         q = target_probs(adjusted.index_select(0, idx), sub)
+        if draft_probs is not None and len(drawn) < len(drafted):
+            draft_probs = draft_probs.index_select(0, torch.tensor(drawn).to(draft_probs.device))
         p = draft_probs if draft_probs is not None else torch.zeros_like(q).scatter_(1, d[:, None], 1.0)
         u_accept = rng.uniform(sub.seeds, sub.positions, rng.PURPOSE_ACCEPT)
         u_residual = rng.uniform(sub.seeds, sub.positions, rng.PURPOSE_RESIDUAL)
