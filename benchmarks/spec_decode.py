@@ -5,7 +5,7 @@ verification cost per K on a Flash-width slice.
     # length, acceptance rate, and throughput / per-user speed at matched speed of no speculation
     python benchmarks/spec_decode.py engine [--model DIR] [--speculators dspark,ngram] [--ks 3,5,1]
         [--schedules fixed,confidence] [--confidence-ks 3,5] [--batches 1,8,64] [--max-tokens 64]
-        [--budget-s 90] [--json-out FILE]
+        [--budget-s 90] [--sync] [--json-out FILE]
     # step cost per K (model runtime + exact verification, CUDA graphs as the engine replays them):
     # decode step, verification step of 1 + K rows per sequence, DSpark draft step; modelled speed-ups
     python benchmarks/spec_decode.py cost [--slice-layers 5 | --tiny] [--batches 1,8,64] [--ks 1,2,3,4,5]
@@ -16,11 +16,12 @@ verification cost per K on a Flash-width slice.
 engine: without --model it writes the tiny `full` config (random weights, DSpark block size 4) to a
 temporary directory: the machinery is measured, a random drafter's acceptance is not meaningful. One
 engine per (speculator, K, schedule), built with max_num_seqs = the largest batch and reused for every
-batch (async scheduling on, the default). Requests ignore EOS, so each generates --max-tokens tokens; a
-warm-up generate at the same batch runs first. Per-user tok/s = mean over requests of output tokens /
-(finish - arrival); throughput = all output tokens / wall time. "matched": the no-speculation curve
-over the batches (per-user speed vs throughput, interpolated in log space) read at this point's
-throughput (per-user speed-up) and at its per-user speed (throughput ratio); None outside that curve.
+batch (async scheduling on, the default; --sync turns it off). Requests ignore EOS, so each generates
+--max-tokens tokens; a warm-up generate at the same batch runs first. Per-user tok/s = mean over
+requests of output tokens / (finish - arrival); throughput = all output tokens / wall time. "matched":
+the no-speculation curve over the batches (per-user speed vs throughput, interpolated in log space)
+read at this point's throughput (per-user speed-up) and at its per-user speed (throughput ratio); None
+outside that curve.
 Engines past --budget-s are skipped (listed): none first, then each K of --ks in the order given.
 
 cost: random weights cannot show acceptance, so this measures what a speed-up at a given acceptance
@@ -195,7 +196,8 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             continue
         spec = {} if name == "none" else dict(speculator=name, num_draft_tokens=k, spec_schedule=schedule)
         t0 = time.perf_counter()
-        llm = LLM(model, max_num_seqs=max(batches), log_stats_interval=0, **spec)
+        llm = LLM(model, max_num_seqs=max(batches), log_stats_interval=0, async_scheduling=not args.sync,
+                  **spec)
         build_s = round(time.perf_counter() - t0, 1)
         try:
             for batch in batches:
@@ -359,6 +361,7 @@ def main() -> None:
     eng.add_argument("--max-tokens", type=int, default=64)
     eng.add_argument("--temperature", type=float, default=0.0)
     eng.add_argument("--budget-s", type=float, default=math.inf, help="start no engine after this")
+    eng.add_argument("--sync", action="store_true", help="async scheduling off (compare the overlap)")
     cost = sub.add_parser("cost", help="decode / verification / draft step cost per K")
     cost.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     cost.add_argument("--slice-layers", type=int, default=5, help="backbone layers of the Flash slice")
