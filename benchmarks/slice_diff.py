@@ -184,7 +184,7 @@ class TeacherForcing:
                 self._compare(f"{name}[{i}]", w, g, where)
         elif isinstance(want, torch.Tensor) and want.is_floating_point():
             self._note(name, rel(got, want), where)
-        elif isinstance(want, torch.Tensor) and want.ndim == 2 and want.dtype != torch.bool:
+        elif isinstance(want, torch.Tensor) and want.ndim == 2 and want.dtype in (torch.int32, torch.int64):
             # index outputs (top-k entries): share of rows whose sets differ
             self._note(name, float(row_sets_differ(got, want).float().mean()) if want.numel() else 0.0, where)
         elif isinstance(want, torch.Tensor):
@@ -245,10 +245,15 @@ class TeacherForcing:
 
 @dataclass
 class Decisions:
-    """Per MoE / indexer_topk call of one run (in call order): the selected ids [rows, k]."""
+    """Per step (forward) and per MoE / indexer_topk call of one run, in call order: the selected ids
+    [rows, k]."""
 
-    moe: list[torch.Tensor] = field(default_factory=list)
-    topk: list[torch.Tensor] = field(default_factory=list)
+    moe: list[list[torch.Tensor]] = field(default_factory=list)
+    topk: list[list[torch.Tensor]] = field(default_factory=list)
+
+    def new_step(self) -> None:
+        self.moe.append([])
+        self.topk.append([])
 
 
 def recording(ops: Ops, decisions: Decisions) -> Ops:
@@ -257,32 +262,37 @@ def recording(ops: Ops, decisions: Decisions) -> Ops:
     moe_fn, topk_fn = table["moe"], table["indexer_topk"]
 
     def moe(x: torch.Tensor, layer: Any, image_mask: torch.Tensor | None = None) -> torch.Tensor:
-        decisions.moe.append(ref_moe.route(x.reshape(-1, x.shape[-1]), layer, image_mask)[1].cpu())
+        decisions.moe[-1].append(ref_moe.route(x.reshape(-1, x.shape[-1]), layer, image_mask)[1].cpu())
         return moe_fn(x, layer, image_mask)
 
     def indexer_topk(*args: Any, **kwargs: Any) -> Any:
         out = topk_fn(*args, **kwargs)
-        decisions.topk.append(out[0].cpu())
+        decisions.topk[-1].append(out[0].cpu())
         return out
 
     return Ops(ops.backend_name, {**table, "moe": moe, "indexer_topk": indexer_topk}, ops.fallbacks, ops.plan)
 
 
 def run_slice(config: ModelConfig, tensors: dict, token_map: list[int] | None, ops: Ops, dtype: torch.dtype,
-              prompt: list[int], decode: list[int] | int, graphs: bool = False) -> list[torch.Tensor]:
+              prompt: list[int], decode: list[int] | int, graphs: bool = False,
+              decisions: Decisions | None = None) -> list[torch.Tensor]:
     """float32 logits on the host: the prefill (every position), then each decode step, fed `decode`'s
-    tokens (teacher forcing) or, given a count, greedily. The runtime releases checkpoint entries it
-    has consumed: it gets its own dict of the tensors."""
+    tokens (teacher forcing) or, given a count, greedily; `decisions` (of `recording(ops)`) gets a new
+    step before each forward (its host copies cannot be captured: graphs off). The runtime releases
+    checkpoint entries it has consumed: it gets its own dict of the tensors."""
+    new_step = decisions.new_step if decisions is not None else lambda: None
     steps = decode if isinstance(decode, int) else len(decode)
     runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=ops, engram_token_map=token_map,
                             options=RuntimeOptions(cache_precision="release", cuda_graphs=graphs))
     blocks = -(-(len(prompt) + steps) // runtime.cache_layout().block_size)
     runtime.allocate_cache(blocks + 1, 2)
     table = list(range(1, blocks + 1))
+    new_step()
     out = runtime.forward(ForwardBatch([SequenceSegment(1, table, 0, prompt, logits="all")]))
     logits = [out.logits.float().cpu()]
     for i in range(steps):
         token = int(logits[-1][-1].argmax()) if isinstance(decode, int) else decode[i]
+        new_step()
         out = runtime.forward(ForwardBatch([SequenceSegment(1, table, len(prompt) + i, [token])]))
         logits.append(out.logits.float().cpu())
     del runtime
@@ -291,32 +301,26 @@ def run_slice(config: ModelConfig, tensors: dict, token_map: list[int] | None, o
     return logits
 
 
-def step_rows(decisions: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
-    """Calls of each step, given an equal number of calls per step."""
-    per = len(decisions) // steps
-    return [decisions[s * per:(s + 1) * per] for s in range(steps)]
-
-
 def free_run_report(want: list[torch.Tensor], got: list[torch.Tensor], dw: Decisions, dg: Decisions) -> dict:
-    """Per step: logits error (all rows; rows whose MoE routing agreed in every layer), flips per call."""
-    steps = len(want)
+    """Per step of one sequence: logits error over all rows and over the causally clean rows (those before
+    the first row whose MoE routing or indexer top-k flipped in any layer: causal attention keeps a flip
+    out of earlier rows), and the flipped rows per call."""
     report = []
-    moe_w, moe_g = step_rows(dw.moe, steps), step_rows(dg.moe, steps)
-    top_w, top_g = step_rows(dw.topk, steps), step_rows(dg.topk, steps)
-    for s in range(steps):
-        flips = [row_sets_differ(g, w) for g, w in zip(moe_g[s], moe_w[s], strict=True)]
-        topk_flips = [int(row_sets_differ(g, w).sum()) for g, w in zip(top_g[s], top_w[s], strict=True)]
+    for s in range(len(want)):
+        flips = [row_sets_differ(g, w) for g, w in zip(dg.moe[s], dw.moe[s], strict=True)]
+        topk = [row_sets_differ(g, w) for g, w in zip(dg.topk[s], dw.topk[s], strict=True)]
         rows = want[s].shape[0]
-        # backbone MoE calls have one row per logits row; DSpark's blocks run elsewhere
-        row_flips = [f for f in flips if f.shape[0] == rows]
-        clean = ~torch.stack(row_flips).any(0) if row_flips else torch.ones(rows, dtype=torch.bool)
+        # one row per logits row (DSpark's blocks run outside the forward)
+        flagged = [f for f in flips + topk if f.shape[0] == rows]
+        hit = torch.stack(flagged).any(0) if flagged else torch.zeros(rows, dtype=torch.bool)
+        first = int(hit.nonzero()[0, 0]) if bool(hit.any()) else rows
         report.append({
             "step": "prefill" if s == 0 else f"decode {s}",
             "rel": rel(got[s], want[s]),
-            "rel_unflipped_rows": rel(got[s][clean], want[s][clean]) if bool(clean.any()) else None,
-            "unflipped_rows": int(clean.sum()), "rows": rows,
+            "rel_clean_rows": rel(got[s][:first], want[s][:first]) if first else None,
+            "clean_rows": first, "rows": rows,
             "moe_flipped_rows_per_call": [int(f.sum()) for f in flips],
-            "topk_flipped_rows_per_call": topk_flips,
+            "topk_flipped_rows_per_call": [int(f.sum()) for f in topk],
             "argmax_equal": float((got[s].argmax(-1) == want[s].argmax(-1)).float().mean()),
         })
     return {"steps": report}
@@ -346,7 +350,6 @@ def main() -> None:
     p.add_argument("--decode", type=int, default=4)
     p.add_argument("--candidate", action="append", help="cuda | reordered (repeatable; default both)")
     p.add_argument("--ops", default=None, help="comma-separated: only these ops from the candidate")
-    p.add_argument("--graphs", action="store_true", help="free runs replay CUDA graphs for decode steps")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     dtype = _DTYPES[args.dtype]
@@ -355,19 +358,19 @@ def main() -> None:
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
 
     dw = Decisions()
-    want = run_slice(config, tensors, token_map, recording(ref, dw), dtype, prompt, decode, args.graphs)
+    want = run_slice(config, tensors, token_map, recording(ref, dw), dtype, prompt, decode, decisions=dw)
     for name in args.candidate or ["reordered", "cuda"]:
         cand = candidate_ops(name, args.device, set(args.ops.split(",")) if args.ops else None)
         dg = Decisions()
-        got = run_slice(config, tensors, token_map, recording(cand, dg), dtype, prompt, decode, args.graphs)
+        got = run_slice(config, tensors, token_map, recording(cand, dg), dtype, prompt, decode, decisions=dg)
         free = free_run_report(want, got, dw, dg)
         teacher = TeacherForcing(ref, cand)
         run_slice(config, tensors, token_map, teacher.ops, dtype, prompt, decode)
         result[name] = {"free": free, "teacher": teacher.table()}
         print(f"== {name} vs reference ({args.config}, {args.dtype})")
         for row in free["steps"]:
-            print(f"  free {row['step']:>9}: rel {row['rel']:.4f}  rel on unflipped rows "
-                  f"{row['rel_unflipped_rows']}  ({row['unflipped_rows']}/{row['rows']} rows)  "
+            print(f"  free {row['step']:>9}: rel {row['rel']:.4f}  rel on clean rows "
+                  f"{row['rel_clean_rows']}  ({row['clean_rows']}/{row['rows']} rows)  "
                   f"MoE flips/call {row['moe_flipped_rows_per_call']}  "
                   f"top-k flips/call {row['topk_flipped_rows_per_call']}  "
                   f"argmax eq {row['argmax_equal']:.3f}")

@@ -24,6 +24,7 @@ from deepinfer.ops.reference import linear as ref_linear
 from deepinfer.ops.reference import moe as ref_moe
 from deepinfer.ops.weights import MoEWeights
 from deepinfer_kernels_cuda import linear, moe
+from deepinfer_kernels_cuda.configs import TileConfig
 
 FLASH = {"experts": 384, "topk": 6, "hidden": 5120, "inter": 2304}
 REF_TOKENS = (1, 64, 1024)  # the reference runs every expert on every token: slow, a few points suffice
@@ -113,10 +114,16 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=FLASH["experts"])
     ap.add_argument("--topk", type=int, default=FLASH["topk"])
     ap.add_argument("--layouts", default="fp4,fp8", help="expert layouts to time: fp4 (stored), fp8, fp4-inv")
+    ap.add_argument("--invariant-config", default=None,
+                    help="fp4-inv at this tile config, not moe.INVARIANT_CONFIG: BN,BM,BK,warps,stages")
     args = ap.parse_args()
+    if args.invariant_config:
+        bn, bm, bk, warps, stages = map(int, args.invariant_config.split(","))
+        moe.INVARIANT_CONFIG = TileConfig(bn, bm, bk, 1, warps, stages)
     roof = rooflines()
     dims = {**FLASH, "experts": args.experts, "topk": args.topk}
     header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **roof, **dims,
+              "invariant_config": str(moe.INVARIANT_CONFIG),
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(header, flush=True)
     tokens = tuple(int(t) for t in args.tokens.split(","))

@@ -118,7 +118,7 @@ def test_invariant_router_logits_match_reference():
     gate = (torch.randn(384, 5120, device="cuda", generator=gen) / 70).bfloat16()
     got = moe.router_logits(x, gate, batch_invariant=True)
     want = x.float() @ gate.float().T
-    assert _rel_err(got, want) <= 1e-6
+    assert _rel_err(got, want) <= 2e-5  # float32 summation order over 5120 exact products
     assert torch.equal(moe.router_logits(x[5:6], gate, batch_invariant=True)[0], got[5])
 
 
