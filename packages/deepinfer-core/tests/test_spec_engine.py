@@ -423,3 +423,38 @@ def test_history_view_reads_like_the_joined_list():
         assert view[s] == joined[s], s
     with pytest.raises(IndexError, match="history index 6 out of range"):
         view[6]
+
+
+class FailingProposer(OracleProposer):
+    """Fails on its `fail_at`-th call (a step's drafting raises on the worker)."""
+
+    fail_at = 3
+
+    def __init__(self, num_draft_tokens: int):
+        super().__init__(num_draft_tokens)
+        self.calls = 0
+
+    def propose(self, batch: ProposeBatch) -> Proposal:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("drafting failed")
+        return super().propose(batch)
+
+
+@ASYNC
+def test_a_failed_speculative_step_errors_its_sequences_and_the_engine_serves_on(
+        make_engine, drain, speculators, monkeypatch, async_scheduling):
+    monkeypatch.setitem(speculators, "failing", FailingProposer)
+    engine = make_engine(model=toy(), speculator="failing", num_draft_tokens=K,
+                         async_scheduling=async_scheduling)
+    for i, p in enumerate(prompts(3)):
+        engine.add_request(p, GREEDY, request_id=f"r{i}")
+    done = {}
+    with pytest.raises(RuntimeError, match="drafting failed"):
+        for _ in range(20):
+            done |= {o.request_id: o for o in engine.step() if o.finished}
+    done |= drain(engine)
+    assert {o.outputs[0].finish_reason for o in done.values()} == {"error"}
+    engine.add_request(prompts(1)[0], GREEDY, request_id="after")
+    plain, _ = run(make_engine, drain, [(prompts(1)[0], GREEDY)])
+    assert drain(engine)["after"].outputs[0].token_ids == tokens(plain)["r0"][0]
