@@ -499,7 +499,8 @@ class MetadataBuilder:
         staging: Staging | None = None,
     ) -> StepMetadata:
         """The step's metadata, uploaded through `staging` (default: the builder's own); with `fixed`,
-        padded to that shape (a batch of only padding sequences is then allowed)."""
+        padded to that shape (a batch of only padding sequences is then allowed), and the same
+        StepMetadata object as the last build of that shape into the same buffer, values rewritten."""
         if fixed is not None:
             return self._build_fixed(batch.segments, fixed, staging or self.staging)
         geo = self.geo
