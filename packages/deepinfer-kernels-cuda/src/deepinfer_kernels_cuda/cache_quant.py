@@ -41,10 +41,10 @@ def _ue8m0_ceil(v):
 
 @triton.jit
 def ue8m0_value(byte):
-    """UE8M0 byte -> 2^(byte-127) as float32 (0 -> 2^-127, 255 -> NaN)."""
-    normal = (byte << 23).to(tl.float32, bitcast=True)
-    special = tl.where(byte == 0, 5.877471754111438e-39, float("nan"))
-    return tl.where((byte > 0) & (byte < 255), normal, special)
+    """UE8M0 byte -> 2^(byte-127) as float32 (0 -> 2^-127, 255 -> NaN). Built from bits: float constants
+    in a select would be float64 arrays under the interpreter."""
+    special = tl.where(byte == 0, 0x00400000, 0x7FC00000)
+    return tl.where((byte > 0) & (byte < 255), byte << 23, special).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -298,8 +298,8 @@ def e4m3_value(code):
     exp, man = (code >> 3) & 15, code & 7
     normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
     mag = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)
-    mag = tl.where((code & 0x7F) == 0x7F, float("nan"), mag)
-    return mag * tl.where((code & 0x80) != 0, -1.0, 1.0)  # a product keeps -0
+    bits = tl.where((code & 0x7F) == 0x7F, 0x7FC00000, mag.to(tl.int32, bitcast=True))
+    return (bits | ((code & 0x80) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
