@@ -12,6 +12,10 @@ Decode (at most DECODE_ASSIGNMENTS token-slot assignments) skips the alignment: 
 program per (assignment, weight tile) on the CUDA cores, gate+up with the SwiGLU and routing weight in
 one launch, down in another, and the FP8 shared expert's gate+up in one more (7 launches per layer).
 
+Batch-invariant mode (`batch_invariant=True`) trades that size-dependent choice for one fixed path: a
+fixed-tile router GEMM instead of cuBLAS, the grouped kernels at INVARIANT_CONFIG at every size (never the
+GEMVs), and the FP8 shared expert as a one-expert MLP through the same kernels.
+
 Each GEMM program owns one expert block of tokens and one tile of weight rows, and programs of inactive
 blocks exit at once, so decode reads only the touched experts' bytes. Rounding points follow the
 reference (models/deepseek_v41/moe.py): gate/up products rounded to x's dtype before the SwiGLU, the
@@ -505,11 +509,6 @@ class _Mlp:
         return 0, w.stride(0), 0, s.stride(0)
 
 
-def _experts_mlp(experts: PreparedExperts) -> _Mlp:
-    e = experts
-    return _Mlp(e.w1, e.s1, e.w3, e.s3, e.w2, e.s2, e.fp8, 1, True)
-
-
 def _grouped_mlp(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, mlp: _Mlp, n_experts: int, inter: int,
     swiglu_limit: float, cfg: configs.TileConfig,
@@ -558,7 +557,9 @@ def routed_experts(
     if t * k <= DECODE_ASSIGNMENTS and config is None:
         return routed_experts_decode(x, weights, ids, experts, swiglu_limit)
     cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
-    return _grouped_mlp(x, weights, ids, _experts_mlp(experts), e, i, swiglu_limit, cfg)
+    p = experts
+    mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True)
+    return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg)
 
 
 _ROUTER_BM, _ROUTER_BN, _ROUTER_BK = 16, 64, 128
