@@ -170,7 +170,8 @@ def _write_oracle(out: None, args: tuple, kwargs: dict) -> None:
     assert out is None and torch.equal(pool.flatten(0, 1), want)
 
 
-_CODECS = (Codec("raw", D, torch.bfloat16), Codec("nvfp4", D, torch.float32), Codec("mxfp4", D, torch.float))
+_CODECS = (Codec("raw", D, torch.bfloat16), Codec("fp8", D, torch.bfloat16), Codec("nvfp4", D, torch.float32),
+           Codec("mxfp4", D, torch.float))
 for _codec in _CODECS:
     register(Case("cache_write", f"{_codec.format}-{str(_codec.dtype)[6:]}", _write_inputs(_codec),
                   _write_oracle, result=lambda out, args, kwargs: args[0]))
