@@ -28,7 +28,7 @@ SCENARIOS = {
     "filtered": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05),
     "penalties": SamplingParams(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.3,
                                 repetition_penalty=1.2, logit_bias={5: 2.0, 77: -3.0}, min_tokens=200,
-                                stop_token_ids=[2, 3]),
+                                max_tokens=1000, stop_token_ids=[2, 3]),
 }
 
 

@@ -42,6 +42,9 @@ for seed, size in ((22, 7),):
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
     assert torch.equal(got[2], want[2]), seed
+    none = logprob_rows[:0]  # no row wants logprobs: the reference's [0, k] shapes
+    got, want = ker.compute_logprobs(x, tokens, none, 5), ref.compute_logprobs(x, tokens, none, 5)
+    assert [t.shape for t in got] == [t.shape for t in want] and got[2].dtype == torch.int64
 
 # ties across the top-k / top-p cut and min-p at a tie: few distinct logits, index order decides
 g = torch.Generator().manual_seed(5)

@@ -466,8 +466,8 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, rows: torch.
     tokens = token_ids.index_select(0, rows)
     n, vocab = x.shape
     chosen = torch.empty(n, dtype=torch.float32, device=x.device)
-    if n == 0:
-        return chosen, x[:, :0], x[:, :0].long()
+    if n == 0:  # the reference's shapes: [0, k] top values and ids
+        return chosen, x.new_empty((0, k)), x.new_empty((0, k), dtype=torch.int64)
     mx, arg, ns, length = _row_max_partials(x)
     ns_p2 = max(2, triton.next_power_of_2(ns))
     sums = torch.empty((n, ns), dtype=torch.float32, device=x.device)
