@@ -26,20 +26,22 @@ def check(got, want, *what):
     assert rel(got, want) < 1e-5, (*what, rel(got, want))
 
 configs.DEQUANT_M = 16  # M=17: invariant mode's decode-once twin of the tiled kernel
-gemv = TileConfig(8, 1, 32, 1, 4, 1)
-cases = {  # kind -> (M, groups, config): M <= GEMV_M runs the FP8 GEMV (num_stages 2: prefetch), else
-    # (and FP4) the tiled kernel
-    "fp8": ((1, 2, gemv), (1, 1, TileConfig(4, 1, 32, 2, 4, 2)), (2, 2, TileConfig(16, 2, 64, 1, 1, 2)),
-            (3, 1, TileConfig(32, 16, 64, 2, 4, 1)), (17, 2, TileConfig(32, 16, 32, 1, 4, 1))),
-    "fp4": ((1, 2, TileConfig(16, 16, 32, 2, 4, 1)), (17, 2, TileConfig(32, 16, 32, 1, 4, 1))),
+cases = {  # kind -> (M, groups, config, kernel): the FP8 GEMV (num_stages 2: one step prefetched) at any
+    # M, the tiled kernel; linear() at its default path too
+    "fp8": ((1, 2, TileConfig(8, 1, 32, 1, 4, 1), "gemv"), (1, 1, TileConfig(4, 1, 32, 2, 4, 2), "gemv"),
+            (3, 2, TileConfig(16, 4, 64, 1, 1, 2), "gemv"), (3, 1, TileConfig(32, 16, 64, 2, 4, 1), "tiled"),
+            (17, 2, TileConfig(32, 16, 32, 1, 4, 1), "tiled")),
+    "fp4": ((1, 2, TileConfig(16, 16, 32, 2, 4, 1), "tiled"),
+            (17, 2, TileConfig(32, 16, 32, 1, 4, 1), "tiled")),
 }
 for kind, quant in (("fp8", quantize_fp8), ("fp4", quantize_fp4)):
-    for m, groups, cfg in cases[kind]:
+    for m, groups, cfg, kernel in cases[kind]:
         w, s = quant(torch.randn(64, 96) * 0.1)  # 96 columns: a ragged last GEMV step at 64 per step
         x = torch.randn(m, 96 * groups)
         ours, ref = linear.prepare_linear(kind, w, s, groups), ref_linear.prepare_linear(kind, w, s, groups)
         want = ref_linear.linear(x, ref, torch.float32)
-        check(linear.block_linear(x, ours, torch.float32, cfg), want, kind, m, groups)
+        check(getattr(linear, f"{kernel}_linear")(x, ours, torch.float32, cfg), want, kind, m, groups, kernel)
+        check(linear.linear(x, ours, torch.float32), want, kind, m, groups, "default")
         check(linear.dequant_linear(x, ours, torch.float32), want, kind, m, groups, "dequant")
         check(linear.linear(x, ours, torch.float32, batch_invariant=True), want, kind, m, groups, "inv")
 for groups in (1, 2):  # dense and reference-prepared (partial 32-blocks) weights in invariant mode

@@ -5,9 +5,9 @@ Three paths, chosen by the number of tokens M (`configs.GEMV_M`, `configs.DEQUAN
 * M <= GEMV_M (decode), FP8: a CUDA-core GEMV. Each program streams BN weight rows (BN divides 32, so
   one scale row) in K steps of 8-column chunks, one chunk per thread (8-byte weight loads, 16-byte input
   loads), the input pre-multiplied by its block's scale (a power of two: exact), the 8 products summed
-  in registers into a [BN, M, chunks] accumulator: ~54 registers and no shared memory per K step, so
-  many programs (and their loads) in flight per SM. Small grids split K (float32 partials, then a
-  fixed-order reduction: deterministic).
+  in registers into a [BN, M, chunks] accumulator: 64 registers at 8 rows and no shared memory per K
+  step, so many programs (and their loads) in flight per SM; num_stages 2 also prefetches the next step.
+  Small grids split K (float32 partials, then a fixed-order reduction: deterministic).
 * Otherwise below DEQUANT_M: the tiled kernel. Swap-AB: the decoded weight tile is the MMA's register A
   operand (BLOCK_N weight rows on the M side, which Hopper's wgmma needs >= 64 of), tokens its N side.
   Also serves FP4 and, in batch-invariant mode, dense weights, at every M.
