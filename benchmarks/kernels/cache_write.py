@@ -86,6 +86,7 @@ def main() -> None:
                 gbs = nbytes / g_ms / 1e6
                 rows.append([precision, name, t, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs,
                              f"{100 * gbs / copy:.0f}%"])
+                print(rows[-1], flush=True)  # the table comes at the end: keep what a cut-off run measured
                 if WINDOW_OP not in name:
                     layer = [layer[0] + g_ms, layer[1] + e_ms, layer[2] + r_ms, layer[3] + nbytes]
             gbs = layer[3] / layer[0] / 1e6

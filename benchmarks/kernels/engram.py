@@ -67,6 +67,7 @@ def main() -> None:
             gbs = nbytes / g_ms / 1e6
             share = f"{100 * gbs / copy:.0f}%"
             rows.append([name, t, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, share])
+            print(rows[-1], flush=True)  # the table comes at the end: keep what a cut-off run measured
     emit(f"Engram ops, one layer (copy bandwidth {copy:.0f} GB/s)",
          ["op", "rows", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup",
           "GB/s (graph)", "% of copy"], rows, out)
