@@ -215,3 +215,25 @@ def test_cli_generate_with_a_speculator(checkpoint: Path, capsys) -> None:
     assert main([*base, "--speculator", "medusa"]) == 2
     error = capsys.readouterr().err
     assert "--speculator: speculator 'medusa' is not installed (installed: ['dspark'" in error
+
+
+def test_greedy_batches_draft_the_argmax_without_distributions(checkpoint: Path) -> None:
+    """An all-greedy batch takes the argmax shortcut: the same drafts as the general path gives a
+    greedy request beside a sampled one, and no distributions."""
+    rt = load_runtime(checkpoint, options=RuntimeOptions(max_backtrack=5))
+    rt.allocate_cache(3, 3)
+    proposer = dspark_mod.DSparkProposer.build(rt, SpeculatorConfig(None))
+    ids = prompts(2)
+    kinds = [SamplingParams(temperature=0, logit_bias={7: 100.0}), SamplingParams(temperature=0.9, seed=2)]
+    requests = []
+    for slot, p, params in zip((1, 2), ids, kinds, strict=True):
+        rt.reset_slot(slot)
+        rt.forward(ForwardBatch([SequenceSegment(slot, [slot], 0, p[:-1], "none")]))
+        requests.append(ProposeRequest(slot, slot, len(p) - 1, p, params, 1000 + slot, 4))
+    sampled = torch.tensor([p[-1] for p in ids])
+    mixed = proposer.propose(ProposeBatch(requests, sampled))
+    greedy = proposer.propose(ProposeBatch(requests[:1], sampled[:1]))
+    assert mixed.probs is not None and greedy.probs is None
+    assert torch.equal(greedy.token_ids[0], mixed.token_ids[0])
+    assert greedy.token_ids[0].tolist() == [7] * 4  # the request's logit bias applies to drafts
+    torch.testing.assert_close(greedy.confidences[0], mixed.confidences[0])

@@ -7,7 +7,9 @@ Markov head adds a correction from the previous token (g for j = 0, then the dra
 drafts are drawn one after another: d_{j+1} ~ (base_j + markov(prev_j)) with the request's own
 temperature / top-k / top-p / min-p on the draft RNG stream. The draft distributions stay on the
 device for the acceptance test; the confidence head (raw collapsed state, as the release) gives
-sigmoid acceptance estimates per draft.
+sigmoid acceptance estimates per draft. A batch of greedy requests drafts the argmax of the adjusted
+logits (what a one-hot draw gives) and hands no distributions over: greedy verification compares
+tokens only, so the float64 vocabulary distributions and draws per draft are skipped.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from deepinfer.models.interface import CausalLM
-from deepinfer.sampling.sampler import SampleRow
+from deepinfer.ops import get_ops
+from deepinfer.sampling.sampler import SampleRow, sampling_metadata
 from deepinfer.speculators.interface import Proposal, ProposeBatch, SpeculatorConfig
 from deepinfer.speculators.registry import SpeculatorError
 from deepinfer.speculators.verify import sample_drafts
@@ -49,19 +52,28 @@ class DSparkProposer:
                        [r.token_ids[-1] for r in reqs])
         k = max(r.num_drafts for r in reqs)
         prev = batch.sampled.to(out.base_logits.device)
+        eos, ops = self.model.eos_token_id, ds.ops or get_ops(device=prev.device)
+        greedy = None
+        if all(r.params.greedy for r in reqs):  # min_tokens counts as reached, as below
+            rows = [SampleRow(r.params, r.seed, r.position + 1, r.params.min_tokens) for r in reqs]
+            greedy, _ = sampling_metadata(rows, out.base_logits.shape[-1], eos, prev.device)
         tokens, probs, embeddings = [], [], []
         for j in range(k):
             markov, embedding = ds.markov(prev)
-            # min_tokens counts as reached: the target's own ban rejects an early EOS draft anyway
-            rows = [SampleRow(r.params, r.seed, r.position + 1 + j, r.params.min_tokens) for r in reqs]
-            prev, p = sample_drafts(out.base_logits[:, j] + markov, rows, self.model.eos_token_id, ds.ops)
+            logits = out.base_logits[:, j] + markov
+            if greedy is not None:
+                prev = ops.apply_penalties(logits.float(), greedy).argmax(-1)
+            else:
+                # min_tokens counts as reached: the target's own ban rejects an early EOS draft anyway
+                rows = [SampleRow(r.params, r.seed, r.position + 1 + j, r.params.min_tokens) for r in reqs]
+                prev, p = sample_drafts(logits, rows, eos, ops)
+                probs.append(p)
             tokens.append(prev)
-            probs.append(p)
             embeddings.append(embedding)
         head = type(out)(out.hidden[:, :k], out.normed[:, :k], out.base_logits[:, :k])
         confidences = torch.sigmoid(ds.confidence(head, torch.stack(embeddings, dim=1), "raw"))
-        return Proposal(torch.stack(tokens, dim=1), [r.num_drafts for r in reqs], torch.stack(probs, dim=1),
-                        confidences.float())
+        return Proposal(torch.stack(tokens, dim=1), [r.num_drafts for r in reqs],
+                        torch.stack(probs, dim=1) if probs else None, confidences.float())
 
     def release(self, seq_id: int) -> None:
         """Drafting keeps no per-sequence state besides the model's caches."""
