@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -60,6 +60,22 @@ def save(path: Path, table: dict[str, TileConfig]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({k: asdict(v) for k, v in sorted(table.items())}, indent=1) + "\n")
     _table.cache_clear()
+    _entry.cache_clear()
+
+
+# every linear call looks its config up: memoised, so the host pays a dict hit, not a device query
+@lru_cache(maxsize=4096)
+def _entry(kernel: str, n: int, k: int, bucket: int, index: int) -> TileConfig | None:
+    return _table(gpu_file(index)).get(key(kernel, n, k, bucket))
+
+
+@cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def block_k(k: int, want: int) -> int:
@@ -72,6 +88,7 @@ def block_k(k: int, want: int) -> int:
     return bk
 
 
+@lru_cache(maxsize=4096)
 def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """Shape heuristic: weight streaming for small M, 128-row tiles for large M; split-K wherever the
     output tiles alone leave SMs idle (about 2 programs per SM, each with >= 4 K steps)."""
@@ -95,6 +112,7 @@ def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBA
     return TileConfig(bn, bm, bk, split, warps, stages)
 
 
+@cache
 def default_invariant(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """The one batch-invariant config of a weight shape: prefill-sized tiles (64 weight rows where 128
     would leave most SMs idle at decode) and a fixed split-K count only as far as decode needs it to fill
@@ -112,10 +130,8 @@ def invariant(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
     """Batch-invariant config of an [n, k] weight: the table's entry, else `default_invariant`."""
     if device.type != "cuda":
         return default_invariant(kind, n, k)
-    found = _table(gpu_file(device)).get(key(f"invariant-{kind}", n, k, 1))
-    if found is not None:
-        return found
-    return default_invariant(kind, n, k, torch.cuda.get_device_properties(device).multi_processor_count)
+    index = _index(device)
+    return _entry(f"invariant-{kind}", n, k, 1, index) or default_invariant(kind, n, k, _sm_count(index))
 
 
 def default_moe(assignments: int, n_experts: int) -> TileConfig:
@@ -131,7 +147,7 @@ def default_moe(assignments: int, n_experts: int) -> TileConfig:
 def lookup_moe(assignments: int, n_experts: int, hidden: int, inter: int, device: torch.device) -> TileConfig:
     """Config of the grouped expert GEMMs, keyed "moe:<H>x<I>:<assignments bucket>"."""
     if device.type == "cuda":
-        found = _table(gpu_file(device)).get(key("moe", hidden, inter, assignments))
+        found = _entry("moe", hidden, inter, m_bucket(assignments), _index(device))
         if found is not None:
             return found
     return default_moe(assignments, n_experts)
@@ -140,7 +156,5 @@ def lookup_moe(assignments: int, n_experts: int, hidden: int, inter: int, device
 def lookup(kernel: str, n: int, k: int, m: int, device: torch.device) -> TileConfig:
     if device.type != "cuda":  # the Triton interpreter (TRITON_INTERPRET=1) on CPU tensors
         return default(kernel, n, k, m)
-    found = _table(gpu_file(device)).get(key(kernel, n, k, m))
-    if found is not None:
-        return found
-    return default(kernel, n, k, m, torch.cuda.get_device_properties(device).multi_processor_count)
+    index = _index(device)
+    return _entry(kernel, n, k, m_bucket(m), index) or default(kernel, n, k, m, _sm_count(index))
