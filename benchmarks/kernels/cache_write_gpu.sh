@@ -25,5 +25,5 @@ timeout -s INT "${BENCH_S:-20}" python3 cache_write.py --out "$out/bench.md" > "
 echo "== engram.py $(date -u +%T)"
 timeout -s INT "${ENGRAM_S:-10}" python3 engram.py --out "$out/bench.md" > "$out/engram.txt" 2>&1
 cat "$out/bench.md"
-tail -3 "$out/cache_write.txt" "$out/engram.txt"
+tail -n 3 "$out/cache_write.txt" "$out/engram.txt"
 echo "== done $(date -u +%T)"

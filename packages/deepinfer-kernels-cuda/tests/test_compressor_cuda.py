@@ -96,8 +96,8 @@ def _slice_diff():
 def test_tiny_model_greedy_tokens_unchanged():
     """The "full" tiny config (C2 compressors, Engram, DSpark) in float32, release cache precision, decode
     through CUDA graphs: the reference ops with these kernels swapped in give the reference's greedy
-    tokens. (Under the interpreter on the CPU the logits were identical with every op but engram_gate,
-    whose last-bit differences the random tiny model amplifies to ~1e-2 relative.)"""
+    tokens. Measured on an H200: logits within 9e-6 relative of the reference's, all from engram_gate's
+    float32 sum order (under the CPU interpreter the other four ops left the logits bit-identical)."""
     sd = _slice_diff()
     rf = sd.reference_forward_module()
     config = tiny_config("full")
