@@ -425,7 +425,7 @@ class LLMEngine:
         idle = None if self._prev_end is None else max(0.0, result.start - self._prev_end)
         self._prev_end = result.end
         self.stats.steps.append(StepStat(result.num_seqs, result.num_tokens, schedule_s, process_s,
-                                         result.end - result.start, idle))
+                                         result.end - result.start, idle, result.gpu_s))
 
     def _record_speculation(self, sched: SchedulerOutput, result: StepResult) -> None:
         """Counters, the cache position after verification, the next drafts of each sequence, and the

@@ -85,6 +85,17 @@ class StepResult:
     num_tokens: int
     num_seqs: int
     verified: list[Verified] | None = None  # speculative steps: replaces sample_seqs / samples
+    # CUDA: events recorded on the step's stream at its start and end (GPU time, read a step later)
+    gpu: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    @property
+    def gpu_s(self) -> float | None:
+        """GPU time from the step's first to its last queued work (waits for the end event)."""
+        if self.gpu is None:
+            return None
+        start, end = self.gpu
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
     @property
     def sampled(self) -> list[tuple[Sequence, int, TokenLogprob | None]]:
@@ -129,6 +140,7 @@ class ModelRunner:
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         start = time.perf_counter()
+        gpu_start = self._event()
         self.release_pending()
         for slot in sched.resets:
             self.model.reset_slot(slot)
@@ -146,7 +158,7 @@ class ModelRunner:
         if self.proposer is not None:
             verified = self._speculate(out.logits, offsets, sched)
             return StepResult([], None, prompt_lp, start, time.perf_counter(), sched.num_tokens,
-                              len(sched.segments), verified)
+                              len(sched.segments), verified, self._events(gpu_start))
         rows, sample_rows, sample_seqs = [], [], []
         for i, s in enumerate(sched.segments):
             if s.sample_seqs:
@@ -163,7 +175,21 @@ class ModelRunner:
             result = self.sampler(logits, sample_rows)
         self._prev, self._prev_row = result, {seq.seq_id: r for r, seq in enumerate(sample_seqs)}
         end = time.perf_counter()
-        return StepResult(sample_seqs, result, prompt_lp, start, end, sched.num_tokens, len(sched.segments))
+        return StepResult(sample_seqs, result, prompt_lp, start, end, sched.num_tokens, len(sched.segments),
+                          gpu=self._events(gpu_start))
+
+    def _event(self) -> torch.cuda.Event | None:
+        """A timing event recorded now on the current CUDA stream; None for a model off CUDA."""
+        device = getattr(self.model, "device", None)
+        if not isinstance(device, torch.device) or device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def _events(self, start: torch.cuda.Event | None) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
+        end = self._event() if start is not None else None
+        return None if start is None or end is None else (start, end)
 
     def _input_ids(self, sched: SchedulerOutput) -> torch.Tensor | None:
         """Device ids with the placeholders filled from the previous step's sampled tokens, on the

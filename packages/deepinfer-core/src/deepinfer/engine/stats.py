@@ -14,6 +14,7 @@ class StepStat:
     process_s: float  # engine thread CPU time turning this step's samples into outputs
     device_s: float  # worker: resets + forward + sampling
     idle_s: float | None  # worker idle between the previous step's end and this one's start
+    gpu_s: float | None = None  # CUDA: GPU time from the step's first to its last queued work
 
 
 @dataclass
