@@ -98,6 +98,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default=None)
     p.add_argument("--cpu-check", action="store_true", help="dry run of every code path on the CPU")
+    p.add_argument("--no-plan", action="store_true", help="no start-up capture (graphs captured lazily)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     kmax = max(args.drafts)
@@ -125,6 +126,8 @@ def main() -> None:
     # start-up capture, planned for the largest batch and K, with the first pair's cache
     t0 = time.perf_counter()
     try:
+        if args.no_plan:
+            raise RuntimeError("--no-plan")
         reserve = runtime.plan_graphs(max(b for b, _ in pairs), kmax, max(pf for _, pf in pairs) + kmax + 1)
     except Exception as exc:  # the step timings below do not depend on it
         results["plan_error"], reserve = f"{type(exc).__name__}: {exc}"[:300], 0
@@ -133,7 +136,7 @@ def main() -> None:
     for i, (batch, prefill) in enumerate(pairs):
         t0 = time.perf_counter()
         bench = Bench(runtime, batch, prefill, kmax)
-        if i == 0:
+        if i == 0 and not args.no_plan:
             recorder = runtime.graph_recorder
             decode, draft = bench.graphs
             results["startup"] = {

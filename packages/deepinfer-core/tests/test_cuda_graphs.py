@@ -280,6 +280,30 @@ def assert_same_state(
             torch.testing.assert_close(g, w, rtol=10 * tol, atol=tol, msg=lambda m, at=where: f"{at}: {m}")
 
 
+def test_uneven_segments_pad_to_the_verification_length(checkpoint: Path) -> None:
+    rt = load_runtime(checkpoint)
+    rt.allocate_cache(num_blocks=7, num_slots=4)
+    graphs = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rt.vocab_size, rerun_recorder,
+                          max_backtrack=rt.max_backtrack)
+
+    def shape(*segs: tuple[int, str]) -> FixedShape | None:
+        starts = [PREFILL, BLOCK_TOKENS - 2, 3]  # the second one's padding passes its only block
+        return graphs.shape(ForwardBatch([SequenceSegment(i + 1, [i + 1], starts[i], [4] * n, logits)
+                                          for i, (n, logits) in enumerate(segs)]))
+
+    assert shape((1, "last"), (3, "all")) == FixedShape(2, 3, 2, "all")  # to the longest
+    graphs.verify_tokens = 4
+    assert shape((1, "last"), (3, "all"), (2, "all")) == FixedShape(4, 4, 2, "all")
+    assert shape((1, "last"), (1, "all")) == FixedShape(2, 1, 1, "last")  # decodes stay decodes
+    assert shape((3, "all"), (3, "all")) == FixedShape(2, 4, 2, "all")
+    assert shape((5, "all"), (2, "all")) == FixedShape(2, 5, 2, "all")  # past K: to the longest
+    assert shape((1, "last"), (2, "last")) is None  # a prefill piece among decodes runs eagerly
+    assert shape((7, "all"), (1, "last")) is None  # past the fixed-shape bound
+    graphs.max_backtrack, graphs.verify_tokens = 1, None
+    assert shape((1, "last"), (3, "all")) is None  # a rollback could not reach over the padded positions
+    assert shape((3, "all"), (3, "all")) == FixedShape(2, 3, 2, "all")  # nothing to pad
+
+
 def check_padded_verification(eager: DeepseekV41Runtime, graphed: DeepseekV41Runtime, tol: float) -> None:
     """Uneven verification segments (3, 1 and 4 tokens; the second one's padding spills past its only
     block) run as one 4-token graph; after it and after the rollback step every readable cache and

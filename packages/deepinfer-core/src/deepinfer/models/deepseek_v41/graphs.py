@@ -5,12 +5,13 @@ one wants logits. Its graph key is a metadata.FixedShape: the batch padded up to
 tokens per sequence, the block-table width (a power of two, as eager steps use) and the logits rows.
 n is 1 for decode steps, else the verification length (1 + draft tokens, `verify_tokens`) when every
 segment fits it, else the longest segment. Shorter segments (uneven draft counts under confidence
-scheduling or n-gram lookup, a decode beside verifications) are padded to n with padding tokens past
-their end: those rows' logits are dropped, and their cache writes land at positions after the
-sequence's last token, exactly where rejected drafts would have been written. The runtime rolls back
-by overwriting from the next step's start, and a padded step reaches at most n - 1 <= max_backtrack
-positions past that start, the rollback depth every ring (window, compressor partial groups, Engram
-history, DSpark context) keeps; padded positions beyond the sequence's blocks go to padding block 0.
+scheduling or n-gram lookup, a decode beside verifications; not a prefill piece: that step runs
+eagerly) are padded to n with padding tokens past their end: those rows' logits are dropped, and
+their cache writes land at positions after the sequence's last token, exactly where rejected drafts
+would have been written. The runtime rolls back by overwriting from the next step's start, and a
+padded step reaches at most n - 1 <= max_backtrack positions past that start, the rollback depth
+every ring (window, compressor partial groups, Engram history, DSpark context) keeps; padded
+positions beyond the sequence's blocks go to padding block 0.
 
 The first step of a key captures a graph (or `precapture` does at start-up): the warm-up and the
 capture run on a batch of padding sequences only (slot 0, block 0), so no real sequence's state is
@@ -152,6 +153,8 @@ class DecodeGraphs:
         padded = min(lens) < n or (n > 1 and len(kinds) > 1)
         if padded and n > self.max_backtrack + 1:
             return None  # a rollback could not reach back over the padded positions
+        if padded and any(k > 1 and s.logits != "all" for k, s in zip(lens, segs, strict=True)):
+            return None  # a prefill piece among decodes: padding every decode to it costs more than it saves
         logits = "last" if n == 1 else "all" if padded else kinds.pop()
         blocks = max(max(len(s.block_table), -(-(s.start_pos + n) // BLOCK_TOKENS)) for s in segs)
         return FixedShape(num_seqs, n, _table_width(blocks), logits)  # type: ignore[arg-type]
@@ -214,15 +217,17 @@ class DecodeGraphs:
         top = bucket_for(max_num_seqs, self.buckets) or self.buckets[-1]
         tokens = [n for n in (1, self.verify_tokens) if n and n <= self.builder.geo.max_fixed_tokens]
         widths = _table_width(-(-(max_model_len + max(tokens)) // BLOCK_TOKENS))
+        shapes = [FixedShape(b, n, 1 << i, "last" if n == 1 else "all") for n in tokens
+                  for b in self.buckets if b <= top for i in range(widths.bit_length())]
+        # largest first: the output buffers are sized once, and the pool's first segments are the
+        # largest, which the smaller graphs' blocks then split (rather than new segments per size)
+        shapes.sort(key=lambda k: (k.num_seqs * k.tokens, k.table_width), reverse=True)
         count = 0
-        for n in tokens:  # largest bucket first: the shared output buffer is sized once
-            for b in sorted((b for b in self.buckets if b <= top), reverse=True):
-                for w in (1 << i for i in range(widths.bit_length())):
-                    shape = FixedShape(b, n, w, "last" if n == 1 else "all")
-                    if self.failed:
-                        return count
-                    if shape not in self.graphs and self._capture_or_fail(shape) is not None:
-                        count += 1
+        for shape in shapes:
+            if self.failed:
+                break
+            if shape not in self.graphs and self._capture_or_fail(shape) is not None:
+                count += 1
         return count
 
     def _capture_or_fail(self, shape: FixedShape) -> _Graph | None:
@@ -358,6 +363,7 @@ class GraphPlan:
     max_num_seqs: int
     verify_tokens: int | None  # 1 + the speculator's draft tokens; None: no speculation planned
     max_model_len: int
+    reserve: int = 0  # the bytes probe_graph_memory kept for the graphs
 
     def tokens(self, geo_max: int) -> list[int]:
         """Tokens per sequence of the planned step kinds that have fixed shapes (decode first)."""
@@ -371,9 +377,12 @@ class GraphPlan:
             count += draft.precapture(self.max_num_seqs)
         buffers = [*decode.outputs.values(), *((draft.outputs or ()) if draft else ())]
         outputs = sum(t.nbytes for t in buffers)
-        pool = f"pool {recorder.pool_bytes() / 2**20:.0f} MiB, " if isinstance(recorder, CudaRecorder) else ""
-        logger.info("CUDA graphs: captured %d graphs in %.1f s (%soutput buffers %.0f MiB)", count,
-                    time.perf_counter() - t0, pool, outputs / 2**20)
+        pool = recorder.pool_bytes() if isinstance(recorder, CudaRecorder) else 0
+        logger.info("CUDA graphs: captured %d graphs in %.1f s (pool %.0f MiB, output buffers %.0f MiB)",
+                    count, time.perf_counter() - t0, pool / 2**20, outputs / 2**20)
+        if self.reserve and pool + outputs > self.reserve:
+            logger.warning("CUDA graphs hold %.0f MiB, %.0f MiB more than was kept out of the cache budget",
+                           (pool + outputs) / 2**20, (pool + outputs - self.reserve) / 2**20)
 
 
 def probe_graph_memory(

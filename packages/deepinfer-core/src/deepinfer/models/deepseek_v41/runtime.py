@@ -6,15 +6,16 @@ attention caches (deepinfer.cache, per-slot rings and paged blocks) the runtime 
 per-slot ring of recent token ids, so Engram n-grams can look back across forward calls and across
 rollbacks of up to `max_backtrack` tokens.
 
-On CUDA, decode and verification steps replay CUDA graphs of `run_step` (graphs.py) unless
-`RuntimeOptions.cuda_graphs` is off; other steps run `run_step` eagerly.
+On CUDA, decode and verification steps replay CUDA graphs of `run_step`, and DSpark drafts graphs of
+the draft forward (graphs.py), unless `RuntimeOptions.cuda_graphs` is off; other steps run eagerly.
+`plan_graphs` (called by the engine's cache sizing) makes each new cache capture its graphs ahead.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -142,7 +143,7 @@ class DeepseekV41Runtime:
         self.cache = self.builder = self.graphs = self.history = None
         if self.dspark is not None:
             self.dspark.graphs = None
-        self.graph_plan = plan
+        self.graph_plan = replace(plan, reserve=reserve)
         return reserve
 
     def reset_slot(self, slot: int) -> None:
