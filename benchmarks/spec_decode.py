@@ -196,8 +196,8 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             continue
         spec = {} if name == "none" else dict(speculator=name, num_draft_tokens=k, spec_schedule=schedule)
         t0 = time.perf_counter()
-        llm = LLM(model, max_num_seqs=max(batches), log_stats_interval=0, async_scheduling=not args.sync,
-                  **spec)
+        llm = LLM(model, max_num_seqs=max(batches), max_model_len=args.max_model_len, log_stats_interval=0,
+                  async_scheduling=not args.sync, **spec)
         build_s = round(time.perf_counter() - t0, 1)
         try:
             for batch in batches:
@@ -359,6 +359,8 @@ def main() -> None:
     eng.add_argument("--confidence-ks", default="", help="K values for confidence (default: --ks)")
     eng.add_argument("--batches", default="1,8,64")
     eng.add_argument("--max-tokens", type=int, default=64)
+    eng.add_argument("--max-model-len", type=int, default=512,
+                     help="engine limit: fewer block-table widths to capture graphs for")
     eng.add_argument("--temperature", type=float, default=0.0)
     eng.add_argument("--budget-s", type=float, default=math.inf, help="start no engine after this")
     eng.add_argument("--sync", action="store_true", help="async scheduling off (compare the overlap)")
