@@ -376,7 +376,7 @@ def test_planned_graphs_are_captured_with_the_cache(
 def speculative_outputs(
     make_runtime: Callable[[], DeepseekV41Runtime], speculator: str, schedule: str
 ) -> tuple[list[list[int]], LLMEngine]:
-    """Greedy outputs of three requests with `speculator` through the engine (graphs planned ahead).
+    """Greedy outputs of three requests with `speculator` through the engine (graphs captured ahead).
     The first prompt holds every token, so each newest token has a 1-gram match: n-gram drafts there,
     rarely for the short prompts, so verification steps mix 4- and 1-token segments."""
     rt = make_runtime()
@@ -387,8 +387,7 @@ def speculative_outputs(
     config = EngineConfig(max_model_len=vocab + 16, max_num_seqs=3, cache_bytes=16 << 20,
                           log_stats_interval=0, speculator=speculator, num_draft_tokens=3,
                           spec_schedule=schedule)
-    rt.plan_graphs(config.max_num_seqs, 3, config.max_model_len)
-    engine = LLMEngine(rt, None, config, device=rt.device)
+    engine = LLMEngine(rt, None, config, device=rt.device)  # its cache sizing plans the graphs
     for i, ids in enumerate(prompts):
         engine.add_request(ids, params, request_id=f"r{i}")
     done = {}
@@ -419,6 +418,7 @@ def test_engine_speculation_generates_the_same_with_graphs(
     assert not pads
     got, engine = speculative_outputs(graphed, speculator, schedule)
     assert got == eager
+    assert engine.model.graph_plan.verify_tokens == 4  # the engine's cache sizing planned the capture
     assert engine.stats.spec_draft_tokens > 0 and pads and set(pads) == {4}
     if speculator == "dspark":
         assert engine.model.dspark.graphs.graphs
