@@ -371,6 +371,10 @@ def test_planned_graphs_are_captured_with_the_cache(
                                      for b in (1, 2, 4) for w in (1, 2) for n in (1, 4)}
     assert set(rt.dspark.graphs.graphs) == {1, 2, 4}
     assert "CUDA graphs: captured 15 graphs in" in caplog.text
+    rt.plan_graphs(max_num_seqs=1, num_draft_tokens=0, max_model_len=BLOCK_TOKENS)  # no speculation
+    rt.allocate_cache(num_blocks=7, num_slots=4)
+    assert set(rt.graphs.graphs) == {FixedShape(1, 1, 1, "last"), FixedShape(1, 1, 2, "last")}
+    assert not rt.dspark.graphs.graphs
 
 
 def speculative_outputs(

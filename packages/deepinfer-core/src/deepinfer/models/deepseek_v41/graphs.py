@@ -373,7 +373,7 @@ class GraphPlan:
         """Capture every planned graph of one cache; one INFO line with the count, time and memory."""
         t0 = time.perf_counter()
         count = decode.precapture(self.max_num_seqs, self.max_model_len)
-        if draft is not None:
+        if draft is not None and self.verify_tokens:  # drafts come with speculation only
             count += draft.precapture(self.max_num_seqs)
         buffers = [*decode.outputs.values(), *((draft.outputs or ()) if draft else ())]
         outputs = sum(t.nbytes for t in buffers)
@@ -406,7 +406,7 @@ def probe_graph_memory(
         meta = builder.build(ForwardBatch([]), last_layer_is_consumer, shape)
         step(meta, None)
         outputs += len(meta.logits_rows) * vocab_size * 4
-    if dspark is not None:
+    if dspark is not None and plan.verify_tokens:
         ids, positions, window = dspark.staging.upload(dspark.draft_arrays(cache, [], [], [], top))
         out = dspark.draft_forward(cache, ids, positions, window)
         outputs += out.hidden.nbytes + out.normed.nbytes + out.base_logits.nbytes

@@ -130,9 +130,10 @@ class DeepseekV41Runtime:
 
     def plan_graphs(self, max_num_seqs: int, num_draft_tokens: int, max_model_len: int) -> int:
         """Have every later `allocate_cache` capture its graphs ahead: decode steps of up to
-        `max_num_seqs` sequences, verification steps of 1 + `num_draft_tokens` (0: none), the draft
-        forward, at table widths up to `max_model_len`'s. Returns the device bytes the graphs will
-        take (to keep out of the cache budget; 0 without graphs), measured on a throwaway cache."""
+        `max_num_seqs` sequences at table widths up to `max_model_len`'s and, with `num_draft_tokens`
+        (0: no speculation), verification steps of 1 + that many tokens and the draft forward. Returns
+        the device bytes the graphs will take (to keep out of the cache budget; 0 without graphs),
+        measured on a throwaway cache."""
         if self.graph_recorder is None:
             return 0
         plan = GraphPlan(max_num_seqs, 1 + num_draft_tokens if num_draft_tokens else None, max_model_len)
