@@ -6,7 +6,8 @@ the time of reading the float32 logits once at copy bandwidth (the bytes-read ro
 Per batch (1, 64, 256): `greedy` (argmax only), `drawn` (temperature 1, no filter), `filtered`
 (temperature 0.8, top-k 50, top-p 0.9, min-p 0.05: the radix search), `penalties` (presence,
 frequency, repetition over 512 prompt + 128 generated tokens, a logit bias, a min_tokens ban),
-`logprobs` (top 5 of every row), `bitmask` (a structured-output mask on every row).
+`bitmask` (a structured-output mask on every row). (compute_logprobs has no kernel: the cuda backend
+uses the reference's.)
 """
 
 from __future__ import annotations
@@ -46,10 +47,6 @@ def rows(batch: int, params: SamplingParams) -> list[SampleRow]:
 
 def case(name: str, batch: int) -> tuple[Callable[[Ops], Callable[[torch.Tensor], object]], int]:
     """Scenario -> (op call on one logits tensor for an op set, bytes of logits it reads)."""
-    if name == "logprobs":
-        tokens = torch.zeros(batch, dtype=torch.int64, device=CUDA)
-        every = torch.arange(batch, device=CUDA)
-        return (lambda ops: lambda x: ops.compute_logprobs(x, tokens, every, 5)), batch * V * 4
     if name == "bitmask":
         words = torch.randint(-(2**31), 2**31, (batch, -(-V // 32)), device=CUDA, dtype=torch.int64).int()
         return (lambda ops: lambda x: ops.apply_token_bitmask(x, words)), batch * V * 4
@@ -65,7 +62,7 @@ def main() -> None:
     copy = copy_bandwidth_gbs(1.0)
     table = []
     for batch in (1, 64, 256):
-        for name in (*SCENARIOS, "logprobs", "bitmask"):
+        for name in (*SCENARIOS, "bitmask"):
             call, nbytes = case(name, batch)
             sets = input_sets(lambda b=batch: (logits(b),), nbytes)
             ours, theirs, x = call(cuda), call(ref), sets[0][0]

@@ -1,6 +1,6 @@
 """The sampling kernels under Triton's CPU interpreter against the reference ops, on small vocabularies
 with tiny blocks and slices (so every row spans several slices): uniforms bitwise, penalties and bitmask
-bitwise, sampled tokens equal (greedy, filtered, tied and drawn rows), logprobs to float32 rounding.
+bitwise, sampled tokens equal (greedy, filtered, tied and drawn rows).
 The interpreter must be switched on before triton is imported, hence a subprocess."""
 
 import os
@@ -30,21 +30,11 @@ for purpose in (rng.PURPOSE_SAMPLE, rng.PURPOSE_DRAFT, rng.PURPOSE_ACCEPT, rng.P
     assert torch.equal(ker.uniform(seeds, positions, purpose), want), purpose
 
 # mixed random batches (bias, bans, penalties, greedy, top-k/p, min-p, -inf and tied logits)
-for seed, size in ((22, 7),):
-    logits, rows = random_batch(seed, size)
-    meta, logprob_rows = sampling_metadata(rows, VOCAB, EOS, cpu)
-    assert torch.equal(ker.apply_penalties(logits, meta), ref.apply_penalties(logits, meta)), seed
-    x = _adjusted(logits, rows)
-    assert torch.equal(ker.sample_tokens(x, meta), ref.sample_tokens(x, meta)), seed
-    tokens = x.argmax(-1)
-    got = ker.compute_logprobs(x, tokens, logprob_rows, 5)
-    want = ref.compute_logprobs(x, tokens, logprob_rows, 5)
-    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
-    assert torch.equal(got[2], want[2]), seed
-    none = logprob_rows[:0]  # no row wants logprobs: the reference's [0, k] shapes
-    got, want = ker.compute_logprobs(x, tokens, none, 5), ref.compute_logprobs(x, tokens, none, 5)
-    assert [t.shape for t in got] == [t.shape for t in want] and got[2].dtype == torch.int64
+logits, rows = random_batch(22, 7)
+meta, _ = sampling_metadata(rows, VOCAB, EOS, cpu)
+assert torch.equal(ker.apply_penalties(logits, meta), ref.apply_penalties(logits, meta))
+x = _adjusted(logits, rows)
+assert torch.equal(ker.sample_tokens(x, meta), ref.sample_tokens(x, meta))
 
 # ties across the top-k / top-p cut and min-p at a tie: few distinct logits, index order decides
 g = torch.Generator().manual_seed(5)

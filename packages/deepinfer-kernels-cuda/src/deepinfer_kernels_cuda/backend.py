@@ -20,7 +20,7 @@ class CudaBackend(Backend):
         "fp8_quantize", "fp8_dequantize", "nvfp4_quantize", "nvfp4_dequantize", "mxfp4_quantize",
         "mxfp4_dequantize", "prepare_linear", "prepare_experts", "cache_write", "compressor_update",
         "engram_hash", "engram_lookup", "engram_gate",
-        "apply_penalties", "sample_tokens", "compute_logprobs", "apply_token_bitmask",
+        "apply_penalties", "sample_tokens", "apply_token_bitmask",
     })
 
     def supports(self, device: torch.device) -> bool:
@@ -69,7 +69,6 @@ class CudaBackend(Backend):
             "moe": moe.moe,
             "apply_penalties": sampling.apply_penalties,
             "sample_tokens": sampling.sample_tokens,
-            "compute_logprobs": sampling.compute_logprobs,
             "apply_token_bitmask": sampling.apply_token_bitmask,
         }
         return invariant_ops(table, self.row_wise) if batch_invariant else table

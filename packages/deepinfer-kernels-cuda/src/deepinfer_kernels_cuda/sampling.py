@@ -35,8 +35,9 @@ Inputs: float32 logits [B, V] with at least one finite logit per row and no NaN 
 
 `apply_penalties`: the reference's stages as scatters over the (row, token) pairs (no dense passes
 besides the copy); bitwise equal when a row's logit-bias ids are distinct (as the sampler builds them).
-`compute_logprobs`: max and sum per slice, log(S) once, topk of the raw logits (log_softmax is
-monotone): equal within float32 rounding of S. `apply_token_bitmask`: one elementwise pass, bitwise equal.
+`apply_token_bitmask`: one elementwise pass, bitwise equal. `compute_logprobs` stays on the reference: a
+kernel version (per-slice max and exp-sum, topk of the raw logits) ran at 0.6x / 0.44x of its speed at
+batch 1 / 64 on the H200 (eager), so it was dropped.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from triton.language.extra import libdevice
 from deepinfer.ops.sampling import SamplingMetadata
 from deepinfer.sampling import rng
 
-# Triton's interpreter has no libdevice: exp/log/exact mul-add use numpy there (already IEEE).
+# Triton's interpreter has no libdevice: exp and the exact mul-add use numpy there (already IEEE).
 _DEVICE = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 _BLOCK = 1024  # tokens per loop step of a slice program
@@ -68,15 +69,6 @@ def _exp(x):
         y = libdevice.exp(x)  # correctly rounded to within an ulp, as torch's expf (tl.exp is ex2.approx)
     else:
         y = tl.exp(x)
-    return y
-
-
-@triton.jit
-def _log(x):
-    if _DEVICE:
-        y = libdevice.log(x)
-    else:
-        y = tl.log(x)
     return y
 
 
@@ -175,31 +167,22 @@ def _row_max(max_ptr, arg_ptr, row, NS: tl.constexpr, NS_P2: tl.constexpr):
 
 @triton.jit
 def _exp_sum_kernel(x_ptr, stride, e_ptr, t_ptr, greedy_ptr, max_ptr, arg_ptr, sum_ptr, V,
-                    LENGTH: tl.constexpr, NS: tl.constexpr, NS_P2: tl.constexpr, BLOCK: tl.constexpr,
-                    STORE: tl.constexpr):
-    """Per slice: sum of e = exp(x / t - max) (t = 1 without t_ptr); stores e when STORE."""
+                    LENGTH: tl.constexpr, NS: tl.constexpr, NS_P2: tl.constexpr, BLOCK: tl.constexpr):
+    """Per slice of a drawn row: e = exp(x / t - max), stored, and its sum."""
     row = tl.program_id(0).to(tl.int64)
     sl = tl.program_id(1)
-    skip = 0
-    if greedy_ptr is not None:
-        skip = tl.load(greedy_ptr + row).to(tl.int32)
-    if skip == 0:
+    if tl.load(greedy_ptr + row).to(tl.int32) == 0:
         cols = tl.arange(0, BLOCK)
         m, _ = _row_max(max_ptr, arg_ptr, row, NS, NS_P2)
-        t = 1.0
-        if t_ptr is not None:
-            t = tl.load(t_ptr + row)
-            m = tl.math.div_rn(m, t)  # max(x / t) = max(x) / t: correctly rounded division is monotone
+        t = tl.load(t_ptr + row)
+        m = tl.math.div_rn(m, t)  # max(x / t) = max(x) / t: correctly rounded division is monotone
         acc = tl.zeros([BLOCK], tl.float32)
         for start in range(sl * LENGTH, tl.minimum(sl * LENGTH + LENGTH, V), BLOCK):
             i = start + cols
             x = tl.load(x_ptr + row * stride + i, mask=i < V, other=float("-inf"))
-            if t_ptr is not None:
-                x = tl.math.div_rn(x, tl.zeros([BLOCK], tl.float32) + t)
-            e = _exp(x - m)
+            e = _exp(tl.math.div_rn(x, tl.zeros([BLOCK], tl.float32) + t) - m)
             acc += e
-            if STORE:
-                tl.store(e_ptr + row * V + i, e, mask=i < V)
+            tl.store(e_ptr + row * V + i, e, mask=i < V)
         tl.store(sum_ptr + row * NS + sl, tl.sum(acc, axis=0))
 
 
@@ -388,15 +371,6 @@ def _finish_kernel(greedy_ptr, max_ptr, arg_ptr, tok_ptr, last_ptr, out_ptr, V, 
     tl.store(out_ptr + row, token.to(tl.int64))
 
 
-def _row_max_partials(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    rows, vocab = x.shape
-    ns, length = _splits(vocab)
-    mx = torch.empty((rows, ns), dtype=torch.float32, device=x.device)
-    arg = torch.empty((rows, ns), dtype=torch.int32, device=x.device)
-    _max_kernel[(rows, ns)](x, x.stride(0), mx, arg, vocab, LENGTH=length, NS=ns, BLOCK=_BLOCK, num_warps=4)
-    return mx, arg, ns, length
-
-
 def sample_tokens(logits: torch.Tensor, s: SamplingMetadata) -> torch.Tensor:
     """Reference `sample_tokens` (argmax on greedy rows; temperature, top-k / top-p / min-p and an
     inverse-CDF draw elsewhere) as row-wise kernels; see the module docstring for what is equal."""
@@ -406,16 +380,19 @@ def sample_tokens(logits: torch.Tensor, s: SamplingMetadata) -> torch.Tensor:
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
         return out
-    mx, arg, ns, length = _row_max_partials(x)
+    dev = x.device
+    ns, length = _splits(vocab)
     ns_p2 = max(2, triton.next_power_of_2(ns))
     common = dict(LENGTH=length, NS=ns, NS_P2=ns_p2, BLOCK=_BLOCK, num_warps=4)
+    mx = torch.empty((rows, ns), dtype=torch.float32, device=dev)
+    arg = torch.empty((rows, ns), dtype=torch.int32, device=dev)
+    _max_kernel[(rows, ns)](x, x.stride(0), mx, arg, vocab, LENGTH=length, NS=ns, BLOCK=_BLOCK, num_warps=4)
     tok = last = mx
     if s.any_drawn:
-        dev = x.device
         e = torch.empty((rows, vocab), dtype=torch.float32, device=dev)
         sums = torch.empty((rows, ns), dtype=torch.float32, device=dev)
         _exp_sum_kernel[(rows, ns)](x, x.stride(0), e, s.temperature, s.greedy, mx, arg, sums, vocab,
-                                    STORE=True, **common)
+                                    **common)
         cnt = torch.empty((_LEVELS, rows, ns, _BINS), dtype=torch.int32, device=dev)
         mass = torch.empty((_LEVELS, rows, ns, _BINS), dtype=torch.float32, device=dev)
         state = torch.empty((_LEVELS, rows, 2), dtype=torch.int32, device=dev)
@@ -441,46 +418,6 @@ def _check_logits(logits: torch.Tensor) -> None:
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"sampling kernels take float32 logits [B, V], got {logits.dtype} "
                          f"{tuple(logits.shape)}")
-
-
-# ---- compute_logprobs ---------------------------------------------------------------------------------
-
-
-@triton.jit
-def _logprob_kernel(x_ptr, stride, tok_ptr, max_ptr, arg_ptr, sum_ptr, chosen_ptr, lse_ptr, NS: tl.constexpr,
-                    NS_P2: tl.constexpr):
-    """Per row: log_softmax of its chosen token, (x - max) - log(S) as torch rounds it, and max + log S
-    split as (max, log S) for the top-k values."""
-    row = tl.program_id(0)
-    m, _ = _row_max(max_ptr, arg_ptr, row, NS, NS_P2)
-    log_s = _log(_row_sum(sum_ptr, row, NS, NS_P2))
-    x = tl.load(x_ptr + row * stride + tl.load(tok_ptr + row))
-    tl.store(chosen_ptr + row, (x - m) - log_s)
-    tl.store(lse_ptr + row * 2, m)
-    tl.store(lse_ptr + row * 2 + 1, log_s)
-
-
-def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, rows: torch.Tensor, k: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference `compute_logprobs` (log_softmax of rows `rows`: the chosen token's and the top k)
-    without materialising log_softmax: per-slice max and exp-sum kernels, then topk of the raw logits."""
-    x = logits.index_select(0, rows).float()
-    tokens = token_ids.index_select(0, rows)
-    n, vocab = x.shape
-    chosen = torch.empty(n, dtype=torch.float32, device=x.device)
-    if n == 0:  # the reference's shapes: [0, k] top values and ids
-        return chosen, x.new_empty((0, k)), x.new_empty((0, k), dtype=torch.int64)
-    mx, arg, ns, length = _row_max_partials(x)
-    ns_p2 = max(2, triton.next_power_of_2(ns))
-    sums = torch.empty((n, ns), dtype=torch.float32, device=x.device)
-    _exp_sum_kernel[(n, ns)](x, x.stride(0), None, None, None, mx, arg, sums, vocab, LENGTH=length, NS=ns,
-                             NS_P2=ns_p2, BLOCK=_BLOCK, STORE=False, num_warps=4)
-    lse = torch.empty((n, 2), dtype=torch.float32, device=x.device)
-    _logprob_kernel[(n,)](x, x.stride(0), tokens, mx, arg, sums, chosen, lse, NS=ns, NS_P2=ns_p2, num_warps=1)
-    if k == 0:
-        return chosen, x[:, :0], x[:, :0].long()
-    top_x, top_i = x.topk(k, dim=-1)
-    return chosen, (top_x - lse[:, :1]) - lse[:, 1:], top_i
 
 
 # ---- apply_penalties ----------------------------------------------------------------------------------
