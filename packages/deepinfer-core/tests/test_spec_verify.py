@@ -134,3 +134,19 @@ def test_mixed_greedy_and_drawn_rows_verify_as_alone() -> None:
                        prob_of[i][None] if i in prob_of else None, None)
         assert full.tokens[i] == alone.tokens[0] and full.accepted[i] == alone.accepted[0]
     assert full.accepted[0] and full.tokens[2] == logits[2].argmax()
+
+
+def test_plain_greedy_rows_share_cached_metadata() -> None:
+    from deepinfer.speculators.verify import row_metadata
+
+    cpu = torch.device("cpu")
+    greedy = SamplingParams(temperature=0, top_p=0.5)  # filters apply to drawn rows only
+    rows = [SampleRow(greedy, 7 + i, 30 + i, 2) for i in range(4)]
+    cached, _ = row_metadata(rows, V, 0, cpu)
+    assert row_metadata([SampleRow(greedy, 1, 3, 9)] * 4, V, 0, cpu)[0] is cached
+    built, _ = sampling_metadata(rows, V, 0, cpu)
+    for name in ("greedy", "temperature", "top_k", "bias_rows", "ban_rows", "output_rows", "seen_rows"):
+        assert torch.equal(getattr(cached, name), getattr(built, name)), name
+    assert (cached.any_drawn, cached.any_adjusted) == (built.any_drawn, built.any_adjusted) == (False, False)
+    banned = [SampleRow(SamplingParams(temperature=0, min_tokens=5), 0, 30, 2)] * 4  # EOS still banned
+    assert row_metadata(banned, V, 0, cpu)[0].any_adjusted

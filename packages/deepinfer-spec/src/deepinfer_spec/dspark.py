@@ -18,10 +18,10 @@ import torch
 
 from deepinfer.models.interface import CausalLM
 from deepinfer.ops import get_ops
-from deepinfer.sampling.sampler import SampleRow, sampling_metadata
+from deepinfer.sampling.sampler import SampleRow
 from deepinfer.speculators.interface import Proposal, ProposeBatch, SpeculatorConfig
 from deepinfer.speculators.registry import SpeculatorError
-from deepinfer.speculators.verify import sample_drafts
+from deepinfer.speculators.verify import row_metadata, sample_drafts
 
 
 class DSparkProposer:
@@ -56,7 +56,7 @@ class DSparkProposer:
         greedy = None
         if all(r.params.greedy for r in reqs):  # min_tokens counts as reached, as below
             rows = [SampleRow(r.params, r.seed, r.position + 1, r.params.min_tokens) for r in reqs]
-            greedy, _ = sampling_metadata(rows, out.base_logits.shape[-1], eos, prev.device)
+            greedy, _ = row_metadata(rows, out.base_logits.shape[-1], eos, prev.device)
         tokens, probs, embeddings = [], [], []
         for j in range(k):
             markov, embedding = ds.markov(prev)

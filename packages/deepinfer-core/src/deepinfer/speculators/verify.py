@@ -18,6 +18,7 @@ vocabulary and two draws).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -27,7 +28,10 @@ from deepinfer.ops import Ops, get_ops
 from deepinfer.ops.reference.sampling import draw, filter_mask
 from deepinfer.ops.sampling import SamplingMetadata
 from deepinfer.sampling import rng
+from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import PendingLogprobs, SampleRow, sampling_metadata
+
+_GREEDY = SamplingParams(temperature=0)
 
 
 def target_probs(adjusted: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -55,6 +59,28 @@ def accept_drafts(
     # all-zero residual: q <= p everywhere, i.e. q == p, where rejection cannot happen; keep q drawable
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     return accepted, draw(torch.where(empty, q, residual), u_residual)
+
+
+def row_metadata(rows: Sequence[SampleRow], vocab: int, eos_token_id: int | None, device: torch.device
+                 ) -> tuple[SamplingMetadata, torch.Tensor]:
+    """`sampling_metadata` of `rows`, cached when every row is plain greedy (no bias, penalties, ban or
+    logprobs): the argmax of the raw logits, so the metadata depends on the row count alone (seeds and
+    positions are read by draws only). Saves building and uploading ~25 small tensors per step."""
+    if all(_plain_greedy(r) for r in rows):
+        return _greedy_metadata(len(rows), vocab, eos_token_id, device)
+    return sampling_metadata(rows, vocab, eos_token_id, device)
+
+
+def _plain_greedy(row: SampleRow) -> bool:
+    p = row.params
+    return (p.greedy and not p.logit_bias and not p.has_penalties and p.logprobs is None
+            and row.num_outputs >= p.min_tokens)
+
+
+@functools.lru_cache(maxsize=64)
+def _greedy_metadata(num_rows: int, vocab: int, eos_token_id: int | None, device: torch.device
+                     ) -> tuple[SamplingMetadata, torch.Tensor]:
+    return sampling_metadata([SampleRow(_GREEDY, 0, 0, 0)] * num_rows, vocab, eos_token_id, device)
 
 
 def sample_drafts(
@@ -92,7 +118,7 @@ def verify(
     draft, in order (None: every draft is deterministic)."""
     raw = logits.float()
     ops = ops or get_ops(device=raw.device)
-    meta, logprob_rows = sampling_metadata(rows, raw.shape[-1], eos_token_id, raw.device)
+    meta, logprob_rows = row_metadata(rows, raw.shape[-1], eos_token_id, raw.device)
     adjusted = ops.apply_penalties(raw, meta)
     tokens = ops.sample_tokens(adjusted, meta)  # what a draft-less row emits: exactly the sampler's
     accepted = torch.zeros_like(tokens, dtype=torch.bool)
