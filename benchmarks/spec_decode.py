@@ -306,7 +306,8 @@ def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             save(args, results)
     columns = ["batch", "k", "decode_ms", "verify_ms", "verify_x_decode", "dspark_draft_ms"]
     columns += [f"{s}_x@{a}" for a in floats(args.acceptance) for s in ("ngram", "dspark")]
-    print(table([r for r in results if not r.get("skipped")], columns))
+    print(table(sorted((r for r in results if not r.get("skipped")), key=lambda r: (r["batch"], r["k"])),
+                columns))
     return results
 
 
