@@ -279,7 +279,8 @@ class ModelRunner:
             draft_probs = torch.cat([p if p is not None else F.one_hot(to_device(ds, dev), vocab).float()
                                      for p, ds in probs])
         out = verify(picked, sample_rows, drafts, draft_probs, self.sampler.eos_token_id, self.sampler.ops)
-        tokens, accepted, logprobs = out.tokens.tolist(), out.accepted.tolist(), out.logprobs.get()
+        tokens, accepted = torch.stack([out.tokens, out.accepted.long()]).tolist()  # one device copy
+        logprobs = out.logprobs.get()
         verified, r = [], 0
         for seq, s in items:
             k = s.num_drafts
