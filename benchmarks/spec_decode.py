@@ -360,8 +360,8 @@ def main() -> None:
     eng.add_argument("--confidence-ks", default="", help="K values for confidence (default: --ks)")
     eng.add_argument("--batches", default="1,8,64")
     eng.add_argument("--max-tokens", type=int, default=64)
-    eng.add_argument("--max-model-len", type=int, default=512,
-                     help="engine limit: fewer block-table widths to capture graphs for")
+    eng.add_argument("--max-model-len", type=int, default=256,
+                     help="engine limit (prompts + outputs fit): 2 block-table widths to capture graphs for")
     eng.add_argument("--temperature", type=float, default=0.0)
     eng.add_argument("--budget-s", type=float, default=math.inf, help="start no engine after this")
     eng.add_argument("--sync", action="store_true", help="async scheduling off (compare the overlap)")
