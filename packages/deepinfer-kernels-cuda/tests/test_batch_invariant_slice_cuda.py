@@ -19,10 +19,10 @@ import torch
 
 from deepinfer.entrypoints.llm import LLM
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
-from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.ops import get_ops
 from deepinfer.sampling import SamplingParams
 from deepinfer.testing.configs import flash_slice_config
+from deepinfer.testing.invariance import Scenario, allocate, differing_steps, probe_logits
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,52 +45,6 @@ def _tokens(gen: torch.Generator, n: int, vocab: int) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=gen).tolist()
 
 
-class Scenario:
-    """Companion prompts prefilled in the probe's first step (`first`) or in its second (`late`: a mixed
-    step), each decoding beside it afterwards; the probe sits at index `at` of each step's segments."""
-
-    def __init__(self, first: list[int], late: list[int] = (), at: int = 0):
-        self.first, self.late, self.at = first, list(late), at
-
-
-def _probe_logits(runtime: DeepseekV41Runtime, scenario: Scenario, graphs: bool) -> list[torch.Tensor]:
-    """The probe's logits per step: its prefill (last position), then DECODE teacher-forced steps."""
-    gen = torch.Generator().manual_seed(0)
-    vocab = runtime.vocab_size
-    probe, forced = _tokens(gen, PROBE_LEN, vocab), _tokens(gen, DECODE, vocab)
-    prompts = [_tokens(gen, n, vocab) for n in scenario.first + scenario.late]
-    longest = max([PROBE_LEN, *scenario.first, *scenario.late])
-    per_seq = -(-(longest + DECODE + 1) // runtime.cache_layout().block_size)
-    saved = runtime.graphs
-    if not graphs:
-        runtime.graphs = None
-    pos = {}  # slot -> tokens in the cache
-    for slot in range(1, 2 + len(prompts)):
-        runtime.reset_slot(slot)
-        pos[slot] = 0
-    table = {slot: list(range(1 + (slot - 1) * per_seq, 1 + slot * per_seq)) for slot in pos}
-    late_slots = range(2 + len(scenario.first), 2 + len(prompts))
-    out = []
-    try:
-        for step in range(DECODE + 1):
-            segs = []
-            for slot in range(2, 2 + len(prompts)):
-                if slot in late_slots and step == 0:
-                    continue
-                new = prompts[slot - 2] if pos[slot] == 0 else [11 + slot]
-                segs.append(SequenceSegment(slot, table[slot], pos[slot], new))
-            mine = probe if step == 0 else [forced[step - 1]]
-            at = min(scenario.at, len(segs))
-            segs.insert(at, SequenceSegment(1, table[1], pos[1], mine))
-            result = runtime.forward(ForwardBatch(segs))
-            out.append(result.logits[result.row_offsets[at]].clone())
-            for seg in segs:
-                pos[seg.slot] += len(seg.token_ids)
-    finally:
-        runtime.graphs = saved
-    return out
-
-
 @pytest.fixture(scope="module")
 def slice_setup():
     rf = _reference_forward()
@@ -104,33 +58,33 @@ def slice_setup():
                            ops=get_ops("cuda", "cuda", batch_invariant=True),
                            engram_token_map=rf.token_map(config),
                            options=RuntimeOptions(cache_precision="release", batch_invariant=True))
-        per_seq = -(-(2 * PROBE_LEN + DECODE + 1) // rt.cache_layout().block_size)
-        rt.allocate_cache(1 + SLOTS * per_seq, SLOTS + 1)
+        allocate(rt, 300 + DECODE + 1, SLOTS)
         return rt
 
     return runtime
 
 
 SCENARIOS = {
-    "3 seqs (bucket 4)": Scenario([37, 200]),
-    "8 seqs, probe 4th (bucket 8)": Scenario([90, 12, 64, 150, 33, 5, 128], at=3),
-    "prefill joins a decode step": Scenario([70], late=[260], at=1),
+    "3 seqs (bucket 4)": Scenario((37, 200)),
+    "8 seqs, probe 4th (bucket 8)": Scenario((90, 12, 64, 150, 33, 5, 128), at=3),
+    "prefill joins a decode step": Scenario((70,), late=(260,), at=1),
 }
 
 
 def test_probe_logits_bitwise_alone_and_in_batches_eager_graphs_and_runs(slice_setup):
     runtime = slice_setup()
-    alone = _probe_logits(runtime, Scenario([]), graphs=False)
+    alone = probe_logits(runtime, Scenario(), PROBE_LEN, DECODE, graphs=False)
     assert all(torch.isfinite(x).all() for x in alone)
-    results = {"alone, graphs": _probe_logits(runtime, Scenario([]), graphs=True)}
+    results = {"alone, graphs": probe_logits(runtime, Scenario(), PROBE_LEN, DECODE)}
     for name, scenario in SCENARIOS.items():
         for graphs in (False, True):
-            results[f"{name}, {'graphs' if graphs else 'eager'}"] = _probe_logits(runtime, scenario, graphs)
+            mode = "graphs" if graphs else "eager"
+            results[f"{name}, {mode}"] = probe_logits(runtime, scenario, PROBE_LEN, DECODE, graphs)
     assert not runtime.graphs.failed and len(runtime.graphs.graphs) >= 3  # buckets 1, 4, 8 were replayed
     del runtime
-    results["alone, second run"] = _probe_logits(slice_setup(), Scenario([]), graphs=True)
-    differing = {name: [i for i, (a, b) in enumerate(zip(got, alone, strict=True)) if not torch.equal(a, b)]
-                 for name, got in results.items()}  # step indices whose logits differ from alone, eager
+    results["alone, second run"] = probe_logits(slice_setup(), Scenario(), PROBE_LEN, DECODE)
+    # per run, the steps whose logits differ from alone, eager
+    differing = {name: differing_steps(got, alone) for name, got in results.items()}
     print(f"batch-invariant slice: {len(results)} runs x {DECODE + 1} steps, differing steps: {differing}")
     assert not any(differing.values()), differing
 
