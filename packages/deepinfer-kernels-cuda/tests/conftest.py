@@ -1,4 +1,13 @@
-"""Shared fixtures of the GPU kernel tests: the cuda backend's ops and the reference ops on the GPU."""
+"""Shared fixtures of the kernel tests: the cuda backend's ops and the reference ops on the GPU, checks
+run under Triton's CPU interpreter, and benchmarks/slice_diff.py."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -28,3 +37,29 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+
+def _run_in_interpreter(script: str, timeout: float = 600) -> None:
+    """Runs `script` in a new Python process with Triton's CPU interpreter on (it must be switched on
+    before triton is imported, hence the process); the script signals success by printing "ok" last."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def run_in_interpreter() -> Callable[..., None]:
+    """`run_in_interpreter(script, timeout=600)`: fails unless the script prints "ok" last and exits 0."""
+    return _run_in_interpreter
+
+
+@pytest.fixture(scope="session")
+def sd() -> ModuleType:
+    """benchmarks/slice_diff.py, loaded by path (benchmarks is no package)."""
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "slice_diff.py"
+    spec = importlib.util.spec_from_file_location("slice_diff", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module

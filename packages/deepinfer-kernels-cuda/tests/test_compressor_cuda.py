@@ -6,10 +6,6 @@ a batch (row-wise), and a call captured in a CUDA graph (no host syncs) replays 
 Last, the tiny model with these kernels (and this helper's cache-write and Engram kernels) keeps the
 reference's greedy tokens."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -83,22 +79,12 @@ def test_captured_in_a_cuda_graph():
 CACHE_AND_ENGRAM_OPS = {"cache_write", "compressor_update", "engram_hash", "engram_lookup", "engram_gate"}
 
 
-def _slice_diff():
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "slice_diff.py"
-    spec = importlib.util.spec_from_file_location("slice_diff", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
-def test_tiny_model_greedy_tokens_unchanged():
+def test_tiny_model_greedy_tokens_unchanged(sd):
     """The "full" tiny config (C2 compressors, Engram, DSpark) in float32, release cache precision, decode
     through CUDA graphs: the reference ops with these kernels swapped in give the reference's greedy
     tokens. Measured on an H200: logits within 9e-6 relative of the reference's, all from engram_gate's
     float32 sum order (under the CPU interpreter the other four ops left the logits bit-identical)."""
-    sd = _slice_diff()
     rf = sd.reference_forward_module()
     config = tiny_config("full")
     tensors = rf.random_weights(config, torch.device("cuda"))

@@ -29,10 +29,6 @@ of 4 layers), 0.012-0.014 on the others, prefill 0.029 with 3 of 36 rows flipped
 * a tiny config in float32: greedy tokens equal over a prefill and decode steps.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -49,20 +45,6 @@ SLICE_TOL = 3e-2
 OP_TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
 FLIP_SHARE = 0.02  # same inputs: rows whose top-k may differ (exact near-ties)
 FREE_FLIP_SHARE = 0.1  # free runs: (row, layer) pairs whose top-6 may differ (noise-driven near-ties)
-
-
-def _slice_diff():
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "slice_diff.py"
-    spec = importlib.util.spec_from_file_location("slice_diff", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def sd():
-    return _slice_diff()
 
 
 @pytest.fixture(scope="module")

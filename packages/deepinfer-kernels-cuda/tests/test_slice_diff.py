@@ -1,26 +1,11 @@
 """benchmarks/slice_diff.py on the CPU (reference ops, tiny config): teacher forcing pins an error to the
 op that makes it, and the free-run report compares only rows no routing flip can reach."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-import pytest
 import torch
 
 from deepinfer.ops import Ops, get_ops
 from deepinfer.ops.reference import REFERENCE_OPS
 from deepinfer.testing.configs import tiny_config
-
-
-@pytest.fixture(scope="module")
-def sd():
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "slice_diff.py"
-    spec = importlib.util.spec_from_file_location("slice_diff", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_teacher_forcing_names_the_broken_op(sd):
