@@ -24,6 +24,7 @@ from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOpt
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.sampling import SamplingParams
 from deepinfer.testing import write_tiny_checkpoint
+from deepinfer.testing.fields import fields_by_path
 
 PREFILL = 9
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -41,22 +42,7 @@ def rerun_recorder(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Call
 
 def _shapes(meta: StepMetadata) -> dict[str, object]:
     """Every tensor shape and host value of the metadata, by field path."""
-    out: dict[str, object] = {}
-
-    def visit(prefix: str, v: object) -> None:
-        if isinstance(v, torch.Tensor):
-            out[prefix] = tuple(v.shape)
-        elif dataclasses.is_dataclass(v):
-            for f in dataclasses.fields(v):
-                visit(f"{prefix}.{f.name}", getattr(v, f.name))
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                visit(f"{prefix}[{k}]", x)
-        else:
-            out[prefix] = v
-
-    visit("meta", meta)
-    return out
+    return fields_by_path(meta, lambda t: tuple(t.shape))
 
 
 def test_fixed_shape_metadata_does_not_depend_on_the_batch(checkpoint: Path) -> None:

@@ -10,7 +10,6 @@ and slots handed to new sequences. Regenerate only for an intended change of the
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from deepinfer.models.deepseek_v41.metadata import (
     StepMetadata,
 )
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.testing.fields import fields_by_path
 
 FIXTURE = Path(__file__).parent / "fixtures" / "step_metadata.json"
 
@@ -91,27 +91,14 @@ def scenarios(geo: StepGeometry) -> Iterator[Step]:
     yield "start-zero", ForwardBatch(segs), True, _fixed(segs, 4, 2, "all"), "graph"
 
 
+def _tensor_digest(t: torch.Tensor) -> str:
+    a = np.ascontiguousarray(t.cpu().numpy())
+    return f"{a.dtype} {list(a.shape)} {hashlib.sha256(a.tobytes()).hexdigest()}"
+
+
 def digest(meta: StepMetadata) -> dict[str, object]:
     """Every tensor (dtype, shape, sha256 of its bytes) and host value of the metadata, by field path."""
-    out: dict[str, object] = {}
-
-    def visit(prefix: str, v: object) -> None:
-        if isinstance(v, torch.Tensor):
-            a = np.ascontiguousarray(v.cpu().numpy())
-            out[prefix] = f"{a.dtype} {list(a.shape)} {hashlib.sha256(a.tobytes()).hexdigest()}"
-        elif dataclasses.is_dataclass(v):
-            for f in dataclasses.fields(v):
-                visit(f"{prefix}.{f.name}", getattr(v, f.name))
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                visit(f"{prefix}[{k}]", x)
-        elif isinstance(v, tuple):
-            out[prefix] = json.loads(json.dumps(v))
-        else:
-            out[prefix] = v
-
-    visit("meta", meta)
-    return out
+    return fields_by_path(meta, _tensor_digest)
 
 
 def run(geo: StepGeometry) -> dict[str, str]:
