@@ -8,7 +8,7 @@ over enough distinct input sets that they do not fit in L2: the kernels' own tim
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -61,6 +61,27 @@ def times_ms(kernel: Callable[..., object], reference: Callable[..., object], se
 def backends() -> tuple[Ops, Ops]:
     """(cuda ops, reference ops), on the GPU."""
     return get_ops("cuda", "cuda"), get_ops("reference", "cuda")
+
+
+# an op's case: (op getter, input maker, bytes the op must move)
+Case = tuple[Callable[[Ops], Callable], Callable[[], tuple], int]
+OP_COLUMNS = ["cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup", "GB/s (graph)",
+              "% of copy"]
+
+
+def op_rows(cases: Callable[[int], dict[str, Case]], sizes: Iterable[int], copy: float) -> list[list[object]]:
+    """[op, size, *OP_COLUMNS] for every case of `cases(size)`: cuda against reference ops, bandwidth as a
+    share of the copy bandwidth `copy` (GB/s). Each row is printed as measured: a cut-off run keeps them."""
+    cuda, ref = backends()
+    rows: list[list[object]] = []
+    for size in sizes:
+        for name, (op, make, nbytes) in cases(size).items():
+            g_ms, e_ms, r_ms = times_ms(op(cuda), op(ref), input_sets(make, nbytes))
+            gbs = nbytes / g_ms / 1e6
+            rows.append([name, size, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs,
+                         f"{100 * gbs / copy:.0f}%"])
+            print(rows[-1], flush=True)
+    return rows
 
 
 def parse_args(description: str, *flags: str) -> argparse.Namespace:

@@ -8,15 +8,13 @@ share of the device-to-device copy bandwidth.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import torch
-from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_args, times_ms
+from common import OP_COLUMNS, Case, copy_bandwidth_gbs, emit, op_rows, parse_args
 
 from deepinfer.checkpoint.formats import quantize_fp8_rows
 from deepinfer.config import engram_multipliers, engram_primes
-from deepinfer.ops import Ops
 
 N, HEADS, VOCAB, D, M, H, TABLE_VOCAB = 3, 8, 129280, 128, 4, 4096, 100_000
 PRIMES = torch.tensor(engram_primes([2], N, HEADS, TABLE_VOCAB)[0])
@@ -46,7 +44,7 @@ def gate_args(t: int) -> tuple:
             torch.randn(M, H, device="cuda"), torch.rand(t, device="cuda") > 0.1, 1e-6)
 
 
-def cases(t: int) -> dict[str, tuple[Callable[[Ops], Callable], Callable[[], tuple], int]]:
+def cases(t: int) -> dict[str, Case]:
     return {
         "engram_hash": (lambda o: o.engram_hash, partial(hash_args, t), t * (N + TABLE_HEADS) * 8),
         "engram_lookup": (lambda o: o.engram_lookup, partial(lookup_args, t),
@@ -58,19 +56,9 @@ def cases(t: int) -> dict[str, tuple[Callable[[Ops], Callable], Callable[[], tup
 
 def main() -> None:
     out = parse_args(__doc__).out
-    cuda, ref = backends()
     copy = copy_bandwidth_gbs()
-    rows = []
-    for t in (1, 64, 2048):
-        for name, (op, make, nbytes) in cases(t).items():
-            g_ms, e_ms, r_ms = times_ms(op(cuda), op(ref), input_sets(make, nbytes))
-            gbs = nbytes / g_ms / 1e6
-            share = f"{100 * gbs / copy:.0f}%"
-            rows.append([name, t, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, share])
-            print(rows[-1], flush=True)  # the table comes at the end: keep what a cut-off run measured
-    emit(f"Engram ops, one layer (copy bandwidth {copy:.0f} GB/s)",
-         ["op", "rows", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup",
-          "GB/s (graph)", "% of copy"], rows, out)
+    rows = op_rows(cases, (1, 64, 2048), copy)
+    emit(f"Engram ops, one layer (copy bandwidth {copy:.0f} GB/s)", ["op", "rows", *OP_COLUMNS], rows, out)
 
 
 if __name__ == "__main__":

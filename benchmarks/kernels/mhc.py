@@ -5,12 +5,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_args, times_ms
-
-from deepinfer.ops import Ops
+from common import OP_COLUMNS, Case, copy_bandwidth_gbs, emit, op_rows, parse_args
 
 M, H, ITERS, EPS = 4, 5120, 20, 1e-6
 
@@ -30,7 +26,7 @@ def stream_args(t: int, with_comb: bool) -> tuple:
     return y, streams, pre_or_post, torch.rand(t, M, M, device="cuda")
 
 
-def cases(t: int) -> dict[str, tuple[Callable[[Ops], Callable], Callable[[], tuple], int]]:
+def cases(t: int) -> dict[str, Case]:
     """Op -> (op getter, input maker, bytes it must move: inputs read once, outputs written once)."""
     streams = t * M * H * 2
     return {
@@ -43,18 +39,10 @@ def cases(t: int) -> dict[str, tuple[Callable[[Ops], Callable], Callable[[], tup
 
 def main() -> None:
     out = parse_args(__doc__).out
-    cuda, ref = backends()
     copy = copy_bandwidth_gbs()
-    rows = []
-    for t in (1, 64, 2048):
-        for name, (op, make, nbytes) in cases(t).items():
-            g_ms, e_ms, r_ms = times_ms(op(cuda), op(ref), input_sets(make, nbytes))
-            gbs = nbytes / g_ms / 1e6
-            pct = f"{100 * gbs / copy:.0f}%"
-            rows.append([name, t, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, pct])
-    emit(f"mHC, m={M}, H={H}, bf16 streams (copy bandwidth {copy:.0f} GB/s)",
-         ["op", "T", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup", "GB/s (graph)",
-          "% of copy"], rows, out)
+    rows = op_rows(cases, (1, 64, 2048), copy)
+    emit(f"mHC, m={M}, H={H}, bf16 streams (copy bandwidth {copy:.0f} GB/s)", ["op", "T", *OP_COLUMNS], rows,
+         out)
 
 
 if __name__ == "__main__":
