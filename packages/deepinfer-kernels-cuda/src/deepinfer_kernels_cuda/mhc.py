@@ -1,11 +1,12 @@
 """mHC: fused coefficients (projection, RMS factor, sigmoids, Sinkhorn), collapse and expansion.
 
 `hc_coefficients` is a skinny product [T, m*H] x [m*H, m(m+2)] (K = 20480, N = 24 at Flash width):
-the first kernel splits K into fixed-size chunks (the split count depends on K only, so a row's
-result does not depend on the batch) and writes float32 partial products and sums of squares; the
-second sums the chunks in order and finishes each row in registers: RMS factor, pre/post sigmoids and
-the 20 Sinkhorn iterations on the m x m matrix. The product runs on tensor cores in 3xTF32, which is
-float32-accurate (the reference is a float32 matmul).
+the first kernel splits K into fixed-size chunks (the split count depends on K only) and writes float32
+partial products and sums of squares; the second sums the chunks in order and finishes each row in
+registers: RMS factor, pre/post sigmoids and the 20 Sinkhorn iterations on the m x m matrix. The product
+runs on tensor cores in 3xTF32, which is float32-accurate (the reference is a float32 matmul). Its tile
+height follows T (16 rows up to 16, else 64) and the tensor-core instruction shape with it, so a row's
+last bits can change with the batch size; `batch_invariant` keeps 64 rows at every T.
 """
 
 import torch
