@@ -24,7 +24,7 @@ Dense (BF16/F32) weights, including the LM head, go to cuBLAS through torch: it 
 copy bandwidth at M=1 and is at its MMA peak at large M; `torch.mm(out_dtype=)` gives the float32 logits
 from BF16 operands without the reference's float32 copy of the weight.
 
-Batch-invariant mode (`batch_invariant=True`, INVARIANCE.md): every kind, at every M, runs the tiled
+Batch-invariant mode (`batch_invariant=True`; docs/performance.md): every kind, at every M, runs the tiled
 kernel with one config per weight shape (`configs.invariant`: fixed tiles and a fixed split-K count
 whose partials are summed in a fixed order), so a row's reduction order never depends on the batch.
 From DEQUANT_M tokens the weight is decoded once and the same kernel runs on the dense copy: the same

@@ -610,7 +610,7 @@ def moe(
 ) -> torch.Tensor:
     """The MoE sub-layer for `layer` (deepinfer.ops MoEWeights with cuda-prepared experts/linears).
 
-    `batch_invariant`: a token's output does not depend on the batch around it (INVARIANCE.md): the
+    `batch_invariant`: a token's output does not depend on the batch around it (bitwise): the
     router GEMM, the routed experts and the FP8 shared expert run fixed-tile kernels at every size."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
