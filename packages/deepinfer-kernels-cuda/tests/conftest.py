@@ -1,5 +1,5 @@
 """Shared fixtures of the kernel tests: the cuda backend's ops and the reference ops on the GPU, checks
-run under Triton's CPU interpreter, and benchmarks/slice_diff.py."""
+run under Triton's CPU interpreter, and benchmarks/slice_diff.py with a tiny model run on it."""
 
 import importlib.util
 import os
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from deepinfer.ops import Ops, get_ops
+from deepinfer.testing.configs import tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -63,3 +64,17 @@ def sd() -> ModuleType:
     sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def tiny_full_logits(sd: ModuleType) -> Callable[[Ops], list[torch.Tensor]]:
+    """`tiny_full_logits(ops)`: per-step logits of the "full" tiny config (C2 compressors, Engram, DSpark)
+    in float32 on the GPU with `ops`: one set of random weights, a 20-token prompt, 4 decode steps through
+    CUDA graphs."""
+    rf = sd.reference_forward_module()
+    config = tiny_config("full")
+    tensors = rf.random_weights(config, torch.device("cuda"))
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, config.text.vocab_size, (20,), generator=gen).tolist()
+    token_map = rf.token_map(config)
+    return lambda ops: sd.run_slice(config, tensors, token_map, ops, torch.float32, prompt, 4, graphs=True)

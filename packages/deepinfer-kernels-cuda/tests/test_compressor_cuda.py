@@ -11,7 +11,6 @@ import torch
 
 from deepinfer.ops import get_ops
 from deepinfer.ops.reference.attention import compressor_update as reference
-from deepinfer.testing.configs import tiny_config
 from deepinfer_kernels_cuda.compressor import compressor_update
 
 pytestmark = [
@@ -80,22 +79,15 @@ CACHE_AND_ENGRAM_OPS = {"cache_write", "compressor_update", "engram_hash", "engr
 
 
 @pytest.mark.slow
-def test_tiny_model_greedy_tokens_unchanged(sd):
+def test_tiny_model_greedy_tokens_unchanged(sd, tiny_full_logits):
     """The "full" tiny config (C2 compressors, Engram, DSpark) in float32, release cache precision, decode
     through CUDA graphs: the reference ops with these kernels swapped in give the reference's greedy
     tokens. Measured on an H200: logits within 9e-6 relative of the reference's, all from engram_gate's
     float32 sum order (under the CPU interpreter the other four ops left the logits bit-identical)."""
-    rf = sd.reference_forward_module()
-    config = tiny_config("full")
-    tensors = rf.random_weights(config, torch.device("cuda"))
-    gen = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, config.text.vocab_size, (20,), generator=gen).tolist()
-    token_map = rf.token_map(config)
-    want = sd.run_slice(config, tensors, token_map, get_ops("reference", "cuda"), torch.float32, prompt, 4,
-                        graphs=True)
+    want = tiny_full_logits(get_ops("reference", "cuda"))
     ops = sd.candidate_ops("cuda", "cuda", only=CACHE_AND_ENGRAM_OPS)
     assert not CACHE_AND_ENGRAM_OPS & set(ops.fallbacks)
-    got = sd.run_slice(config, tensors, token_map, ops, torch.float32, prompt, 4, graphs=True)
+    got = tiny_full_logits(ops)
     print("logits rel. error per step:", [sd.rel(g, w) for g, w in zip(got, want, strict=True)])
     assert torch.equal(got[0].argmax(-1), want[0].argmax(-1))
     assert [int(g.argmax()) for g in got[1:]] == [int(w.argmax()) for w in want[1:]]

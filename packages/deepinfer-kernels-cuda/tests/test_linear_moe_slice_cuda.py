@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from deepinfer.ops import get_ops
-from deepinfer.testing.configs import flash_slice_config, tiny_config
+from deepinfer.testing.configs import flash_slice_config
 
 pytestmark = [
     pytest.mark.gpu,
@@ -104,14 +104,7 @@ def test_flash_slice_logits_match_reference(sd, flash):
     assert flipped <= FREE_FLIP_SHARE * pairs, steps
 
 
-def test_tiny_float32_greedy_tokens_match_reference(sd):
-    rf = sd.reference_forward_module()
-    config = tiny_config("full")
-    tensors = rf.random_weights(config, torch.device("cuda"))
-    gen = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, config.text.vocab_size, (20,), generator=gen).tolist()
-    token_map = rf.token_map(config)
-    want, got = (sd.run_slice(config, tensors, token_map, get_ops(backend, "cuda"), torch.float32, prompt, 4,
-                              graphs=True) for backend in ("reference", "cuda"))
+def test_tiny_float32_greedy_tokens_match_reference(tiny_full_logits):
+    want, got = (tiny_full_logits(get_ops(backend, "cuda")) for backend in ("reference", "cuda"))
     assert torch.equal(got[0].argmax(-1), want[0].argmax(-1))
     assert [int(g.argmax()) for g in got[1:]] == [int(w.argmax()) for w in want[1:]]
