@@ -58,7 +58,7 @@ class RuntimeOptions:
     max_backtrack: int | None = None  # None: DSpark block size + 1 (at least 1)
     replay_mode: ReplayMode = "off"
     replay_keep: int = 140
-    cuda_graphs: bool = True  # CUDA: replay graphs of decode/verification steps (graphs.py); else no-op
+    cuda_graphs: bool = True  # CUDA: replay graphs of decode/verification steps and DSpark drafts (graphs.py)
     batch_invariant: bool = False  # a row's results never depend on the batch (needs invariant ops)
 
 
