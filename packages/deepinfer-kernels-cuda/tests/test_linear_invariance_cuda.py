@@ -1,4 +1,4 @@
-"""Batch-invariant linears (INVARIANCE.md): with `batch_invariant=True` a row's output is bitwise the same
+"""Batch-invariant linears: with `batch_invariant=True` a row's output is bitwise the same
 alone and at any position of batches of 3/17/64/256 rows and one past DEQUANT_M (where the weight is
 decoded once before the same kernel), for FP8 (plain and grouped), FP4 and dense weights, and still
 matches the reference op. The default mode is shown to need the switch (its GEMV and

@@ -1,4 +1,4 @@
-"""Batch-invariant MoE (/work/coord/INVARIANCE.md; `moe(..., batch_invariant=True)`): a token's output is
+"""Batch-invariant MoE (`moe(..., batch_invariant=True)`): a token's output is
 bitwise the same alone and in any batch, and the invariant path still matches the reference.
 
 The bitwise check runs at Flash widths (384 experts, top-6, H 5120, I 2304), where the default path

@@ -12,9 +12,11 @@ ranking of all drafts gives the best split for every total at once, and the best
 over R*K + 1 candidates: exact, with no search over per-request choices.
 
 `schedule_verification` decides on the host (numpy: the decision is needed as host integers anyway,
-and every step pays for it). Under asynchronous scheduling the host picks the total from the
-confidences it has (one step older), and `split_fixed_total` redoes the per-request split on the device
-from the newest confidences (torch, fixed shapes, no host sync). `ConfidenceScheduler` is the
+and every step pays for it). `split_fixed_total` is the device half for a step planned before the
+previous step's confidences reach the host: the host picks the total from the confidences it has (one
+step older) and the split is redone on the device from the newest ones (torch, fixed shapes, no host
+sync). The engine does not plan that way yet: a speculating step is planned once the previous step's
+verification is on the host (docs/performance.md, asynchronous speculation). `ConfidenceScheduler` is the
 engine-facing object: host lists in, the latency curve profiled and tracked inside.
 """
 

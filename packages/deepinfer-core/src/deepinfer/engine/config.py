@@ -21,7 +21,7 @@ class EngineConfig(BaseModel):
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free at admission")
     seed: int = Field(0, ge=0, description="seeds requests that give no seed, for reproducible runs")
     log_stats_interval: float = Field(10.0, ge=0.0, description="seconds between stats logs; 0: off")
-    enforce_eager: bool = Field(False, description="CUDA: run every step eagerly (no CUDA graphs for decode)")
+    enforce_eager: bool = Field(False, description="CUDA: run every step eagerly (no CUDA graphs)")
     batch_invariant: bool = Field(
         False, description="a sequence's logits bitwise the same alone or in any batch (fixed kernels)")
     speculator: str = Field("none", min_length=1,

@@ -232,7 +232,7 @@ class ModelRunner:
         rows = logits[first_row:first_row + n]
         return s.seq.request, seg.start_pos + 1, PendingLogprobs(rows, targets, [s.prompt_logprobs] * n)
 
-    # ---- speculative decoding (sync mode: every sequence's tokens are on the host)
+    # ---- speculative decoding (the next step is planned once this step's verification is on the host)
 
     def time_verification(self, num_tokens: int, width: int, slots: list[int], blocks: list[int]) -> float:
         """Milliseconds of a decode-shaped step: `num_tokens` query tokens as segments of `width` (one per

@@ -63,7 +63,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    "256 on the CPU)")
     g.add_argument("--sync", action="store_true", help="disable asynchronous scheduling")
     g.add_argument("--enforce-eager", action="store_true",
-                   help="run every step eagerly (default on CUDA: decode steps replay CUDA graphs)")
+                   help="run every step eagerly (default on CUDA: decode, verification and draft steps "
+                        "replay CUDA graphs captured at start-up)")
     g.add_argument("--batch-invariant", action="store_true",
                    help="batch-invariant kernels: a sequence's logits are bitwise the same alone or in any "
                    "batch, across runs (costs some speed; docs/performance.md)")
