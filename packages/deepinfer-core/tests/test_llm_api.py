@@ -100,6 +100,7 @@ def test_cli_bench_writes_json(tiny_checkpoint, tmp_path, capsys):
     assert t["requests"] == 4 and t["output_tokens"] > 0 and t["ttft_s"]["p50"] > 0
     assert [o["running"] for o in result["overhead"]] == [1, 4]
     assert all(o["measured_steps"] == 2 for o in result["overhead"])
+    assert t["step_gpu_s"] is None  # GPU time is measured with CUDA events only
     assert "out tok/s" in capsys.readouterr().out
 
 

@@ -137,9 +137,12 @@ def _throughput(llm: LLM, rng: random.Random, ins: list[int], outs: list[int],
 def _step_summary(steps: list[StepStat]) -> dict:
     if not steps:
         return {}
+    gpu = [s.gpu_s for s in steps if s.gpu_s is not None]
     return {
         "steps": len(steps),
         "step_device_s": statistics.mean(s.device_s for s in steps),
+        # CUDA only: the GPU's own time per step (device_s is the worker's wall time, host work included)
+        "step_gpu_s": statistics.mean(gpu) if gpu else None,
         "step_schedule_s": statistics.mean(s.schedule_s for s in steps),
         "step_postprocess_s": statistics.mean(s.process_s for s in steps),
         "step_cpu_overhead_s": statistics.mean(s.schedule_s + s.process_s for s in steps),
@@ -177,15 +180,16 @@ def _print(result: dict) -> None:
           f"{'/'.join(_ms(v) for v in t['ttft_s'].values()):>22} "
           f"{'/'.join(_ms(v) for v in t['tpot_s'].values()):>22}")
     hidden = t.get("hidden_by_async")
-    print(f"steps {t.get('steps')}, device {_ms(t.get('step_device_s'))} ms/step, CPU overhead "
+    print(f"steps {t.get('steps')}, device {_ms(t.get('step_device_s'))} ms/step (GPU "
+          f"{_ms(t.get('step_gpu_s'))}), CPU overhead "
           f"{_ms(t.get('step_cpu_overhead_s'))} ms/step, hidden by async "
           f"{'-' if hidden is None else f'{100 * hidden:.0f}%'}, preemptions {t['preemptions']}")
     if result["overhead"]:
         print(f"\n{'running':>8} {'schedule ms':>12} {'post ms':>8} {'CPU ms/step':>12} {'device ms':>10} "
-              f"{'hidden':>7}")
+              f"{'GPU ms':>7} {'hidden':>7}")
         for o in result["overhead"]:
             h = o.get("hidden_by_async")
             print(f"{o['running']:>8} {_ms(o.get('step_schedule_s')):>12} "
                   f"{_ms(o.get('step_postprocess_s')):>8} {_ms(o.get('step_cpu_overhead_s')):>12} "
-                  f"{_ms(o.get('step_device_s')):>10} "
+                  f"{_ms(o.get('step_device_s')):>10} {_ms(o.get('step_gpu_s')):>7} "
                   f"{'-' if h is None else f'{100 * h:.0f}%':>7}")
