@@ -26,7 +26,7 @@ from deepinfer.testing.invariance import Scenario, allocate, differing_steps, pr
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.slow,  # draws a Flash-width slice and compiles every kernel in both paths: a minute or two
+    pytest.mark.slow,  # draws a Flash-width slice and compiles every kernel: a minute or two
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
