@@ -3,7 +3,8 @@
 # reference, sync-free forward), then the Flash-width 5-layer slice on the cuda and reference backends and
 # the HF transformers peer, all in the same run. Usage, on the device after benchmarks/device/install.sh:
 #   benchmarks/device/fast_path.sh OUT_DIR   (SKIP_TESTS=1 / SKIP_B64=1 / SKIP_REF=1 / SKIP_PEER=1 to shorten;
-#   TESTS="paths and pytest options" replaces the GPU test selection)
+#   TESTS="paths and pytest options" replaces the GPU test selection; SLOW_TESTS=1 adds the slow
+#   whole-model GPU checks)
 # The cuda slices decode eagerly (per-layer times) and then through CUDA graphs ("eager" in their JSON).
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR}
@@ -20,6 +21,16 @@ if [ -z "${SKIP_TESTS:-}" ]; then
         $tests > "$out/gpu_tests.txt" 2>&1
     grep -E "passed|failed|error" "$out/gpu_tests.txt" | tail -3
     grep -E "^(FAILED|ERROR)" "$out/gpu_tests.txt" | head -20
+fi
+if [ -n "${SLOW_TESTS:-}" ]; then
+    # the slow GPU checks on whole models: Flash-slice logits cuda vs reference, batch invariance end to end
+    section gpu-slow-tests
+    timeout -s INT "${SLOW_TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider --tb=short -s -m "slow and gpu" \
+        packages/deepinfer-kernels-cuda/tests/test_linear_moe_slice_cuda.py \
+        packages/deepinfer-kernels-cuda/tests/test_batch_invariant_slice_cuda.py \
+        packages/deepinfer-kernels-cuda/tests/test_compressor_cuda.py > "$out/gpu_slow_tests.txt" 2>&1
+    grep -E "passed|failed|error" "$out/gpu_slow_tests.txt" | tail -3
+    grep -E "^(FAILED|ERROR)|relative error" "$out/gpu_slow_tests.txt" | head -20
 fi
 slice=(--device cuda --layers 5 --prefill "${PREFILL:-2048}" --decode 8 --dtype bfloat16)
 decode_line() {  # decode ms/step eager and with graphs, from a slice JSON
