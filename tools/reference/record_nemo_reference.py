@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import importlib
 import inspect
 import json
@@ -31,53 +30,11 @@ from pathlib import Path
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import torch
-from safetensors import safe_open
+from checkpoint_digest import file_digests, read_checkpoint, tensor_digest
 from safetensors.torch import save_file
 
 NEMO = "nemo_automodel.components.models.deepseek_v41"
 FORMAT_VERSION = 1
-
-
-# --------------------------------------------------------------------------- checkpoint reading
-
-
-def read_checkpoint(ckpt: Path) -> dict[str, torch.Tensor]:
-    """All tensors named in model.safetensors.index.json, read from their shards."""
-    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
-    by_shard: dict[str, list[str]] = {}
-    for name, shard in index["weight_map"].items():
-        by_shard.setdefault(shard, []).append(name)
-    tensors = {}
-    for shard, names in sorted(by_shard.items()):
-        with safe_open(str(ckpt / shard), framework="pt") as f:
-            present = set(f.keys())
-            for name in names:
-                if name not in present:
-                    raise KeyError(f"index maps {name} to {shard}, which does not contain it")
-                tensors[name] = f.get_tensor(name)
-            extra = present - set(names)
-            if extra:
-                raise KeyError(f"{shard} holds tensors missing from the index: {sorted(extra)[:5]}")
-    return tensors
-
-
-def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over (name, dtype, shape, raw bytes) in name order; independent of sharding."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{list(t.shape)}\n".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def file_digests(ckpt: Path) -> dict[str, str]:
-    """sha256 of config.json (canonical JSON) and tokenizer.json: they change the model too."""
-    config = json.loads((ckpt / "config.json").read_text())
-    return {
-        "config.json": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
-        "tokenizer.json": hashlib.sha256((ckpt / "tokenizer.json").read_bytes()).hexdigest(),
-    }
 
 
 # --------------------------------------------------------------------------- independent decoders

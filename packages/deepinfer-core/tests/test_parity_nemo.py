@@ -21,15 +21,18 @@ Compared here:
 
 from __future__ import annotations
 
-import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
+
+# the recorder's own digest definitions (tools/ is not a package; the module needs only torch)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools" / "reference"))
+from checkpoint_digest import file_digests, read_checkpoint, tensor_digest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nemo"
 CASE_DIRS = sorted(p.parent for p in FIXTURES.glob("*/meta.json"))
@@ -60,30 +63,6 @@ class Case:
         return sorted(self.meta["prompts"])
 
 
-def _tensor_digest(ckpt: Path) -> str:
-    """sha256 over (name, dtype, shape, raw bytes) in name order (same definition as the recorder)."""
-    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
-    tensors = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        with safe_open(str(ckpt / shard), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                tensors[name] = f.get_tensor(name)
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{list(t.shape)}\n".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def _file_digests(ckpt: Path) -> dict[str, str]:
-    config = json.loads((ckpt / "config.json").read_text())
-    return {
-        "config.json": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
-        "tokenizer.json": hashlib.sha256((ckpt / "tokenizer.json").read_bytes()).hexdigest(),
-    }
-
-
 def _write_checkpoint(config_name: str, seed: int, out: Path) -> None:
     """Our deterministic writer, as `deepinfer make-checkpoint --config NAME --seed N --out DIR` runs it."""
     from deepinfer.checkpoint.writer import write_checkpoint
@@ -109,12 +88,12 @@ def checkpoint(case: Case, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp(case.name) / "ckpt"
     _write_checkpoint(recipe["config_name"], recipe["seed"], out)
     stale = "re-record the nemo references with tools/reference/record_all.sh"
-    files = _file_digests(out)
+    files = file_digests(out)
     for name, digest in case.meta["file_digests"].items():
         assert files[name] == digest, (
             f"{case.name}: {name} is not the one the references were recorded for; {stale}"
         )
-    assert _tensor_digest(out) == case.meta["checkpoint_digest"], (
+    assert tensor_digest(read_checkpoint(out)) == case.meta["checkpoint_digest"], (
         f"{case.name}: the writer's tensors changed since the references were recorded; {stale}"
     )
     return out
