@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-OFFICIAL_PYTHON = "/work/venvs/recipe-official/bin/python"
+import recipe_bench_stream as stream  # this folder: the script's own, on sys.path
+
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -128,7 +128,7 @@ def worker(seconds: float, cpu_time: bool = False) -> dict:
     chat_text = json.dumps(chat)
     conversation = dr.ChatCompletionRequest(chat).convert(options).conversation
     long_text = "The quick brown fox jumps over the lazy dog. 敏捷的棕色狐狸。 " * 200
-    clock = time.process_time if cpu_time else time.perf_counter
+    clock = stream.CLOCKS[cpu_time]
 
     def rate_of(fn) -> float:
         return rate(fn, seconds, clock)
@@ -166,31 +166,17 @@ def run(
     for _ in range(rounds):
         for name, value in worker(seconds, cpu_time)["requests_per_s"].items():
             ours[name] = max(ours.get(name, 0.0), value)
-        # The official side must not see a PYTHONPATH that points at this repo's build.
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        out = subprocess.run(
-            [official_python, __file__, "--worker", "--seconds", str(seconds)] + ["--cpu-time"] * cpu_time,
-            check=True,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        for name, value in json.loads(out.stdout)["requests_per_s"].items():
+        side = stream.official_worker(official_python, __file__, "--seconds", str(seconds), cpu_time=cpu_time)
+        for name, value in side["requests_per_s"].items():
             official[name] = max(official.get(name, 0.0), value)
     return [(name, ours[name], official[name]) for name in ours]
-
-
-def print_table(rows) -> None:
-    print(f"{'input side':28s} {'ours req/s':>12s} {'official req/s':>15s} {'ratio':>7s}")
-    for name, ours, official in rows:
-        print(f"{name:28s} {ours:12.0f} {official:15.0f} {ours / official:7.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--seconds", type=float, default=1.5, help="measuring time per workload")
-    parser.add_argument("--official-python", default=OFFICIAL_PYTHON)
+    parser.add_argument("--official-python", default=stream.OFFICIAL_PYTHON)
     parser.add_argument("--skip-stream", action="store_true", help="only the input-side section")
     parser.add_argument("--cpu-time", action="store_true", help="time with process CPU time, not wall time")
     parser.add_argument(
@@ -202,13 +188,11 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.seconds, args.cpu_time)))
         return
-    print_table(run(args.official_python, args.seconds, cpu_time=args.cpu_time))
+    rows = run(args.official_python, args.seconds, cpu_time=args.cpu_time)
+    stream.print_table(rows, "input side", "req/s", 28)
     if not args.skip_stream:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import recipe_bench_stream
-
         print()
-        recipe_bench_stream.print_table(recipe_bench_stream.run(args.official_python, cpu_time=args.cpu_time))
+        stream.print_table(stream.run(args.official_python, cpu_time=args.cpu_time))
 
 
 if __name__ == "__main__":

