@@ -29,12 +29,17 @@ def _prefill(rt: DeepseekV41Runtime, slot: int, ids: list[int], chunks: list[int
     assert start == len(ids)
 
 
-def test_drafts_from_stateful_context_equal_one_shot(runtime: DeepseekV41Runtime) -> None:
-    rt, ds = runtime, runtime.dspark
-    ids = _prompt(40, rt.vocab_size)
+def _two_fresh_slots(rt: DeepseekV41Runtime) -> list[int]:
+    """Empties slots 1 and 2 of a new 3-slot cache; returns the 40-token prompt both tests use."""
     rt.allocate_cache(3, 3)
     rt.reset_slot(1)
     rt.reset_slot(2)
+    return _prompt(40, rt.vocab_size)
+
+
+def test_drafts_from_stateful_context_equal_one_shot(runtime: DeepseekV41Runtime) -> None:
+    rt, ds = runtime, runtime.dspark
+    ids = _two_fresh_slots(rt)
     _prefill(rt, 1, ids[:33], [33])
     # slot 2: odd chunks, verification of wrong drafts, rollback, then the true tokens
     _prefill(rt, 2, ids[:30], [7, 11, 12])
@@ -48,10 +53,7 @@ def test_drafts_from_stateful_context_equal_one_shot(runtime: DeepseekV41Runtime
 
 def test_draft_depends_on_context_and_heads_follow_conventions(runtime: DeepseekV41Runtime) -> None:
     rt, ds = runtime, runtime.dspark
-    ids = _prompt(40, rt.vocab_size)
-    rt.allocate_cache(3, 3)
-    rt.reset_slot(1)
-    rt.reset_slot(2)
+    ids = _two_fresh_slots(rt)
     _prefill(rt, 1, ids[:25], [25])
     _prefill(rt, 2, ids[:25][::-1], [25])
     out = ds.draft(rt.cache, [1, 2], [25, 25], [ids[25], ids[25]])
