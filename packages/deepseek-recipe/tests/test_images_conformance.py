@@ -16,13 +16,13 @@ import deepseek_recipe as dr
 CASES = recorded.load_cases("images_cases.jsonl")
 
 
-def matches(record) -> bool:
-    return stream_cases.run_image_case(dr, record["case"]) == record["expected"]
+def actual(record):
+    return stream_cases.run_image_case(dr, record["case"])
 
 
 @pytest.mark.parametrize("record", CASES, ids=recorded.case_ids(CASES))
 def test_image_case(record):
-    assert stream_cases.run_image_case(dr, record["case"]) == record["expected"]
+    assert actual(record) == record["expected"]
 
 
 def test_destination_filter_must_be_callable():
@@ -31,4 +31,4 @@ def test_destination_filter_must_be_callable():
 
 
 if __name__ == "__main__":
-    recorded.report(CASES, matches)
+    recorded.report(CASES, actual)

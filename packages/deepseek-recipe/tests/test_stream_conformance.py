@@ -19,14 +19,14 @@ import deepseek_recipe as dr
 CASES = recorded.load_cases("stream_cases.jsonl")
 
 
-def matches(record) -> bool:
-    return stream_cases.run_stream_case(dr, record["case"]) == record["expected"]
+def actual(record):
+    return stream_cases.run_stream_case(dr, record["case"])
 
 
 @pytest.mark.parametrize("record", CASES, ids=recorded.case_ids(CASES))
 def test_stream_case(record):
-    assert stream_cases.run_stream_case(dr, record["case"]) == record["expected"]
+    assert actual(record) == record["expected"]
 
 
 if __name__ == "__main__":
-    recorded.report(CASES, matches, width=28)
+    recorded.report(CASES, actual, width=28)
