@@ -44,6 +44,17 @@ def chat_tool(name="get_weather", params=WEATHER, **extra):
     return {"type": "function", "function": function}
 
 
+def strict_tool(properties, schema=None):
+    """A strict function tool whose parameters are an object with these properties (and `schema`'s
+    further keys)."""
+    return chat_tool(strict=True, params={"type": "object", "properties": properties, **(schema or {})})
+
+
+def turns(*messages):
+    """Plain messages from (role, content) pairs."""
+    return [{"role": role, "content": content} for role, content in messages]
+
+
 def chat_cases():
     cases = []
 
@@ -89,11 +100,7 @@ def chat_cases():
     ]
     for model in MODELS:
         add(chat(model))
-        add(
-            chat(
-                model, [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}]
-            )
-        )
+        add(chat(model, turns(("system", "You are helpful."), ("user", "Hi"))))
         for thinking in ("enabled", "disabled", "adaptive"):
             add(chat(model, thinking={"type": thinking, "budget_tokens": 10}))
         for effort in ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"):
@@ -126,50 +133,14 @@ def chat_cases():
                 tools=[chat_tool()],
             )
         )
-        add(
-            chat(
-                model,
-                [
-                    {"role": "user", "content": "q1"},
-                    {"role": "assistant", "content": "a1"},
-                    {"role": "user", "content": "q2"},
-                ],
-                reasoning_effort="low",
-            )
-        )
-        add(
-            chat(
-                model,
-                [
-                    {"role": "system", "content": "s1"},
-                    {"role": "user", "content": "u1"},
-                    {"role": "system", "content": "s2"},
-                    {"role": "user", "content": "u2"},
-                ],
-                thinking={"type": "disabled"},
-            )
-        )
-        add(
-            chat(
-                model,
-                [
-                    {"role": "system", "content": "sys"},
-                    {"role": "user", "content": "u"},
-                    {"role": "latest_reminder", "content": "Answer in French."},
-                ],
-                thinking={"type": "disabled"},
-            )
-        )
-        add(
-            chat(
-                model,
-                [
-                    {"role": "user", "content": UNICODE * 3},
-                    {"role": "assistant", "content": UNICODE},
-                    {"role": "user", "content": SPECIAL_SPELLINGS},
-                ],
-            )
-        )
+        off = {"thinking": {"type": "disabled"}}
+        for messages, kw in (
+            (turns(("user", "q1"), ("assistant", "a1"), ("user", "q2")), {"reasoning_effort": "low"}),
+            (turns(("system", "s1"), ("user", "u1"), ("system", "s2"), ("user", "u2")), off),
+            (turns(("system", "sys"), ("user", "u"), ("latest_reminder", "Answer in French.")), off),
+            (turns(("user", UNICODE * 3), ("assistant", UNICODE), ("user", SPECIAL_SPELLINGS)), {}),
+        ):
+            add(chat(model, messages, **kw))
         add(chat(model, [{"role": "user", "content": ("long input " * 400) + "end"}]))
         add(chat(model, [{"role": "user", "content": "12345678901 numbers 3.14159 and   spaces\r\n\r\n"}]))
         # prefix continuation
@@ -246,7 +217,7 @@ def chat_cases():
                 ],
             )
         )
-        add(chat(model, [{"role": "system", "content": [img]}, {"role": "user", "content": "x"}]))
+        add(chat(model, turns(("system", [img]), ("user", "x"))))
         add(chat(model, [{"role": "user", "content": []}]))
         add(chat(model, [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f1"}}]}]))
         # sampling
@@ -368,55 +339,43 @@ def chat_cases():
         {"tools": [{"type": "function", "function": {"name": "f"}}]},
         {
             "tools": [
-                chat_tool(
-                    strict=True,
-                    params={
-                        "type": "object",
-                        "properties": {
-                            "a": {"type": "string"},
-                            "b": {"type": "object", "properties": {"c": {"type": "integer"}}},
-                        },
-                        "required": ["a"],
+                strict_tool(
+                    {
+                        "a": {"type": "string"},
+                        "b": {"type": "object", "properties": {"c": {"type": "integer"}}},
                     },
+                    {"required": ["a"]},
                 )
             ]
         },
         {
             "tools": [
-                chat_tool(
-                    strict=True,
-                    params={
-                        "type": "object",
-                        "properties": {
-                            "a": {
-                                "type": "array",
-                                "items": {"type": "object", "properties": {"x": {"type": "string"}}},
-                            }
-                        },
-                    },
+                strict_tool(
+                    {
+                        "a": {
+                            "type": "array",
+                            "items": {"type": "object", "properties": {"x": {"type": "string"}}},
+                        }
+                    }
                 )
             ]
         },
         {
             "tools": [
-                chat_tool(
-                    strict=True,
-                    params={
-                        "type": "object",
-                        "properties": {
-                            "a": {
-                                "anyOf": [
-                                    {"type": "object", "properties": {"x": {"type": "string"}}},
-                                    {"type": "null"},
-                                ]
-                            }
-                        },
-                    },
+                strict_tool(
+                    {
+                        "a": {
+                            "anyOf": [
+                                {"type": "object", "properties": {"x": {"type": "string"}}},
+                                {"type": "null"},
+                            ]
+                        }
+                    }
                 )
             ]
         },
         {"tools": [chat_tool(strict=True, params={"type": "object"})]},
-        {"tools": [chat_tool(strict=True, params={"type": "object", "properties": {"a": {}}})]},
+        {"tools": [strict_tool({"a": {}})]},
         {"tools": [chat_tool(strict=True), chat_tool("g")]},
         {"tools": [chat_tool(strict=True), chat_tool("g", strict=False)]},
         {"tools": [chat_tool()], "tool_choice": "required"},
@@ -733,28 +692,11 @@ def messages_cases():
             ]
         )
     )
-    add(
-        msg(
-            messages=[
-                {
-                    "role": "user",
-                    "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "f"}}],
-                }
-            ],
-            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+    for role, name in (("user", "f"), ("system", "zz")):
+        addition = {"type": "tool_addition", "tool": {"type": "tool_reference", "name": name}}
+        add(
+            msg(messages=turns((role, [addition])), tools=[{"name": "f", "input_schema": {"type": "object"}}])
         )
-    )
-    add(
-        msg(
-            messages=[
-                {
-                    "role": "system",
-                    "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "zz"}}],
-                }
-            ],
-            tools=[{"name": "f", "input_schema": {"type": "object"}}],
-        )
-    )
     add(msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]))
     add(
         msg(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
@@ -1566,7 +1508,7 @@ def extra_cases():
             {
                 "model": model,
                 "instructions": "ins",
-                "input": [{"role": "developer", "content": "dev"}, {"role": "user", "content": "u"}],
+                "input": turns(("developer", "dev"), ("user", "u")),
             },
         )
         add(
@@ -1647,13 +1589,9 @@ def extra_cases():
             "model": V4,
             "messages": USER,
             "tools": [
-                chat_tool(
-                    strict=True,
-                    params={
-                        "type": "object",
-                        "properties": {"a": {"$ref": "#/$defs/d"}},
-                        "$defs": {"d": {"type": "object", "properties": {"y": {"type": "string"}}}},
-                    },
+                strict_tool(
+                    {"a": {"$ref": "#/$defs/d"}},
+                    {"$defs": {"d": {"type": "object", "properties": {"y": {"type": "string"}}}}},
                 )
             ],
         },
@@ -1661,29 +1599,14 @@ def extra_cases():
             "model": V4,
             "messages": USER,
             "tools": [
-                chat_tool(
-                    strict=True,
-                    params={
-                        "type": "object",
-                        "properties": {"a": {"type": "string"}},
-                        "required": ["a"],
-                        "additionalProperties": False,
-                    },
-                )
+                strict_tool({"a": {"type": "string"}}, {"required": ["a"], "additionalProperties": False})
             ],
         },
         {
             "model": V4,
             "messages": USER,
             "tools": [
-                chat_tool(
-                    strict=True,
-                    params={
-                        "type": "object",
-                        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
-                        "required": ["b", "a"],
-                    },
-                )
+                strict_tool({"a": {"type": "string"}, "b": {"type": "string"}}, {"required": ["b", "a"]})
             ],
         },
         {
@@ -2183,10 +2106,9 @@ def divergence_cases():
         "messages",
         {
             **msg_base,
-            "messages": [
-                {"role": "user", "content": "q"},
-                {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": True}]},
-            ],
+            "messages": turns(
+                ("user", "q"), ("assistant", [{"type": "thinking", "thinking": "t", "signature": True}])
+            ),
         },
     )
     for field in ("reasoning", "text", "top_logprobs"):
