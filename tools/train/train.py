@@ -112,9 +112,10 @@ def train_loop(
     limit: RunLimit,
     metrics: dict,
     eval_fn=None,
-) -> tuple[int, bool]:
+) -> bool:
     """Generic loop: seeded batches (`rngs["batches"]`), AdamW, warmup + cosine. Saves the state when
-    it ends; returns (steps done, whether the stage is complete rather than stopped by `limit`)."""
+    it ends; returns whether the stage is complete (its step count and throughput then go into
+    `metrics`) rather than stopped by `limit`."""
     opt = _optimizer(params, peak_lr)
     gen = rngs["batches"]
     start, seconds = 0, 0.0
@@ -165,6 +166,10 @@ def train_loop(
                 rec["held_out"] = eval_fn()
             logger(**rec)
     metrics[f"{stage}_seconds"] = seconds + time.perf_counter() - t0
+    done = step >= total
+    if done:
+        metrics[f"{stage}_steps"] = step
+        metrics[f"{stage}_tok_per_s"] = logger.records[-1]["tok_per_s"]
     torch.save(
         {
             "stage": stage,
@@ -177,7 +182,9 @@ def train_loop(
         },
         state_path,
     )
-    return step, step >= total
+    if not done:
+        log.info("stopped at %s step %d; state in %s", stage, step, state_path)
+    return done
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -280,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not resume or resume["stage"] == "target":
         model.train()
-        steps, done = train_loop(
+        done = train_loop(
             "target",
             model,
             target_params,
@@ -298,10 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             evaluate,
         )
         if not done:
-            log.info("stopped at target step %d; state in %s", steps, state_path)
             return
-        metrics["target_steps"] = steps
-        metrics["target_tok_per_s"] = logger.records[-1]["tok_per_s"]
         resume = None
     model.eval()
     if not resume:  # a resumed drafter state already holds the release-format target
@@ -329,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         parts.update({f"hit{j}": h for j, h in enumerate(hit.tolist())})
         return ce + bce, parts
 
-    steps, done = train_loop(
+    done = train_loop(
         "draft",
         model,
         draft_params,
@@ -346,10 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics,
     )
     if not done:
-        log.info("stopped at draft step %d; state in %s", steps, state_path)
         return
-    metrics["draft_steps"] = steps
-    metrics["draft_tok_per_s"] = logger.records[-1]["tok_per_s"]
     model.eval()
     write_release(config, model.named_tensors(), tokenizer, ckpt)
     _, release = read_release(ckpt)
