@@ -149,6 +149,20 @@ def test_bounded_replay_rejects_small_keep_and_dropped_rows(checkpoints) -> None
         rt.forward(ForwardBatch([SequenceSegment(1, [1], 0, list(range(3, 16)), logits="all")]))
 
 
+def _print_deviation(
+    capsys, label: str, ref: torch.Tensor, got: torch.Tensor, note: str = ""
+) -> torch.Tensor:
+    """Prints how far `got`'s logits are from `ref`'s (run with -s to see it); returns |got - ref|."""
+    diff = (got - ref).abs()
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    with capsys.disabled():
+        print(
+            f"\n[{label}] max |dlogit| {diff.max():.3g}, mean {diff.mean():.3g}, argmax agreement {agree:.1%}"
+            + note
+        )
+    return diff
+
+
 @pytest.mark.parametrize("name", ["c2", "full"])
 def test_release_cache_precision_deviation_is_reported(checkpoints, name, capsys) -> None:
     exact = load_runtime(checkpoints[name], options=RuntimeOptions(max_backtrack=4))
@@ -157,13 +171,7 @@ def test_release_cache_precision_deviation_is_reported(checkpoints, name, capsys
     )
     prompt = _ids(60, 30, exact.vocab_size)
     ref, got = exact.score([prompt])[0], release.score([prompt], chunk=13)[0]
-    diff = (ref - got).abs()
-    agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-    with capsys.disabled():
-        print(
-            f"\n[release vs exact cache, {name}] max |dlogit| {diff.max():.3g}, mean {diff.mean():.3g}, "
-            f"argmax agreement {agree:.1%} (logit std {ref.std():.2f})"
-        )
+    _print_deviation(capsys, f"release vs exact cache, {name}", ref, got, f" (logit std {ref.std():.2f})")
     assert torch.isfinite(got).all()
 
 
@@ -173,11 +181,5 @@ def test_bfloat16_compute_tracks_float32(checkpoints, capsys) -> None:
     bf16 = load_runtime(path, dtype=torch.bfloat16)
     got = bf16.score([_ids(40, 31, 700)], chunk=9)[0]
     assert got.dtype == torch.float32 and bf16.model.blocks[0].moe.weights.experts.w1.dtype == torch.int8
-    diff = (got - ref).abs()
-    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    with capsys.disabled():
-        print(
-            f"\n[bf16 vs fp32 compute, full] max |dlogit| {diff.max():.3g}, mean {diff.mean():.3g}, "
-            f"argmax agreement {agree:.1%}"
-        )
+    diff = _print_deviation(capsys, "bf16 vs fp32 compute, full", ref, got)
     assert diff.mean() < 0.1 * ref.std()
