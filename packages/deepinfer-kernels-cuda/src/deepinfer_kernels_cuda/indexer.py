@@ -116,49 +116,62 @@ def _order_key(s):
     return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
 
 
+# The select reads rows in steps of _BLOCK entries; for few rows it splits each row into chunks of whole
+# steps so that about _TARGET_PROGRAMS programs (2 per SM of an H200) share the work.
+_BLOCK = 1024
+_TARGET_PROGRAMS = 264
+
+
 @triton.jit
-def _topk_kernel(
-    scores_ptr, allowed_ptr, out_ptr, capacity, k,
-    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+def _row_keys(row, allowed_row, i, stop, HAS_ALLOWED: tl.constexpr):
+    """Order keys of entries i of a row, and whether each takes part (finite score, allowed, i < stop)."""
+    s = tl.load(row + i, mask=i < stop, other=-float("inf"))
+    ok = s > -float("inf")
+    if HAS_ALLOWED:
+        ok &= tl.load(allowed_row + i, mask=i < stop, other=0) != 0
+    return _order_key(s), ok
+
+
+@triton.jit
+def _digit_histogram(
+    row, allowed_row, start, stop, prefix, SHIFT: tl.constexpr, HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr
 ):
-    """Per row: the k largest finite (and allowed) scores by an exact 4-pass radix select on 8-bit
-    digits of the order key, ties broken by the lowest entry id; ids ascending, then -1 padding."""
-    t = tl.program_id(0)
-    row = scores_ptr + t.to(tl.int64) * capacity
-    bins = tl.arange(0, 512)  # 256 digits + an overflow range for elements outside the prefix
-    prefix = tl.zeros((), tl.uint32)
-    remaining = tl.zeros((), tl.int32)
-    for p in tl.static_range(4):
-        shift = 24 - 8 * p  # a compile-time constant: p is unrolled
-        hist = tl.zeros((512,), tl.int32)
-        for c0 in range(0, capacity, BLOCK):
-            i = c0 + tl.arange(0, BLOCK)
-            s = tl.load(row + i, mask=i < capacity, other=-float("inf"))
-            ok = s > -float("inf")
-            if HAS_ALLOWED:
-                ok &= tl.load(allowed_ptr + t.to(tl.int64) * capacity + i, mask=i < capacity, other=0) != 0
-            key = _order_key(s)
-            if p > 0:
-                ok &= (key >> (shift + 8)) == (prefix >> (shift + 8))
-            hist += tl.histogram(tl.where(ok, (key >> shift) & 0xFF, 256).to(tl.int32), 512)
-        hist = tl.where(bins < 256, hist, 0)
-        if p == 0:
-            remaining = tl.minimum(k, tl.sum(hist, axis=0))
-        at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # elements with digit >= bin
-        digit = tl.max(tl.where((bins < 256) & (at_least >= remaining), bins, 0), axis=0)
-        remaining -= tl.sum(tl.where(bins == digit, at_least - hist, 0), axis=0)  # those above `digit`
-        prefix |= digit.to(tl.uint32) << shift
-    # prefix is now the k-th largest key; take every larger key and the first `remaining` equal ones
-    taken = tl.zeros((), tl.int32)
-    equal_seen = tl.zeros((), tl.int32)
-    out_row = out_ptr + t.to(tl.int64) * k
-    for c0 in range(0, capacity, BLOCK):
+    """Counts [512] of the digit (key >> SHIFT) & 0xFF over entries [start, stop) that take part and
+    whose higher digits equal `prefix`'s; bins 256.. are zero."""
+    hist = tl.zeros((512,), tl.int32)
+    for c0 in range(start, stop, BLOCK):
+        key, ok = _row_keys(row, allowed_row, c0 + tl.arange(0, BLOCK), stop, HAS_ALLOWED)
+        if SHIFT < 24:
+            ok &= (key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8))
+        hist += tl.histogram(tl.where(ok, (key >> SHIFT) & 0xFF, 256).to(tl.int32), 512)  # 256: outside
+    return tl.where(tl.arange(0, 512) < 256, hist, 0)
+
+
+@triton.jit
+def _next_digit(hist, remaining, k, FIRST: tl.constexpr):
+    """One radix step: from a row's digit counts [512] (bins 256.. zero) of the keys matching the prefix,
+    the digit of the k-th largest key and how many keys equal to the prefix so far are still to take."""
+    bins = tl.arange(0, 512)
+    total = tl.sum(hist, axis=0)
+    if FIRST:
+        remaining = tl.minimum(k, total)
+    at_least = total - tl.cumsum(hist, axis=0) + hist  # keys with digit >= bin
+    digit = tl.max(tl.where((bins < 256) & (at_least >= remaining), bins, 0), axis=0)
+    remaining -= tl.sum(tl.where(bins == digit, at_least - hist, 0), axis=0)  # those above `digit`
+    return digit, remaining
+
+
+@triton.jit
+def _write_ids(
+    row, allowed_row, out_row, start, stop, prefix, remaining, taken, equal_seen,
+    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Writes the ids in [start, stop) of every key > prefix and of the equal keys while fewer than
+    `remaining` equal ones came before (`equal_seen` before `start`), from output slot `taken` on,
+    ascending; returns the slots used so far."""
+    for c0 in range(start, stop, BLOCK):
         i = c0 + tl.arange(0, BLOCK)
-        s = tl.load(row + i, mask=i < capacity, other=-float("inf"))
-        ok = s > -float("inf")
-        if HAS_ALLOWED:
-            ok &= tl.load(allowed_ptr + t.to(tl.int64) * capacity + i, mask=i < capacity, other=0) != 0
-        key = _order_key(s)
+        key, ok = _row_keys(row, allowed_row, i, stop, HAS_ALLOWED)
         equal = ok & (key == prefix)
         first_equal = tl.cumsum(equal.to(tl.int32), axis=0) + equal_seen <= remaining
         take = (ok & (key > prefix)) | (equal & first_equal)
@@ -166,9 +179,163 @@ def _topk_kernel(
         tl.store(out_row + pos, i.to(tl.int64), mask=take)
         taken += tl.sum(take.to(tl.int32), axis=0)
         equal_seen += tl.sum(equal.to(tl.int32), axis=0)
+    return taken
+
+
+@triton.jit
+def _pad(out_row, taken, k, BLOCK_K: tl.constexpr):
     for c0 in range(0, k, BLOCK_K):
         i = c0 + tl.arange(0, BLOCK_K)
         tl.store(out_row + i, tl.full((BLOCK_K,), -1, tl.int64), mask=(i >= taken) & (i < k))
+
+
+@triton.jit
+def _topk_kernel(
+    scores_ptr, allowed_ptr, out_ptr, capacity, k,
+    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Per row: the k largest finite (and allowed) scores by an exact 4-pass radix select on 8-bit
+    digits of the order key, ties broken by the lowest entry id; ids ascending, then -1 padding."""
+    t = tl.program_id(0).to(tl.int64)
+    row, allowed_row = scores_ptr + t * capacity, allowed_ptr + t * capacity
+    prefix = tl.zeros((), tl.uint32)
+    remaining = tl.zeros((), tl.int32)
+    for p in tl.static_range(4):
+        hist = _digit_histogram(row, allowed_row, 0, capacity, prefix, 24 - 8 * p, HAS_ALLOWED, BLOCK)
+        digit, remaining = _next_digit(hist, remaining, k, p == 0)
+        prefix |= digit.to(tl.uint32) << (24 - 8 * p)
+    # prefix is now the k-th largest key; take every larger key and the first `remaining` equal ones
+    out_row = out_ptr + t * k
+    taken = _write_ids(row, allowed_row, out_row, 0, capacity, prefix, remaining, tl.zeros((), tl.int32),
+                       tl.zeros((), tl.int32), HAS_ALLOWED, BLOCK)
+    _pad(out_row, taken, k, BLOCK_K)
+
+
+@triton.jit
+def _chunk_prefix(hist_ptr, t, T, k, PASSES: tl.constexpr):
+    """(prefix, remaining) of row t after PASSES radix steps, from the rows' summed digit counts
+    hist [4, T, 256]; every program of the row derives the same values."""
+    bins = tl.arange(0, 512)
+    prefix = tl.zeros((), tl.uint32)
+    remaining = tl.zeros((), tl.int32)
+    for p in tl.static_range(PASSES):
+        hist = tl.load(hist_ptr + (p * T + t) * 256 + bins, mask=bins < 256, other=0)
+        digit, remaining = _next_digit(hist, remaining, k, p == 0)
+        prefix |= digit.to(tl.uint32) << (24 - 8 * p)
+    return prefix, remaining
+
+
+@triton.jit
+def _chunk_histogram_kernel(
+    scores_ptr, allowed_ptr, hist_ptr, T, capacity, k, chunk,
+    PASS: tl.constexpr, HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Radix step PASS, program (row, chunk): the chunk's digit counts added into hist[PASS, row]."""
+    t, c = tl.program_id(0), tl.program_id(1)
+    row, allowed_row = scores_ptr + t.to(tl.int64) * capacity, allowed_ptr + t.to(tl.int64) * capacity
+    prefix, _ = _chunk_prefix(hist_ptr, t, T, k, PASS)
+    stop = tl.minimum(c * chunk + chunk, capacity)
+    hist = _digit_histogram(row, allowed_row, c * chunk, stop, prefix, 24 - 8 * PASS, HAS_ALLOWED, BLOCK)
+    bins = tl.arange(0, 512)
+    tl.atomic_add(hist_ptr + (PASS * T + t) * 256 + bins, hist, mask=(bins < 256) & (hist != 0),
+                  sem="relaxed")
+
+
+@triton.jit
+def _chunk_count_kernel(
+    scores_ptr, allowed_ptr, hist_ptr, counts_ptr, T, capacity, k, chunk, chunks,
+    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program (row, chunk): how many of the chunk's keys are > and == the row's k-th largest key."""
+    t, c = tl.program_id(0), tl.program_id(1)
+    row, allowed_row = scores_ptr + t.to(tl.int64) * capacity, allowed_ptr + t.to(tl.int64) * capacity
+    prefix, _ = _chunk_prefix(hist_ptr, t, T, k, 4)
+    stop = tl.minimum(c * chunk + chunk, capacity)
+    greater = tl.zeros((), tl.int32)
+    equal = tl.zeros((), tl.int32)
+    for c0 in range(c * chunk, stop, BLOCK):
+        key, ok = _row_keys(row, allowed_row, c0 + tl.arange(0, BLOCK), stop, HAS_ALLOWED)
+        greater += tl.sum((ok & (key > prefix)).to(tl.int32), axis=0)
+        equal += tl.sum((ok & (key == prefix)).to(tl.int32), axis=0)
+    tl.store(counts_ptr + (t * chunks + c) * 2, greater)
+    tl.store(counts_ptr + (t * chunks + c) * 2 + 1, equal)
+
+
+@triton.jit
+def _chunk_write_kernel(
+    scores_ptr, allowed_ptr, hist_ptr, counts_ptr, out_ptr, T, capacity, k, chunk, chunks,
+    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (row, chunk): the chunk's selected ids at the slots after those of the chunks before it
+    (their counts scanned here); the row's last chunk writes the -1 padding."""
+    t, c = tl.program_id(0), tl.program_id(1)
+    row, allowed_row = scores_ptr + t.to(tl.int64) * capacity, allowed_ptr + t.to(tl.int64) * capacity
+    prefix, remaining = _chunk_prefix(hist_ptr, t, T, k, 4)
+    cs = tl.arange(0, BLOCK_C)
+    greater = tl.load(counts_ptr + (t * chunks + cs) * 2, mask=cs < chunks, other=0)
+    equal = tl.load(counts_ptr + (t * chunks + cs) * 2 + 1, mask=cs < chunks, other=0)
+    equal_before = tl.sum(tl.where(cs < c, equal, 0), axis=0)
+    taken = tl.sum(tl.where(cs < c, greater, 0), axis=0) + tl.minimum(equal_before, remaining)
+    out_row = out_ptr + t.to(tl.int64) * k
+    stop = tl.minimum(c * chunk + chunk, capacity)
+    _write_ids(row, allowed_row, out_row, c * chunk, stop, prefix, remaining, taken, equal_before,
+               HAS_ALLOWED, BLOCK)
+    if c == chunks - 1:
+        total = tl.sum(greater, axis=0) + tl.minimum(tl.sum(equal, axis=0), remaining)
+        _pad(out_row, total, k, BLOCK_K)
+
+
+def select_chunk(rows: int, capacity: int) -> int:
+    """Entries per program of the top-k select: whole rows (one program per row) once `rows` fill the
+    GPU, else chunks of whole _BLOCK steps so that rows * chunks is about _TARGET_PROGRAMS."""
+    chunks = min(triton.cdiv(_TARGET_PROGRAMS, max(rows, 1)), triton.cdiv(capacity, _BLOCK))
+    return capacity if chunks <= 1 else triton.cdiv(triton.cdiv(capacity, chunks), _BLOCK) * _BLOCK
+
+
+def topk_select(
+    scores: torch.Tensor, k: int, allowed: torch.Tensor | None = None, *, chunk: int | None = None
+) -> torch.Tensor:
+    """Per row of scores [T, capacity] float32: the ids of the k largest finite (and `allowed`) scores,
+    ascending, then -1 padding -> [T, k] long. Ties at the k-th score go to the lowest ids; scores are
+    ordered by their bits (-0.0 below +0.0). Exact radix select (4 passes over 8-bit digits).
+
+    `chunk` = entries per program (default `select_chunk`): at chunk >= capacity one program per row
+    runs the whole select; smaller chunks (a multiple of 1024, or a power of two below it) split each
+    row over several programs in 6 launches (4 digit passes with atomic counts, per-chunk counts, ids).
+    Both paths compute the same digits, so the output is identical: the path, chosen from T and the
+    capacity only, does not change a row's result (batch invariant). No host syncs (graph-capturable).
+    """
+    rows, capacity = scores.shape
+    if scores.dtype != torch.float32 or not scores.is_contiguous():
+        raise ValueError(f"topk_select needs contiguous float32 scores, got {scores.dtype}")
+    if allowed is not None and allowed.shape != scores.shape:
+        raise ValueError(f"topk_select: allowed {tuple(allowed.shape)} does not match scores "
+                         f"{tuple(scores.shape)}")
+    top = torch.empty(rows, k, dtype=torch.long, device=scores.device)
+    if not rows or not k:
+        return top
+    chunk = select_chunk(rows, capacity) if chunk is None else chunk
+    allowed_arg = scores if allowed is None else allowed.contiguous()
+    block_k = min(1024, triton.next_power_of_2(k))
+    if chunk >= capacity:
+        _topk_kernel[(rows,)](scores, allowed_arg, top, capacity, k, HAS_ALLOWED=allowed is not None,
+                              BLOCK=_BLOCK, BLOCK_K=block_k, num_warps=8)
+        return top
+    block = min(_BLOCK, chunk)
+    if chunk < 1 or block & (block - 1) or chunk % block:
+        raise ValueError(f"topk_select: chunk {chunk} is no multiple of {_BLOCK} nor a power of two below it")
+    chunks = triton.cdiv(capacity, chunk)
+    hist = torch.zeros(4, rows, 256, dtype=torch.int32, device=scores.device)
+    counts = torch.empty(rows, chunks, 2, dtype=torch.int32, device=scores.device)
+    common = {"HAS_ALLOWED": allowed is not None, "BLOCK": block, "num_warps": 4}
+    for p in range(4):
+        _chunk_histogram_kernel[(rows, chunks)](scores, allowed_arg, hist, rows, capacity, k, chunk,
+                                                PASS=p, **common)
+    grid, sizes = (rows, chunks), (rows, capacity, k, chunk, chunks)
+    _chunk_count_kernel[grid](scores, allowed_arg, hist, counts, *sizes, **common)
+    _chunk_write_kernel[grid](scores, allowed_arg, hist, counts, top, *sizes,
+                              BLOCK_C=triton.next_power_of_2(chunks), BLOCK_K=block_k, **common)
+    return top
 
 
 def indexer_topk(
@@ -186,12 +353,12 @@ def indexer_topk(
     candidates: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each row's top-k visible (and allowed) compressed entries of its own sequence, from the paged
-    pool: scores as `indexer_logits` into a [T, capacity] float32 buffer, then a radix select per row.
+    pool: scores as `indexer_logits` into a [T, capacity] float32 buffer, then `topk_select` (one
+    program per row, or several per row when few rows: the same result either way).
     Same contract as the reference op, except the order of the -1 padding: ids ascending, then -1s.
     The candidate-block mask (candidate sources) is computed from the scores by the reference's torch code.
     """
     t, heads, d = q.shape
-    top = torch.empty(t, k, dtype=torch.long, device=q.device)
     scores = torch.empty(t, capacity, dtype=torch.float32, device=q.device)
     if t and capacity:
         region = cache_region(pool, codec.format, codec.dtype)
@@ -207,10 +374,5 @@ def indexer_topk(
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
         )
     mask = None if candidates is None else candidate_blocks(scores, visible, *candidates)
-    if t and k:
-        _topk_kernel[(t,)](
-            scores, scores if allowed is None else allowed.contiguous(), top, capacity, k,
-            HAS_ALLOWED=allowed is not None, BLOCK=1024, BLOCK_K=min(1024, triton.next_power_of_2(k)),
-            num_warps=8,
-        )
+    top = topk_select(scores, k, allowed)
     return top, mask
