@@ -89,3 +89,35 @@ def test_indexer_topk_selects_the_best_entries(cuda_ops, ref_ops, poison, fmt, t
         assert agree > 0.95, agree  # block maxima can swap order where scores differ by a rounding
     else:
         assert mask is None and want_mask is None
+
+
+@pytest.mark.parametrize("t", [1, 8, 64])
+@pytest.mark.parametrize("ties", [False, True])
+def test_topk_select_paths_agree(t, ties):
+    """The several-programs-per-row select (chosen for these row counts, run in a CUDA graph) gives the
+    one-program path's ids exactly, and the k best scores."""
+    from deepinfer_kernels_cuda.indexer import select_chunk, topk_select
+
+    capacity, k = 32768, 512
+    assert select_chunk(t, capacity) < capacity
+    g = torch.Generator(device="cuda").manual_seed(t)
+    scores = torch.randn(t, capacity, device="cuda", generator=g)
+    if ties:
+        scores = (scores * 2).round()
+    scores[-1, 300:] = -torch.inf  # fewer than k visible
+    allowed = torch.rand(t, capacity, device="cuda", generator=g) < 0.9
+    for mask in (None, allowed):
+        one = topk_select(scores, k, mask, chunk=capacity)
+        topk_select(scores, k, mask)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = topk_select(scores, k, mask)
+        graph.replay()
+        assert torch.equal(got, one)
+        masked = scores if mask is None else scores.masked_fill(~mask, -torch.inf)
+        best = masked.topk(k, dim=-1).values
+        for r in range(t):
+            ids = got[r][got[r] >= 0]
+            assert (got[r, len(ids) :] == -1).all() and torch.equal(ids, ids.sort().values)
+            want = best[r][best[r] > -torch.inf]
+            assert torch.equal(masked[r, ids].sort(descending=True).values, want)
