@@ -2,16 +2,18 @@
 
 N = compressed entries scored per query row: 4096 (8k context at ratio 2) and 32768 (64k context).
 Then indexer_topk (paged MXFP4 keys, scores + top-512 per row) at 64k context (capacity 32768), each
-row of a decode batch in its own sequence.
+row of a decode batch in its own sequence, and its top-k select alone: the path the op takes for that
+row count (several programs per row below ~264 rows) against one program per row.
     python benchmarks/kernels/indexer.py [--out table.md]
 """
 
 from __future__ import annotations
 
 import torch
-from common import backends, copy_bandwidth_gbs, emit, input_sets, parse_args, times_ms
+from common import backends, copy_bandwidth_gbs, emit, graph_ms, input_sets, parse_args, times_ms
 
 from deepinfer.cache.codecs import Codec
+from deepinfer_kernels_cuda.indexer import select_chunk, topk_select
 
 HEADS, DIM, TOPK, PER_BLOCK = 32, 128, 512, 64
 
@@ -64,6 +66,16 @@ def main() -> None:
     emit(f"indexer_topk, 64k context (capacity {capacity}, MXFP4 keys), top-{TOPK}, one sequence per row",
          ["T", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup", "key GB/s (graph)",
           "% of copy"], rows, out)
+    rows = []
+    for t in (1, 8, 64):
+        sets = input_sets(lambda t=t: (torch.randn(t, capacity, device="cuda"),), t * capacity * 4)
+        chosen = graph_ms(lambda s: topk_select(s, TOPK), sets)
+        one = graph_ms(lambda s: topk_select(s, TOPK, chunk=capacity), sets)
+        rows.append([t, select_chunk(t, capacity), chosen * 1e3, one * 1e3, one / chosen])
+        del sets
+    emit(f"top-{TOPK} select alone, capacity {capacity} (random float32 scores)",
+         ["T", "entries per program", "chosen path graph µs", "one program per row graph µs", "speedup"],
+         rows, out)
 
 
 if __name__ == "__main__":
