@@ -184,6 +184,7 @@ def _write_ids(
 
 @triton.jit
 def _pad(out_row, taken, k, BLOCK_K: tl.constexpr):
+    """-1 in output slots [taken, k)."""
     for c0 in range(0, k, BLOCK_K):
         i = c0 + tl.arange(0, BLOCK_K)
         tl.store(out_row + i, tl.full((BLOCK_K,), -1, tl.int64), mask=(i >= taken) & (i < k))
