@@ -16,10 +16,14 @@ Work is spread over the chip two ways:
 * for few query rows (decode), the keys are split into ranges whose partial results (normalised
   output and log-sum-exp) a second kernel merges together with the sink.
 Prefill (many rows) runs one range per row and applies the sink in the first kernel.
-The tiles and the split count depend on the number of rows. With `batch_invariant`, every call takes
-the prefill path: one program per row over all its keys in position order, the same tiles for any
-number of rows. Padding keys (-1) of a row's index arrays add exact zeros, so a row's result also
-does not depend on how far the step's capacities (the longest sequence's) pad them.
+The tiles and the split count depend on the number of rows. With `batch_invariant`, the keys are cut
+in fixed chunks of INVARIANT_SPLIT_KEYS positions, the window and the compressed segment each from
+its own start, so a row's splits depend on its own keys only; each split's (log-sum-exp, normalised
+output) is folded into the sink in split order by one sequential code path (`_fold`), either by a
+second kernel (few rows: a program per split) or by the row's own program (many rows), with
+floating-point contraction off so both give the same bits. Padding keys (-1) of a row's index
+arrays add exact zeros and a split without a key changes nothing, so a row's result also does not
+depend on how far the step's capacities (the longest sequence's) pad them.
 """
 
 import math
@@ -59,6 +63,12 @@ class Tiles:
 # in partial outputs than it gains in parallelism
 DECODE_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=0.5)
 PREFILL_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1)
+# batch-invariant mode (not yet measured on a GPU): keys per split, a multiple of block_n (a Flash decode
+# row, 128 window keys + 512 compressed, makes 5 splits whatever the batch); DV blocks of 256 so that
+# FOLD's running numerator fits in registers next to the split's accumulator
+INVARIANT_SPLIT_KEYS = 128
+INVARIANT_TILES = Tiles(dv_block=256, block_n=64, num_warps=8, num_stages=1)
+_FOLD_HEADS = 16  # heads per program of _fold_kernel
 
 
 @triton.jit
@@ -85,27 +95,16 @@ def _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, col0, D,
 
 
 @triton.jit
-def _attention_kernel(
-    q_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr, heads, D, keys_per_split, n_splits, scale_log2,
-    q_stride_t, q_stride_h,
-    win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr, cur_stride,
-    topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr,
-    RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
-    SPLIT: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
-):
-    t, s = tl.program_id(0), tl.program_id(1)
-    hb, dvb = tl.program_id(2) // DV_BLOCKS, tl.program_id(2) % DV_BLOCKS
-    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    dv = dvb * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    q = tl.load(q_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + d[None, :],
-                mask=(h < heads)[:, None] & (d < D)[None, :], other=0.0).to(TY)
+def _keys(q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
+          cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
+          bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
+          HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+          TY: tl.constexpr):
+    """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries)."""
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
-    lo = s * keys_per_split
-    hi = tl.minimum(lo + keys_per_split, W + K)
     win_hi = tl.minimum(hi, W)
     for start in range(lo, win_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
@@ -138,21 +137,90 @@ def _attention_kernel(
             else:
                 v = decode_rows(pool_ptr, off, j >= 0, dvb * BLOCK_DV, D, POOL_FMT, BLOCK_DV, TY)
             m_i, l_i, acc = _attend(q, k, v, j >= 0, m_i, l_i, acc, scale_log2, PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_range(s, keys_per_split, win_splits, pool_base, W, K):
+    """Key positions lo..hi of split s. Default mode: win_splits = pool_base = 0, window and compressed
+    keys cut as one sequence. Invariant mode: pool_base = W, the compressed keys cut from their own start."""
+    in_window = s < win_splits
+    lo = tl.where(in_window, s * keys_per_split, pool_base + (s - win_splits) * keys_per_split)
+    return lo, tl.minimum(lo + keys_per_split, tl.where(in_window, W, W + K))
+
+
+@triton.jit
+def _normalise(m_i, l_i, acc):
+    """A split's (log2-sum-exp2, normalised output); -inf and zeros when it saw no key."""
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_i), -float("inf"))
+    return lse, tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+
+
+@triton.jit
+def _fold(top, den, num, lse, o):
+    """Adds one split to the running (max, denominator, numerator) of a row; a split without a key
+    leaves them exactly as they are (not even a zero's sign changes)."""
+    new = tl.maximum(top, lse)
+    a = tl.exp2(top - new)
+    b = tl.exp2(lse - new)
+    live = lse > -float("inf")
+    den = tl.where(live, den * a + b, den)
+    num = tl.where(live[:, None], num * a[:, None] + b[:, None] * o, num)
+    return tl.where(live, new, top), den, num
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr, heads, D, keys_per_split, n_splits, win_splits, pool_base,
+    scale_log2, q_stride_t, q_stride_h,
+    win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr, cur_stride,
+    topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr,
+    RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
+    SPLIT: tl.constexpr, FOLD: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+    TY: tl.constexpr,
+):
+    t = tl.program_id(0)
+    hb, dvb = tl.program_id(2) // DV_BLOCKS, tl.program_id(2) % DV_BLOCKS
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    dv = dvb * BLOCK_DV + tl.arange(0, BLOCK_DV)
     hmask = h < heads
+    q = tl.load(q_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + d[None, :],
+                mask=hmask[:, None] & (d < D)[None, :], other=0.0).to(TY)
     omask = hmask[:, None] & (dv < D)[None, :]
-    if SPLIT:
-        row = (t * n_splits + s).to(tl.int64) * heads + h
-        o = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
-        tl.store(part_ptr + row[:, None] * D + dv[None, :], o, mask=omask)
-        lse = tl.where(l_i > 0, m_i + tl.log2(l_i), -float("inf"))
-        tl.store(lse_ptr + row, lse, mask=hmask)  # every DV block computes the same value
+    out_at = out_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + dv[None, :]
+    sink = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
+    if FOLD:  # invariant mode, many rows: this program folds the row's splits in order
+        top, den, num = sink, tl.full((BLOCK_H,), 1.0, tl.float32), tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
+        for s in range(n_splits):
+            lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
+            m_i, l_i, acc = _keys(
+                q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
+                cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
+                bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL,
+                DV_BLOCKS, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY)
+            lse, o = _normalise(m_i, l_i, acc)
+            top, den, num = _fold(top, den, num, lse, o)
+        tl.store(out_at, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
     else:
-        sink = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
-        top = tl.maximum(m_i, sink)
-        a = tl.exp2(m_i - top)
-        o = acc * (a / (l_i * a + tl.exp2(sink - top)))[:, None]
-        tl.store(out_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + dv[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=omask)
+        s = tl.program_id(1)
+        lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
+        m_i, l_i, acc = _keys(
+            q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr,
+            cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride,
+            seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL, DV_BLOCKS, BLOCK_H,
+            BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY)
+        if SPLIT:
+            row = (t * n_splits + s).to(tl.int64) * heads + h
+            lse, o = _normalise(m_i, l_i, acc)
+            tl.store(part_ptr + row[:, None] * D + dv[None, :], o, mask=omask)
+            tl.store(lse_ptr + row, lse, mask=hmask)  # every DV block computes the same value
+        else:
+            top = tl.maximum(m_i, sink)
+            a = tl.exp2(m_i - top)
+            o = acc * (a / (l_i * a + tl.exp2(sink - top)))[:, None]
+            tl.store(out_at, o.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -175,6 +243,28 @@ def _combine_kernel(
              mask=d < D)
 
 
+@triton.jit
+def _fold_kernel(
+    part_ptr, lse_ptr, sink_ptr, out_ptr, heads, D, n_splits, out_stride_t, out_stride_h,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Invariant mode, few rows: the splits of row t folded into the sink in order, as FOLD does."""
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hmask = h < heads
+    omask = hmask[:, None] & (d < D)[None, :]
+    top = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
+    den, num = tl.full((BLOCK_H,), 1.0, tl.float32), tl.zeros((BLOCK_H, BLOCK_D), tl.float32)
+    for s in range(n_splits):
+        row = (t * n_splits + s).to(tl.int64) * heads + h
+        lse = tl.load(lse_ptr + row, mask=hmask, other=-float("inf"))
+        o = tl.load(part_ptr + row[:, None] * D + d[None, :], mask=omask, other=0.0)
+        top, den, num = _fold(top, den, num, lse, o)
+    tl.store(out_ptr + t.to(tl.int64) * out_stride_t + h[:, None] * out_stride_h + d[None, :],
+             (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
+
+
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # the Triton interpreter on CPU: plan as for an H200
@@ -193,23 +283,31 @@ def _attention(
     if out.numel() == 0:
         return out
     q, window, sink = q.contiguous(), window.contiguous(), sink.float().contiguous()
-    k = window.shape[1] + (0 if topk is None else topk.shape[1])
+    w = window.shape[1]
+    k = w + (0 if topk is None else topk.shape[1])
     block_h = max(16, min(_MAX_HEADS, triton.next_power_of_2(heads)))
     block_d = max(16, triton.next_power_of_2(d))
     sms = _sm_count(q.device)
     row_programs = t * triton.cdiv(heads, block_h)
-    tiles, splits = PREFILL_TILES, 1
     few_rows = row_programs * triton.cdiv(block_d, PREFILL_TILES.dv_block) < sms
-    if few_rows and not batch_invariant:  # split the keys
-        tiles = DECODE_TILES
-        programs = row_programs * triton.cdiv(block_d, tiles.dv_block)
-        wanted = triton.cdiv(int(tiles.programs_per_sm * sms), programs)
-        splits = min(wanted, triton.cdiv(k, tiles.min_split_keys))
+    if batch_invariant:  # each segment in fixed chunks from its own start: splits set by the row's keys
+        tiles, keys_per_split = INVARIANT_TILES, INVARIANT_SPLIT_KEYS
+        win_splits, pool_base = triton.cdiv(w, keys_per_split), w
+        splits = max(1, win_splits + triton.cdiv(k - w, keys_per_split))
+        split, fold = few_rows, not few_rows
+    else:
+        tiles, splits, win_splits, pool_base, fold = PREFILL_TILES, 1, 0, 0, False
+        if few_rows:  # split the keys
+            tiles = DECODE_TILES
+            programs = row_programs * triton.cdiv(block_d, tiles.dv_block)
+            wanted = triton.cdiv(int(tiles.programs_per_sm * sms), programs)
+            splits = min(wanted, triton.cdiv(k, tiles.min_split_keys))
+        keys_per_split = triton.cdiv(max(1, triton.cdiv(k, tiles.block_n)), max(1, splits)) * tiles.block_n
+        splits = max(1, triton.cdiv(k, keys_per_split))
+        split = splits > 1
     block_dv = min(block_d, tiles.dv_block)
     dv_blocks = block_d // block_dv
-    keys_per_split = triton.cdiv(max(1, triton.cdiv(k, tiles.block_n)), max(1, splits)) * tiles.block_n
-    splits = max(1, triton.cdiv(k, keys_per_split))
-    if splits > 1:
+    if split:
         part = torch.empty(t, splits, heads, d, dtype=torch.float32, device=q.device)
         lse = torch.empty(t, splits, heads, dtype=torch.float32, device=q.device)
     else:
@@ -223,20 +321,28 @@ def _attention(
         topk, block_tables, row_seg, pool = window, window, window, ring  # unused
     ty = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
     ty = tl.float32 if fp32 else ty
-    grid = (t, splits, triton.cdiv(heads, block_h) * dv_blocks)
+    # invariant mode: no contraction into FMAs, so FOLD and _fold_kernel round every step alike
+    exact = {"enable_fp_fusion": False} if batch_invariant else {}
+    grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * dv_blocks)
     _attention_kernel[grid](
-        q, out, part, lse, sink, heads, d, keys_per_split, splits, scale * _LOG2E, q.stride(0), q.stride(1),
-        window, window.stride(0), window.shape[1], ring.data, ring.stride0, ring.stride1, ring_len, ring_rows,
-        current, current.stride(-2), topk, topk.stride(0), k - window.shape[1],
+        q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
+        q.stride(0), q.stride(1),
+        window, window.stride(0), w, ring.data, ring.stride0, ring.stride1, ring_len, ring_rows,
+        current, current.stride(-2), topk, topk.stride(0), k - w,
         pool.data, pool.stride0, pool.stride1, pool.data.shape[1], block_tables, block_tables.stride(0),
         row_seg,
-        RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=splits > 1,
-        DV_BLOCKS=dv_blocks,
+        RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
+        FOLD=fold, DV_BLOCKS=dv_blocks,
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        num_stages=tiles.num_stages, **exact,
     )
-    if splits > 1:
+    if split and batch_invariant:
+        _fold_kernel[(t, triton.cdiv(heads, _FOLD_HEADS))](
+            part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1),
+            BLOCK_H=_FOLD_HEADS, BLOCK_D=block_d, **exact,
+        )
+    elif split:
         _combine_kernel[(t, heads)](
             part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1),
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,

@@ -1,0 +1,104 @@
+"""Batch-invariant paged attention under Triton's CPU interpreter: the keys are split in fixed chunks
+(INVARIANT_SPLIT_KEYS per segment) and folded in order, by a second kernel (few rows) or by the row's
+own program (many rows). A probe row's output is bitwise the same alone and in batches of 3 and 8
+(other companions, padding rows, wider index arrays), whichever of the two fold paths runs, and close
+to the reference op. Probes: window + compressed keys of 5 splits, exactly one or two splits, shorter
+than one split, a window under 128 keys, no compressed segment; exact (raw) and release (FP8 window +
+NVFP4 pool) cache; one Flash-width case (64 heads x 512, two value blocks). The interpreter must be
+switched on before triton is imported, hence a subprocess."""
+
+_SCRIPT = r"""
+import torch
+from deepinfer.cache.codecs import Codec
+from deepinfer.ops.reference.attention import sparse_attention_paged as reference
+from deepinfer.ops.reference.cache_quant import QUANT_OPS
+from deepinfer_kernels_cuda import attention as ker
+
+SLOTS, RING_LEN, PER_BLOCK, BLOCKS, SEQS, ENTRIES = 3, 128, 16, 64, 3, 40 * 16
+S = ker.INVARIANT_SPLIT_KEYS
+g = torch.Generator().manual_seed(0)
+
+
+def world(fmt, heads, dim, with_pool=True):
+    ring_codec, pool_codec = Codec(fmt[0], dim, torch.float32), Codec(fmt[1], dim, torch.float32)
+    w = dict(heads=heads, dim=dim, ring_codec=ring_codec, sink=torch.randn(heads, generator=g),
+             ring=ring_codec.encode(torch.randn(SLOTS * RING_LEN, dim, generator=g), QUANT_OPS)
+             .view(SLOTS, RING_LEN, -1))
+    if with_pool:
+        pool = pool_codec.encode(torch.randn(BLOCKS * PER_BLOCK, dim, generator=g), QUANT_OPS)
+        w.update(pool=pool.view(BLOCKS, PER_BLOCK, -1), pool_codec=pool_codec,
+                 block_tables=torch.randint(0, BLOCKS, (SEQS, ENTRIES // PER_BLOCK), generator=g))
+    return w
+
+
+def row(w, n_win, n_top, seq=0, empty=False):
+    # window ids: ring rows, -1 none, -2 = this row's own key of the step; topk: pool entries, -1 none
+    win = torch.randint(0, SLOTS * RING_LEN, (n_win,), generator=g)
+    win[torch.rand(n_win, generator=g) < 0.2] = -1
+    if n_win:
+        win[-1] = -2
+    top = torch.randint(0, ENTRIES, (n_top,), generator=g)
+    top[torch.rand(n_top, generator=g) < 0.2] = -1
+    if empty:  # a padding row: no key at all
+        win[:], top[:] = -1, -1
+    # this step's key on the FP8 grid: the interpreter's FP8 encoder rounds unlike the reference's
+    kv = torch.randint(-8, 9, (w["dim"],), generator=g).float() / 4
+    return dict(q=torch.randn(w["heads"], w["dim"], generator=g), kv=kv, win=win, top=top, seq=seq)
+
+
+def step(w, rows, width=0, extra=0):
+    # one step's arguments, index arrays padded with -1 to the longest row (+ extra compressed slots)
+    ring_rows = SLOTS * RING_LEN
+    n_win = max(width, *(len(r["win"]) for r in rows))
+    window = torch.full((len(rows), n_win), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        window[i, : len(r["win"])] = torch.where(r["win"] == -2, ring_rows + i, r["win"])
+    none = torch.zeros(0, dtype=torch.long)
+    args = [torch.stack([r["q"] for r in rows]), torch.stack([r["kv"] for r in rows]), w["ring"].clone(),
+            w["ring_codec"], window, none, none, w["sink"], w["dim"] ** -0.5]
+    kwargs = {}
+    if "pool" in w:
+        topk = torch.full((len(rows), max(len(r["top"]) for r in rows) + extra), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            topk[i, : len(r["top"])] = r["top"]
+        kwargs = dict(pool=w["pool"], pool_codec=w["pool_codec"], topk=topk, block_tables=w["block_tables"],
+                      row_seg=torch.tensor([r["seq"] for r in rows]))
+    return args, kwargs
+
+
+def invariant(args, kwargs, sms):
+    ker._sm_count = lambda device: sms  # 132: few rows, a program per split; 1: each row folds its own
+    return ker.sparse_attention_paged(*args, **kwargs, batch_invariant=True)
+
+
+def check(w, n_win, n_top):
+    probe = row(w, n_win, n_top, seq=1)
+    args, kwargs = step(w, [probe])
+    alone = invariant(args, kwargs, 132)
+    torch.testing.assert_close(alone, reference(*args, **kwargs), atol=1e-5, rtol=1e-5)
+    batches = [([row(w, 128, 2 * S + 5, 2), probe, row(w, 128, 0, empty=True)], 1, 128, 70),
+               ([row(w, 20, 30, i % SEQS) for i in range(5)] + [probe] + [row(w, 7, 9, empty=True)] * 2, 5,
+                0, S + 10)]
+    for rows, at, width, extra in batches:
+        args, kwargs = step(w, rows, width, extra)
+        for sms in (132, 1):
+            got = invariant(args, kwargs, sms)
+            assert torch.equal(got[at], alone[0]), (n_win, n_top, len(rows), sms)
+    assert torch.equal(invariant(*step(w, [probe]), 1)[0], alone[0])  # the fold in the row's own program
+    ker._sm_count = lambda device: 132
+    default = ker.sparse_attention_paged(*args, **kwargs)  # default mode: split by the row count
+    torch.testing.assert_close(default, reference(*args, **kwargs), atol=1e-5, rtol=1e-5)
+
+
+for fmt in (("raw", "raw"), ("fp8", "nvfp4")):
+    w = world(fmt, 4, 64)
+    for n_win, n_top in ((128, 512), (128, S), (S // 2, 2 * S), (50, 37), (1, 0)):
+        check(w, n_win, n_top)
+    check(world(fmt, 4, 64, with_pool=False), 100, 0)
+check(world(("fp8", "nvfp4"), 64, 512), 64, 100)
+print("ok")
+"""
+
+
+def test_invariant_attention_is_bitwise_in_batches_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_SCRIPT, timeout=600)
