@@ -5,7 +5,11 @@ own program (many rows). A probe row's output is bitwise the same alone and in b
 to the reference op. Probes: window + compressed keys of 5 splits, exactly one or two splits, shorter
 than one split, a window under 128 keys, no compressed segment; exact (raw) and release (FP8 window +
 NVFP4 pool) cache; one Flash-width case (64 heads x 512, two value blocks). The interpreter must be
-switched on before triton is imported, hence a subprocess."""
+switched on before triton is imported, hence a subprocess. About a minute and a half."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
 
 _SCRIPT = r"""
 import torch
