@@ -5,6 +5,7 @@ import torch
 
 from deepinfer.cache.codecs import Codec
 from deepinfer.ops.reference.cache_quant import QUANT_OPS
+from deepinfer_kernels_cuda.attention import sparse_attention_paged
 
 pytestmark = [
     pytest.mark.gpu,
@@ -93,3 +94,39 @@ def test_sparse_attention_paged(cuda_ops, ref_ops, poison, fmt, t, with_pool):
     err = (got.float() - want.float()).norm() / want.float().norm()
     assert err < 5e-3, err
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("fmt", [("fp8", "nvfp4"), ("raw", "raw")])
+def test_invariant_paged_attention_is_bitwise_in_batches(fmt):
+    """Batch-invariant mode at Flash width: probe row 0 (a 5-key window with its own key, 512 entries)
+    gives the same bits alone (index arrays cut to its keys) and in batches of 3, 17, 64 (3 of them
+    padding rows) and 200 rows, at other positions and with wider arrays. On an H200 the 200 rows fold
+    their splits in their own programs, the smaller batches use a program per split."""
+    args, kwargs = _paged_inputs(200, fmt, seed=11)
+    q, kv, ring, codec, window, _, _, sink, scale = args
+    ring_rows = ring.shape[0] * ring.shape[1]
+    window = torch.where(window >= ring_rows, -1, window)  # ring keys, then each row's own key first
+    none = torch.zeros(0, dtype=torch.long, device="cuda")
+
+    def run(rows: list[int], pad_rows: int = 0, wider: int = 0) -> torch.Tensor:
+        sel = torch.tensor(rows, device="cuda")
+        win, topk = window[sel], kwargs["topk"][sel]
+        win[:, 0] = ring_rows + torch.arange(len(rows), device="cuda")
+        if len(rows) == 1:  # alone: the arrays cut to the probe's keys
+            win, topk = win[:, :5], topk[:, : int((topk[0] >= 0).nonzero().max()) + 1]
+        win = torch.nn.functional.pad(win, (0, wider, 0, pad_rows), value=-1)
+        topk = torch.nn.functional.pad(topk, (0, wider, 0, pad_rows), value=-1)
+        rows_q = torch.cat([q[sel], q[:pad_rows]])
+        rows_kv = torch.cat([kv[sel], kv[:pad_rows]])
+        seg = torch.cat([kwargs["row_seg"][sel], kwargs["row_seg"][:pad_rows]])
+        return sparse_attention_paged(
+            rows_q, rows_kv, ring.clone(), codec, win, none, none, sink, scale, pool=kwargs["pool"],
+            pool_codec=kwargs["pool_codec"], topk=topk, block_tables=kwargs["block_tables"], row_seg=seg,
+            batch_invariant=True)
+
+    alone = run([0])[0]
+    assert (window[0, 5:] < 0).all() and alone.isfinite().all()
+    for rows, pad_rows, wider in (([50, 0], 1, 0), ([*range(1, 10), 0, *range(10, 17)], 0, 70),
+                                  ([*range(100, 140), 0, *range(140, 160)], 3, 150), ([*range(200)], 0, 0)):
+        got = run(rows, pad_rows, wider)
+        assert torch.equal(got[rows.index(0)], alone), (len(rows), pad_rows, wider)
