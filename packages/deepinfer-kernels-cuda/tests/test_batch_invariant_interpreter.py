@@ -1,8 +1,9 @@
 """Batch-invariant mode of the cuda kernels without a GPU: the Triton interpreter runs the `cuda` op table
 (get_ops' invariant binding, reference row-wise fallbacks) on the CPU over the tiny `engram` config
-(Engram, compressors, indexer; bf16, release cache). A probe's prefill and decode logits are bitwise the
-same alone and in three batches (3 sequences; 8 with the probe 4th; a prefill joining a decode step);
-the default table, run the same way, is not (the check can fail). Slow: minutes in the interpreter."""
+(Engram, compressors, indexer; release cache; float32, since the interpreter's bf16 dot is wrong). A
+probe's prefill and decode logits are bitwise the same alone and in three batches (3 sequences; 8 with
+the probe 4th; a prefill joining a decode step); the default table, run the same way, is not (the check
+can fail). Slow: minutes in the interpreter."""
 
 import os
 import subprocess
@@ -35,7 +36,7 @@ for invariant, scenarios in ((True, [Scenario((5, 12)), Scenario((9, 2, 6, 15, 3
     table = {**reference.ops(batch_invariant=invariant), **cuda.ops(batch_invariant=invariant)}
     ops = Ops("cuda", table, (), cuda.plan, invariant)
     options = RuntimeOptions(cache_precision="release", batch_invariant=invariant)
-    runtime = build_runtime(config, dict(tensors), dtype=torch.bfloat16, ops=ops,
+    runtime = build_runtime(config, dict(tensors), dtype=torch.float32, ops=ops,
                             engram_token_map=token_map(config), options=options)
     allocate(runtime, 40, 9)
     alone = probe_logits(runtime, Scenario(), PROBE, DECODE)
