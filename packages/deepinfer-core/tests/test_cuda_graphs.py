@@ -361,6 +361,12 @@ def test_planned_graphs_are_captured_with_the_cache(
     rt.allocate_cache(num_blocks=7, num_slots=4)
     assert set(rt.graphs.graphs) == {FixedShape(1, 1, 1, "last"), FixedShape(1, 1, 2, "last")}
     assert not rt.dspark.graphs.graphs
+    # a cache size fixed by the user: the capture is planned without the memory probe (no throwaway cache)
+    assert rt.plan_graphs(max_num_seqs=2, num_draft_tokens=0, max_model_len=BLOCK_TOKENS,
+                          measure_memory=False) == 0
+    assert rt.cache is not None
+    rt.allocate_cache(num_blocks=7, num_slots=4)
+    assert {shape.num_seqs for shape in rt.graphs.graphs} == {1, 2}
 
 
 def speculative_outputs(

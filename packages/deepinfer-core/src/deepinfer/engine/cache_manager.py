@@ -37,9 +37,10 @@ class CachePlan:
 def cache_budget(config: EngineConfig, device: torch.device, model: CausalLM | None = None) -> int:
     """Bytes the cache may use: explicit, or a share of the GPU's memory beyond what is in use, less
     what the model's CUDA graphs will hold (a model with `plan_graphs` captures them with its cache)."""
-    graphs = graph_reserve(model, config)
     if config.cache_bytes is not None:
+        graph_reserve(model, config, measure_memory=False)  # the capture is still planned
         return config.cache_bytes
+    graphs = graph_reserve(model, config)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         # a reserve for activations of the largest step; the weights are already counted as used
@@ -48,14 +49,15 @@ def cache_budget(config: EngineConfig, device: torch.device, model: CausalLM | N
     return CPU_DEFAULT_CACHE_BYTES
 
 
-def graph_reserve(model: CausalLM | None, config: EngineConfig) -> int:
+def graph_reserve(model: CausalLM | None, config: EngineConfig, measure_memory: bool = True) -> int:
     """Plan the model's start-up graph capture (decode, and verification of the configured drafts) and
-    return the bytes the graphs will take; 0 for models without graphs."""
+    return the bytes the graphs will take (measured unless `measure_memory` is off: then 0); 0 for
+    models without graphs."""
     plan = getattr(model, "plan_graphs", None)
     if plan is None:
         return 0
     drafts = (config.num_draft_tokens or 0) if config.speculator != "none" else 0  # None: captured lazily
-    reserve = plan(config.max_num_seqs, drafts, config.max_model_len)
+    reserve = plan(config.max_num_seqs, drafts, config.max_model_len, measure_memory=measure_memory)
     if reserve:
         logger.info("cache budget: %.0f MiB kept for CUDA graphs", reserve / 2**20)
     return reserve

@@ -128,15 +128,20 @@ class DeepseekV41Runtime:
             if plan is not None:
                 plan.capture(self.graphs, self.dspark.graphs if self.dspark else None, self.graph_recorder)
 
-    def plan_graphs(self, max_num_seqs: int, num_draft_tokens: int, max_model_len: int) -> int:
+    def plan_graphs(self, max_num_seqs: int, num_draft_tokens: int, max_model_len: int, *,
+                    measure_memory: bool = True) -> int:
         """Have every later `allocate_cache` capture its graphs ahead: decode steps of up to
         `max_num_seqs` sequences at table widths up to `max_model_len`'s and, with `num_draft_tokens`
         (0: no speculation), verification steps of 1 + that many tokens and the draft forward. Returns
         the device bytes the graphs will take (to keep out of the cache budget; 0 without graphs),
-        measured on a throwaway cache."""
+        measured on a throwaway cache; `measure_memory=False` (a cache size fixed by the user) skips
+        that probe and returns 0."""
         if self.graph_recorder is None:
             return 0
         plan = GraphPlan(max_num_seqs, 1 + num_draft_tokens if num_draft_tokens else None, max_model_len)
+        if not measure_memory:
+            self.graph_plan = plan
+            return 0
         self.graph_plan = None  # the probe's cache captures nothing
         self.allocate_cache(num_blocks=2, num_slots=2)
         reserve = probe_graph_memory(plan, self.builder, self.last_is_consumer, self.run_step,
