@@ -5,8 +5,9 @@
   batch-invariant mode: the probe's prefill and
   teacher-forced decode logits alone, then in three batches (companions prefilled beside it and decoding
   with it: 3 sequences = graph bucket 4 with a padding row, 8 = bucket 8 with the probe in the middle,
-  and a companion whose prefill joins a decode step), eagerly and through CUDA graphs, and in a second
-  runtime built from the same weights (a second run).
+  and a companion whose prefill joins a decode step), eagerly and through CUDA graphs (every one-token
+  step must replay one; which key each step maps to is checked on the CPU by deepinfer-core's
+  test_invariance_probe.py), and in a second runtime built from the same weights (a second run).
 * Through the engine (LLM on checkpoints/tiny-stdlib, greedy): the probe's tokens and logprobs alone and
   in three batches of other prompts.
 """
@@ -22,7 +23,16 @@ from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOpt
 from deepinfer.ops import get_ops
 from deepinfer.sampling import SamplingParams
 from deepinfer.testing.configs import flash_slice_config
-from deepinfer.testing.invariance import Scenario, allocate, differing_steps, probe_logits
+from deepinfer.testing.invariance import (
+    DECODE,
+    PROBE_LEN,
+    SCENARIOS,
+    Scenario,
+    allocate,
+    differing_steps,
+    probe_logits,
+    run_probe,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,7 +41,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[3]
-PROBE_LEN, DECODE, SLOTS = 150, 3, 10
+SLOTS = 10
 
 
 def _reference_forward():
@@ -65,29 +75,33 @@ def slice_setup():
     return runtime
 
 
-SCENARIOS = {
-    "3 seqs (bucket 4)": Scenario((37, 200)),
-    "8 seqs, probe 4th (bucket 8)": Scenario((90, 12, 64, 150, 33, 5, 128), at=3),
-    "prefill joins a decode step": Scenario((70,), late=(260,), at=1),
-}
+def _run(runtime: DeepseekV41Runtime, name: str, scenario: Scenario, graphs: bool,
+         logits: dict[str, list[torch.Tensor]], unreplayed: dict[str, list]) -> None:
+    """Record the probe's logits under `name`; with graphs, note the run if a one-token step ran eagerly
+    (a capture that failed or a key the step missed would leave the graphs untested)."""
+    run = run_probe(runtime, scenario, PROBE_LEN, DECODE, graphs)
+    logits[name] = run.logits
+    if graphs and [key is not None for key in run.graphs] != scenario.decode_only(DECODE):
+        unreplayed[name] = run.graphs
 
 
 def test_probe_logits_bitwise_alone_and_in_batches_eager_graphs_and_runs(slice_setup):
     runtime = slice_setup()
     alone = probe_logits(runtime, Scenario(), PROBE_LEN, DECODE, graphs=False)
     assert all(torch.isfinite(x).all() for x in alone)
-    results = {"alone, graphs": probe_logits(runtime, Scenario(), PROBE_LEN, DECODE)}
+    results: dict[str, list[torch.Tensor]] = {}
+    unreplayed: dict[str, list] = {}  # graph runs with a one-token step that ran eagerly: graph key per step
+    _run(runtime, "alone, graphs", Scenario(), True, results, unreplayed)
     for name, scenario in SCENARIOS.items():
         for graphs in (False, True):
-            mode = "graphs" if graphs else "eager"
-            results[f"{name}, {mode}"] = probe_logits(runtime, scenario, PROBE_LEN, DECODE, graphs)
-    assert not runtime.graphs.failed and len(runtime.graphs.graphs) >= 3  # buckets 1, 4, 8 were replayed
+            _run(runtime, f"{name}, {'graphs' if graphs else 'eager'}", scenario, graphs, results, unreplayed)
     del runtime
-    results["alone, second run"] = probe_logits(slice_setup(), Scenario(), PROBE_LEN, DECODE)
+    _run(slice_setup(), "alone, second run", Scenario(), True, results, unreplayed)
     # per run, the steps whose logits differ from alone, eager
     differing = {name: differing_steps(got, alone) for name, got in results.items()}
     print(f"batch-invariant slice: {len(results)} runs x {DECODE + 1} steps, differing steps: {differing}")
     assert not any(differing.values()), differing
+    assert not unreplayed, f"one-token steps that ran eagerly (graph key per step): {unreplayed}"
 
 
 def test_engine_probe_tokens_and_logprobs_bitwise_in_batches():

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
+from deepinfer.models.deepseek_v41.metadata import FixedShape
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime
-from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.models.interface import ForwardBatch, ForwardOutput, SequenceSegment
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,40 @@ class Scenario:
     late: tuple[int, ...] = ()
     at: int = 0
 
+    def decode_only(self, decode: int) -> list[bool]:
+        """Per step, whether every sequence brings one token (the steps CUDA graphs replay): all but
+        the probe's prefill and the step a late prefill joins."""
+        return [step > 0 and not (step == 1 and self.late) for step in range(decode + 1)]
+
+
+# the GPU slice test's probe and batches (its CPU twin checks which graph each step replays)
+PROBE_LEN, DECODE = 150, 3
+SCENARIOS = {
+    "3 seqs (bucket 4)": Scenario((37, 200)),
+    "8 seqs, probe 4th (bucket 8)": Scenario((90, 12, 64, 150, 33, 5, 128), at=3),
+    "prefill joins a decode step": Scenario((70,), late=(260,), at=1),
+}
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    logits: list[torch.Tensor]  # the probe's row per step
+    graphs: list[FixedShape | None]  # per step, the key of the graph it replayed; None: it ran eagerly
+
+
+class _ReplayLog:
+    """Stands in for a runtime's DecodeGraphs during a probe run, noting the key of the graph each step
+    replayed (the runtime offers every step to `forward` first)."""
+
+    def __init__(self, graphs: DecodeGraphs) -> None:
+        self.graphs = graphs
+        self.replayed: FixedShape | None = None
+
+    def forward(self, batch: ForwardBatch) -> ForwardOutput | None:
+        out = self.graphs.forward(batch)
+        self.replayed = self.graphs.shape(batch) if out is not None else None
+        return out
+
 
 def allocate(runtime: DeepseekV41Runtime, longest: int, slots: int) -> None:
     """A cache for `slots` sequences of up to `longest` tokens (slot 0 unused, block 0 the padding one)."""
@@ -27,12 +63,13 @@ def allocate(runtime: DeepseekV41Runtime, longest: int, slots: int) -> None:
     runtime.allocate_cache(1 + slots * per_seq, slots + 1)
 
 
-def probe_logits(
+def run_probe(
     runtime: DeepseekV41Runtime, scenario: Scenario, probe_len: int, decode: int, graphs: bool = True
-) -> list[torch.Tensor]:
-    """The probe's logits per step: its prefill (last position), then `decode` teacher-forced steps.
-    Tokens are drawn from a fixed seed, so every call with the same lengths sees the same sequences.
-    `graphs` False runs every step eagerly (CUDA graphs, where the runtime has them, set aside)."""
+) -> ProbeRun:
+    """The probe's logits per step: its prefill (last position), then `decode` teacher-forced steps, and
+    the graph each step replayed. Tokens are drawn from a fixed seed, so every call with the same lengths
+    sees the same sequences. `graphs` False runs every step eagerly (CUDA graphs, where the runtime has
+    them, set aside)."""
     gen = torch.Generator().manual_seed(0)
 
     def tokens(n: int) -> list[int]:
@@ -49,9 +86,9 @@ def probe_logits(
         runtime.reset_slot(s)
     late = range(2 + len(scenario.first), 2 + len(prompts))
     saved = runtime.graphs
-    if not graphs:
-        runtime.graphs = None
-    out = []
+    log = _ReplayLog(saved) if graphs and saved is not None else None
+    runtime.graphs = log  # type: ignore[assignment]  # forward() is all the runtime calls on it
+    out, keys = [], []
     try:
         for step in range(decode + 1):
             segs = [SequenceSegment(s, table[s], pos[s], prompts[s - 2] if pos[s] == 0 else [11 + s])
@@ -60,11 +97,19 @@ def probe_logits(
             segs.insert(at, SequenceSegment(1, table[1], pos[1], probe if step == 0 else [forced[step - 1]]))
             result = runtime.forward(ForwardBatch(segs))
             out.append(result.logits[result.row_offsets[at]].clone())
+            keys.append(log.replayed if log is not None else None)
             for seg in segs:
                 pos[seg.slot] += len(seg.token_ids)
     finally:
         runtime.graphs = saved
-    return out
+    return ProbeRun(out, keys)
+
+
+def probe_logits(
+    runtime: DeepseekV41Runtime, scenario: Scenario, probe_len: int, decode: int, graphs: bool = True
+) -> list[torch.Tensor]:
+    """run_probe's logits alone."""
+    return run_probe(runtime, scenario, probe_len, decode, graphs).logits
 
 
 def differing_steps(got: list[torch.Tensor], want: list[torch.Tensor]) -> list[int]:
