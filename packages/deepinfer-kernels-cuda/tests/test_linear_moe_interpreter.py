@@ -26,6 +26,10 @@ cases = {  # kind -> (M, groups, config, kernel): the FP8 GEMV (num_stages 2: on
     # M, the tiled kernel; linear() at its default path too
     "fp8": ((1, 2, TileConfig(8, 1, 32, 1, 4, 1), "gemv"), (1, 1, TileConfig(4, 1, 32, 2, 4, 2), "gemv"),
             (3, 2, TileConfig(16, 4, 64, 1, 1, 2), "gemv"), (3, 1, TileConfig(32, 16, 64, 2, 4, 1), "tiled"),
+            # GEMV: 1- and 2-row programs, a step wider than K (masked chunks), prefetch over a ragged
+            # last step, 3 splits of one 32-column step each
+            (1, 1, TileConfig(1, 1, 128, 1, 4, 1), "gemv"), (2, 2, TileConfig(2, 2, 64, 1, 4, 2), "gemv"),
+            (1, 1, TileConfig(1, 1, 32, 3, 4, 2), "gemv"), (8, 1, TileConfig(2, 8, 128, 1, 4, 2), "block"),
             (17, 2, TileConfig(32, 16, 32, 1, 4, 1), "tiled")),
     "fp4": ((1, 2, TileConfig(16, 16, 32, 2, 4, 1), "tiled"),
             (17, 2, TileConfig(32, 16, 32, 1, 4, 1), "tiled")),
@@ -37,6 +41,9 @@ for kind, quant in (("fp8", quantize_fp8), ("fp4", quantize_fp4)):
         ours, ref = linear.prepare_linear(kind, w, s, groups), ref_linear.prepare_linear(kind, w, s, groups)
         want = ref_linear.linear(x, ref, torch.float32)
         check(getattr(linear, f"{kernel}_linear")(x, ours, torch.float32, cfg), want, kind, m, groups, kernel)
+        if kernel == "block":  # a table's GEMV config (block_m < 16) at 8 tokens takes the GEMV
+            assert torch.equal(linear.block_linear(x, ours, torch.float32, cfg),
+                               linear.gemv_linear(x, ours, torch.float32, cfg))
         check(linear.linear(x, ours, torch.float32), want, kind, m, groups, "default")
         check(linear.dequant_linear(x, ours, torch.float32), want, kind, m, groups, "dequant")
         check(linear.linear(x, ours, torch.float32, batch_invariant=True), want, kind, m, groups, "inv")

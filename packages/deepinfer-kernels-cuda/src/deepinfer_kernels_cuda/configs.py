@@ -3,6 +3,8 @@
 `benchmarks/kernels/tune.py` writes the files on the device; at serve time a shape without an entry
 uses `default` (no autotuning). Keys: "<kernel>:<N>x<K>:<M bucket>", M bucket = next power of two;
 batch-invariant configs (one per weight shape, every M): "invariant-<kind>:<N>x<K>:1".
+An "fp8" entry with block_m below GEMV_BLOCK_M is a GEMV config (the tuner stores one where the GEMV
+beat the tiled kernel, at any M up to 8); the default takes the GEMV up to GEMV_M tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 SM_COUNT_FALLBACK = 132
 GEMV_M = 1  # tokens up to which FP8 linears run the GEMV (H200: it beats the tiled kernel at 1, loses at 4)
 DEQUANT_M = 512  # tokens from which block-scaled linears decode the weight once and call cuBLAS
-GEMV_THREADS_K = 8 * 32  # GEMV: columns one warp covers per K step (block_k = this x num_warps)
+GEMV_THREADS_K = 8 * 32  # GEMV: columns one warp covers with one 8-byte load per thread
+GEMV_BLOCK_M = 16  # the tiled kernel's MMA takes >= 16 tokens: smaller block_m marks a GEMV config
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,8 @@ def block_k(k: int, want: int) -> int:
 def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """Shape heuristic: weight streaming for small M, 128-row tiles for large M; split-K wherever the
     output tiles alone leave SMs idle (about 2 programs per SM, each with >= 4 K steps)."""
-    if kernel == "fp8" and m <= GEMV_M:  # 8 columns per thread per step, >= 4 programs per SM
-        bn, warps = 8, 4
-        steps = -(-k // (GEMV_THREADS_K * warps))
-        split = 1
-        while -(-n // bn) * split < 4 * sm_count and steps >= 2 * split:
-            split *= 2
-        return TileConfig(bn, m_bucket(m), GEMV_THREADS_K * warps, split, warps, 1)
+    if kernel == "fp8" and m <= GEMV_M:
+        return default_gemv(n, k, m, sm_count)
     if m <= 64:
         bk = block_k(k, 256 if kernel == "fp8" else 128)
         bn, bm, warps, stages = 64, max(16, m_bucket(m)), 4, 4
@@ -110,6 +108,27 @@ def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBA
     while tiles * split < 2 * sm_count and k // (bk * split * 2) >= 4:
         split *= 2
     return TileConfig(bn, bm, bk, split, warps, stages)
+
+
+def default_gemv(n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
+    """FP8 GEMV: rows per program (dividing 32) as many as still give >= 4 programs per SM (a small
+    weight needs all SMs streaming from the start), then K steps of 8 loads of 8 bytes per thread
+    (8 rows x 1 chunk ... 1 row x 8 chunks) with the next step prefetched; split K only where even
+    1-row programs leave SMs idle."""
+    bn = 8
+    while bn > 1 and -(-n // bn) < 4 * sm_count:
+        bn //= 2
+    warps = 4
+    bk = min(GEMV_THREADS_K * warps * (8 // bn), 1 << max(k - 1, 0).bit_length())
+    steps = -(-k // bk)
+    split = 1
+    while -(-n // bn) * split < 2 * sm_count and steps >= 2 * split:
+        split *= 2
+    return TileConfig(bn, m_bucket(m), bk, split, warps, 2 if steps > split else 1)
+
+
+def is_gemv(cfg: TileConfig) -> bool:
+    return cfg.block_m < GEMV_BLOCK_M
 
 
 @cache

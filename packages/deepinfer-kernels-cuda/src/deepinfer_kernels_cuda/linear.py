@@ -2,12 +2,13 @@
 
 Three paths, chosen by the number of tokens M (`configs.GEMV_M`, `configs.DEQUANT_M`):
 
-* M <= GEMV_M (decode), FP8: a CUDA-core GEMV. Each program streams BN weight rows (BN divides 32, so
-  one scale row) in K steps of 8-column chunks, one chunk per thread (8-byte weight loads, 16-byte input
-  loads), the input pre-multiplied by its block's scale (a power of two: exact), the 8 products summed
-  in registers into a [BN, M, chunks] accumulator: 64 registers at 8 rows and no shared memory per K
-  step, so many programs (and their loads) in flight per SM; num_stages 2 also prefetches the next step.
-  Small grids split K (float32 partials, then a fixed-order reduction: deterministic).
+* M <= GEMV_M (decode), FP8, or a tuned GEMV config (`configs.is_gemv`) up to 8 tokens: a CUDA-core
+  GEMV. Each program streams BN weight rows (BN divides 32, so one scale row) in K steps of 8-column
+  chunks (8-byte weight loads, 16-byte input loads), BK / 8 chunks per step spread over the threads,
+  so BN x chunks-per-thread independent loads per thread per step; num_stages 2 also prefetches the
+  next step. Each chunk's 8 products are summed in registers and then scaled (a power of two: exact),
+  with no shared memory per K step. Small rows-per-program counts fill the SMs without splitting K;
+  where they cannot, K splits (float32 partials, then a fixed-order reduction: deterministic).
 * Otherwise below DEQUANT_M: the tiled kernel. Swap-AB: the decoded weight tile is the MMA's register A
   operand (BLOCK_N weight rows on the M side, which Hopper's wgmma needs >= 64 of), tokens its N side.
   Also serves FP4 and, in batch-invariant mode, dense weights, at every M.
@@ -48,7 +49,7 @@ from deepinfer_kernels_cuda.dequant import GROUP, dequantize, fp4_group_tile, fp
 Kind = Literal["fp8", "fp4", "dense"]
 _BLOCK_ROWS = tl.constexpr(GROUP)  # FP8 weights: one scale per 32x32 block
 _KIND_CODE = {"fp8": 0, "fp4": 1, "dense": 2}
-_CHUNK = tl.constexpr(8)  # GEMV: weight columns per thread per K step (8-byte loads)
+_CHUNK = tl.constexpr(8)  # GEMV: weight columns per chunk (one 8-byte load)
 # torch.mm(..., out_dtype=) (aten::mm.dtype): BF16 operands, float32 accumulation and output
 _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
@@ -146,14 +147,21 @@ def _block_linear_kernel(
 
 @triton.jit
 def _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols):
-    """One GEMV K step's operands: FP8 weights as stored, the input rows times their block's scale
-    (a power of two: w * (x * 2^s) equals the reference's (w * 2^s) * x exactly). Steps past k_hi
-    load nothing."""
+    """One GEMV K step's operands as stored: FP8 weights, input rows, the scale byte of each chunk's
+    32-column block (the program's rows share one scale row). Chunks past k_hi load nothing."""
     k_in = (k0 + chunk) < k_hi
     xt = tl.load(x_rows + k0 + cols, mask=m_mask[None, :, None, None] & k_in, other=0.0)
     s = tl.load(s_row + (k0 + chunk) // _BLOCK_ROWS, mask=k_in, other=127)
     w = tl.load(w_rows + k0 + cols, mask=n_mask[:, None, None, None] & k_in, other=0.0)
-    return w, xt.to(tl.float32) * pow2(s, 0)
+    return w, xt, s
+
+
+@triton.jit
+def _gemv_chunk_sums(w, xt, s):
+    """[rows, tokens, chunks, 1]: each chunk's 8 products (exact in float32) summed, then times its
+    block's scale, a power of two: equal to the reference's sum of (w * 2^s) * x products up to order,
+    at one multiply per chunk instead of one per element."""
+    return tl.sum(w.to(tl.float32) * xt.to(tl.float32), axis=3, keep_dims=True) * pow2(s, 0)
 
 
 @triton.jit
@@ -170,8 +178,9 @@ def _gemv_fp8_kernel(
     offs_m = tl.arange(0, BM)
     m_mask = offs_m < M
     # every tile is 4-D [rows, tokens, chunks, 8 columns]: the weight and input loads then get the same
-    # register layout (one chunk per thread when BK = 8 x threads), so the product needs no shared-memory
-    # shuffle and the sum over the last axis stays inside a thread
+    # register layout (8-column chunks; BK / 8 chunks over the threads, several per thread when BK is
+    # larger than 8 x threads: that many independent loads per row in flight per step), so the product
+    # needs no shared-memory shuffle and the sum over the last axis stays inside a thread
     chunk = (tl.arange(0, BK // _CHUNK) * _CHUNK)[None, None, :, None]
     cols = chunk + tl.arange(0, _CHUNK)[None, None, None, :]
     x_rows = x_ptr + offs_m[None, :, None, None] * stride_xm + (pid_n * BN // rows_per_group) * K
@@ -179,20 +188,22 @@ def _gemv_fp8_kernel(
     s_row = s_ptr + (pid_n * BN // _BLOCK_ROWS) * stride_sn  # BN divides 32: one scale row per program
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    acc = tl.zeros((BN, BM, BK // _CHUNK), dtype=tl.float32)
+    acc = tl.zeros((BN, BM, BK // _CHUNK, 1), dtype=tl.float32)
     if PREFETCH:  # the next step's loads are issued before this step's products: 2 steps in flight
-        w, xs = _gemv_loads(x_rows, w_rows, s_row, k_lo, k_hi, m_mask, n_mask, chunk, cols)
+        w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k_lo, k_hi, m_mask, n_mask, chunk, cols)
         for k0 in range(k_lo, k_hi, BK):
-            w_next, xs_next = _gemv_loads(x_rows, w_rows, s_row, k0 + BK, k_hi, m_mask, n_mask, chunk, cols)
-            acc += tl.sum(w.to(tl.float32) * xs, axis=3)
-            w, xs = w_next, xs_next
+            w_next, xt_next, s_next = _gemv_loads(x_rows, w_rows, s_row, k0 + BK, k_hi, m_mask, n_mask,
+                                                  chunk, cols)
+            acc += _gemv_chunk_sums(w, xt, s)
+            w, xt, s = w_next, xt_next, s_next
     else:
         for k0 in range(k_lo, k_hi, BK):
             k0 = tl.multiple_of(k0, BK)
-            w, xs = _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols)
-            acc += tl.sum(w.to(tl.float32) * xs, axis=3)
+            w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols)
+            acc += _gemv_chunk_sums(w, xt, s)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(ptrs, tl.sum(acc, axis=2).to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+    out = tl.sum(tl.sum(acc, axis=3), axis=2)
+    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
 @triton.jit
@@ -268,8 +279,9 @@ def gemv_linear(
     x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig
 ) -> torch.Tensor:
     """x [M, groups * K] -> [M, N] for a few tokens and an FP8 weight through the CUDA-core GEMV."""
-    if w.kind != "fp8" or GROUP % cfg.block_n:
-        raise ValueError(f"GEMV: {w.kind} weight with {cfg.block_n}-row tiles (needs fp8, rows dividing 32)")
+    if w.kind != "fp8" or GROUP % cfg.block_n or cfg.block_k % _CHUNK.value:
+        raise ValueError(f"GEMV: {w.kind} weight with {cfg.block_n} x {cfg.block_k} tiles "
+                         "(needs fp8, rows dividing 32, columns a multiple of 8)")
     x = _operand(x, w, out_dtype)
     return _launch(
         _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype,
@@ -282,10 +294,11 @@ def block_linear(
     x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, config: configs.TileConfig | None = None
 ) -> torch.Tensor:
     """x [M, groups * K] -> [M, N] for a prepared fp8/fp4 weight below DEQUANT_M tokens: the GEMV for
-    FP8 up to GEMV_M tokens, else the tiled kernel (`config` overrides the table)."""
+    FP8 at a GEMV config (the default's up to GEMV_M tokens), else the tiled kernel (`config` overrides
+    the table)."""
     m = x.shape[0]
     cfg = config or configs.lookup(w.kind, w.out_features, w.in_features, m, x.device)
-    if w.kind == "fp8" and m <= configs.GEMV_M:
+    if w.kind == "fp8" and configs.is_gemv(cfg):
         return gemv_linear(x, w, out_dtype, cfg)
     return tiled_linear(x, w, out_dtype, cfg)
 
