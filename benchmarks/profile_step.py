@@ -86,7 +86,8 @@ def annotated_ops(ops: Ops) -> Ops:
     if ops.backend_name == "cuda":
         from deepinfer_kernels_cuda import moe
         for name, label in MOE_PARTS.items():
-            setattr(moe, name, annotate(getattr(moe, name), label))
+            if hasattr(moe, name):  # a part renamed away falls back to "MoE combine/other"
+                setattr(moe, name, annotate(getattr(moe, name), label))
     table = {n: annotate(getattr(ops, n), OP_FAMILIES.get(n, n)) for n in ops.names}
     return Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
 
