@@ -69,7 +69,7 @@ def family(stack: list[str], kernel: str) -> str:
             return "FP8 linear tiled"
         return "cuBLAS gemm" if CUBLAS.search(kernel) else "FP8 linear other"
     if inner == "MoE routed":
-        return next((f"MoE expert {v}" for k, v in PARTS.items() if k in kernel), "MoE routed align")
+        return next((f"MoE expert {v}" for k, v in PARTS.items() if k in kernel), "MoE routed other")
     return inner
 
 
