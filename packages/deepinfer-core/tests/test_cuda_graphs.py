@@ -9,16 +9,21 @@ tokens of the eager cuda path and of the reference backend otherwise.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import sys
+import types
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pydantic
 import pytest
 import torch
 
 from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.engine import EngineConfig, LLMEngine
-from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
+from deepinfer.models.deepseek_v41.graphs import DecodeGraphs, TritonCompilations
 from deepinfer.models.deepseek_v41.metadata import FixedShape, StepMetadata
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, load_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -356,7 +361,7 @@ def test_planned_graphs_are_captured_with_the_cache(
     assert set(rt.graphs.graphs) == {FixedShape(b, n, w, "last" if n == 1 else "all")
                                      for b in (1, 2, 4) for w in (1, 2) for n in (1, 4)}
     assert set(rt.dspark.graphs.graphs) == {1, 2, 4}
-    assert "CUDA graphs: captured 15 graphs in" in caplog.text
+    assert "CUDA graphs: captured 15 graphs of batch sizes 1,2,4 in" in caplog.text
     rt.plan_graphs(max_num_seqs=1, num_draft_tokens=0, max_model_len=BLOCK_TOKENS)  # no speculation
     rt.allocate_cache(num_blocks=7, num_slots=4)
     assert set(rt.graphs.graphs) == {FixedShape(1, 1, 1, "last"), FixedShape(1, 1, 2, "last")}
@@ -367,6 +372,67 @@ def test_planned_graphs_are_captured_with_the_cache(
     assert rt.cache is not None
     rt.allocate_cache(num_blocks=7, num_slots=4)
     assert {shape.num_seqs for shape in rt.graphs.graphs} == {1, 2}
+
+
+def test_chosen_graph_sizes_are_the_only_buckets(checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """cuda_graph_sizes (any order, repeats allowed) replaces the buckets of decode, verification and
+    draft graphs: a batch pads up to the next size, a batch above the largest runs eagerly."""
+    rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graph_sizes=(4, 1, 4)))
+    rt.graph_recorder = rerun_recorder
+    rt.plan_graphs(max_num_seqs=6, num_draft_tokens=3, max_model_len=BLOCK_TOKENS)
+    with caplog.at_level("INFO", logger="deepinfer.models.deepseek_v41.graphs"):
+        g = Greedy(rt, batch=6)
+    assert rt.graph_buckets == (1, 4) and rt.dspark.graphs.buckets == (1, 4)
+    assert {shape.num_seqs for shape in rt.graphs.graphs} == {1, 4} and set(rt.dspark.graphs.graphs) == {1, 4}
+    assert "CUDA graphs: captured 10 graphs of batch sizes 1,4 in" in caplog.text
+
+    def decode(slots: list[int]) -> ForwardBatch:
+        return ForwardBatch([SequenceSegment(s, g.tables[s], PREFILL, [4]) for s in slots])
+
+    assert rt.graphs.shape(decode([1, 2, 3])) == FixedShape(4, 1, 2, "last")  # two blocks each
+    assert rt.graphs.shape(decode([1, 2, 3, 4, 5])) is None
+    with pytest.raises(ValueError, match="increasing positive"):
+        load_runtime(checkpoint, options=RuntimeOptions(cuda_graph_sizes=(0, 2)))
+
+
+def test_triton_compilations_count_each_kernels_specialisations(monkeypatch: pytest.MonkeyPatch) -> None:
+    triton = pytest.importorskip("triton")
+    module = types.ModuleType("pkg.fake_kernels")
+    module.triton = triton  # type: ignore[attr-defined]
+    cache: dict[str, object] = {"key1": object()}
+    module.kernel = types.SimpleNamespace(device_caches={0: (cache, {}, None)})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    compilations = TritonCompilations()
+    before = compilations.counts()
+    assert before["fake_kernels.kernel"] == 1
+    cache["key2"] = object()  # a new specialisation
+    assert compilations.counts() - before == Counter({"fake_kernels.kernel": 1})
+
+
+@pytest.mark.parametrize(("sizes", "match"), [
+    ([], "give at least one batch size"), ([0, 2], r"\[0\] not in \[1, max_num_seqs = 8\]"),
+    ([1, 9, 16], r"\[9, 16\] not in")])
+def test_bad_graph_sizes_name_the_option(sizes: list[int], match: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match="cuda_graph_sizes: " + match):
+        EngineConfig(max_num_seqs=8, cuda_graph_sizes=sizes)
+
+
+def test_graph_sizes_reach_the_runtime_from_the_command_line(checkpoint: Path) -> None:
+    from deepinfer.entrypoints.cli.engine_args import add_engine_args, llm_from_args
+    from deepinfer.entrypoints.cli.errors import UsageError
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    base = ["--model", str(checkpoint), "--max-num-seqs", "8", "--max-model-len", "64", "--cache-mb", "8"]
+    llm = llm_from_args(parser.parse_args([*base, "--cuda-graph-sizes", "8", "1"]))
+    try:
+        rt = llm.engine.model
+        assert rt.options.cuda_graph_sizes == (8, 1) and rt.graph_buckets == (1, 8)
+    finally:
+        llm.close()
+    with pytest.raises(UsageError, match=r"--cuda-graph-sizes: \[16\] not in"):
+        llm_from_args(parser.parse_args([*base, "--cuda-graph-sizes", "16"]))
+    assert parser.parse_args(base).cuda_graph_sizes is None
 
 
 def speculative_outputs(

@@ -22,6 +22,9 @@ class EngineConfig(BaseModel):
     seed: int = Field(0, ge=0, description="seeds requests that give no seed, for reproducible runs")
     log_stats_interval: float = Field(10.0, ge=0.0, description="seconds between stats logs; 0: off")
     enforce_eager: bool = Field(False, description="CUDA: run every step eagerly (no CUDA graphs)")
+    cuda_graph_sizes: list[int] | None = Field(
+        None, description="CUDA: batch sizes to capture graphs for (a batch pads up to the next one, larger "
+        "batches run eagerly); None: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ..., 256 up to max_num_seqs")
     batch_invariant: bool = Field(
         False, description="a sequence's logits bitwise the same alone or in any batch (fixed kernels)")
     speculator: str = Field("none", min_length=1,
@@ -38,6 +41,18 @@ class EngineConfig(BaseModel):
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                              f"max_num_seqs ({self.max_num_seqs}) so every running sequence can decode")
+        return self
+
+    @model_validator(mode="after")
+    def _graph_sizes(self) -> EngineConfig:
+        sizes = self.cuda_graph_sizes
+        if sizes is not None:
+            if not sizes:
+                raise ValueError("cuda_graph_sizes: give at least one batch size (enforce_eager turns "
+                                 "graphs off)")
+            bad = [s for s in sizes if not 1 <= s <= self.max_num_seqs]
+            if bad:
+                raise ValueError(f"cuda_graph_sizes: {bad} not in [1, max_num_seqs = {self.max_num_seqs}]")
         return self
 
     @property

@@ -91,7 +91,9 @@ class LLM:
             raise SettingError(str(config_error_from(exc))) from None
         precision = cache_precision or default_cache_precision(device)
         options = runtime_options(precision, replay_mode, replay_keep)
+        sizes = config.cuda_graph_sizes
         options = replace(options, cuda_graphs=not config.enforce_eager,
+                          cuda_graph_sizes=tuple(sizes) if sizes is not None else None,
                           batch_invariant=config.batch_invariant)
         if config.speculator != "none":  # room to roll back rejected drafts
             options = replace(options, max_backtrack=rollback_room(model_config.text.dspark_block_size,

@@ -65,6 +65,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly (default on CUDA: decode, verification and draft steps "
                         "replay CUDA graphs captured at start-up)")
+    g.add_argument("--cuda-graph-sizes", type=positive_int, nargs="+", default=None, metavar="N",
+                   help="batch sizes to capture CUDA graphs for, e.g. 1 8 64: a batch pads up to the next "
+                   "size, batches above the largest run eagerly; fewer sizes, faster start-up (default: "
+                   "1 2 4 8 16 24 32 48 64 96 128 160 192 224 256 up to --max-num-seqs)")
     g.add_argument("--batch-invariant", action="store_true",
                    help="batch-invariant kernels: a sequence's logits are bitwise the same alone or in any "
                    "batch, across runs (costs some speed; docs/performance.md)")
@@ -91,6 +95,7 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   cache_bytes=args.cache_mb << 20 if args.cache_mb is not None else None,
                   async_scheduling=not args.sync, seed=args.seed, enforce_eager=args.enforce_eager,
+                  cuda_graph_sizes=args.cuda_graph_sizes,
                   batch_invariant=args.batch_invariant,
                   speculator=args.speculator,
                   num_draft_tokens=args.num_draft_tokens, spec_schedule=args.spec_schedule)

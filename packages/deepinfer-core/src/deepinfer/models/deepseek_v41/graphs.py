@@ -32,10 +32,12 @@ slot 0 and block 0; the engine only sees ForwardBatch -> ForwardOutput, which th
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -61,19 +63,75 @@ class Recorder(Protocol):
         ...
 
 
+class TritonCompilations:
+    """Compiled specialisations per Triton kernel of the loaded modules (each JITFunction's in-memory
+    cache, one entry per specialisation: constexpr values, int arguments == 1 or divisible by 16, ...).
+    Counting them around a step shows which kernels a new shape recompiles."""
+
+    def __init__(self) -> None:
+        self._modules = -1
+        self._kernels: dict[str, Any] = {}
+
+    def counts(self) -> Counter[str]:
+        triton = sys.modules.get("triton")
+        if triton is None:
+            return Counter()
+        if len(sys.modules) != self._modules:  # rescan only when modules were imported since
+            self._modules = len(sys.modules)
+            self._kernels = {f"{mod.__name__.rsplit('.', 1)[-1]}.{name}": fn
+                             for mod in list(sys.modules.values()) if getattr(mod, "triton", None) is triton
+                             for name, fn in list(vars(mod).items()) if hasattr(fn, "device_caches")}
+        return Counter({name: n for name, fn in self._kernels.items()
+                        if (n := sum(len(c[0]) for c in list(fn.device_caches.values())))})
+
+
+@dataclass
+class CaptureStats:
+    """Where start-up capture time goes (CudaRecorder accumulates; GraphPlan.capture logs)."""
+
+    graphs: int = 0
+    warmup_s: float = 0.0  # eager warm-up steps, Triton compilations included
+    capture_s: float = 0.0
+    compiled: Counter[str] = field(default_factory=Counter)  # new specialisations per kernel
+
+    def since(self, before: CaptureStats) -> CaptureStats:
+        return CaptureStats(self.graphs - before.graphs, self.warmup_s - before.warmup_s,
+                            self.capture_s - before.capture_s, self.compiled - before.compiled)
+
+    def copy(self) -> CaptureStats:
+        return replace(self, compiled=Counter(self.compiled))
+
+    def describe(self) -> str:
+        top = ", ".join(f"{k} {n}" for k, n in self.compiled.most_common(8))
+        return (f"warm-up steps {self.warmup_s:.1f} s, captures {self.capture_s:.1f} s, "
+                f"{self.compiled.total()} Triton compilations" + (f" ({top})" if top else ""))
+
+
 class CudaRecorder:
     """Captures into CUDA graphs that share one memory pool (graphs never replay concurrently)."""
 
     def __init__(self) -> None:
         self.pool = torch.cuda.graph_pool_handle()
+        self.compilations = TritonCompilations()
+        self.stats = CaptureStats()
 
     def __call__(self, step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
+        before, t0 = self.compilations.counts(), time.perf_counter()
         step()  # warm-up: Triton compiles and autotunes, lazy buffers are created, outside the capture
         torch.cuda.synchronize()
+        t1 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         # thread_local: the engine's other threads may touch CUDA (host copies of samples) meanwhile
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = step()
+        t2 = time.perf_counter()
+        compiled = self.compilations.counts() - before
+        self.stats.graphs += 1
+        self.stats.warmup_s += t1 - t0
+        self.stats.capture_s += t2 - t1
+        self.stats.compiled += compiled
+        logger.debug("CUDA graph: warm-up %.0f ms (Triton compilations: %s), capture %.0f ms",
+                     (t1 - t0) * 1e3, dict(compiled) or "none", (t2 - t1) * 1e3)
         return out, graph.replay
 
     def pool_bytes(self) -> int:
@@ -92,6 +150,17 @@ def _check_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
     if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
         raise ValueError(f"graph buckets must be increasing positive batch sizes, got {buckets}")
     return tuple(buckets)
+
+
+def graph_buckets(sizes: Sequence[int] | None) -> tuple[int, ...]:
+    """The graphs' batch buckets: the chosen sizes (any order, repeats allowed), or BUCKETS for None."""
+    return BUCKETS if sizes is None else _check_buckets(sorted(set(sizes)))
+
+
+def planned_buckets(buckets: Sequence[int], max_num_seqs: int) -> list[int]:
+    """The buckets captured ahead for batches of up to `max_num_seqs`: up to the one holding it."""
+    top = bucket_for(max_num_seqs, buckets) or buckets[-1]
+    return [b for b in buckets if b <= top]
 
 
 def _table_width(blocks: int) -> int:
@@ -211,14 +280,16 @@ class DecodeGraphs:
             raise ValueError(f"input_ids has shape {tuple(batch.input_ids.shape)}, "  # type: ignore[union-attr]
                              f"the segments hold {rows} tokens")
 
+    def planned(self, max_num_seqs: int) -> list[int]:
+        return planned_buckets(self.buckets, max_num_seqs)
+
     def precapture(self, max_num_seqs: int, max_model_len: int) -> int:
         """Capture decode (and, with `verify_tokens`, verification) graphs of every bucket up to the
         one holding `max_num_seqs`, at every table width up to max_model_len's; the number captured."""
-        top = bucket_for(max_num_seqs, self.buckets) or self.buckets[-1]
         tokens = [n for n in (1, self.verify_tokens) if n and n <= self.builder.geo.max_fixed_tokens]
         widths = _table_width(-(-(max_model_len + max(tokens)) // BLOCK_TOKENS))
         shapes = [FixedShape(b, n, 1 << i, "last" if n == 1 else "all") for n in tokens
-                  for b in self.buckets if b <= top for i in range(widths.bit_length())]
+                  for b in self.planned(max_num_seqs) for i in range(widths.bit_length())]
         # largest first: the output buffers are sized once, and the pool's first segments are the
         # largest, which the smaller graphs' blocks then split (rather than new segments per size)
         shapes.sort(key=lambda k: (k.num_seqs * k.tokens, k.table_width), reverse=True)
@@ -307,9 +378,8 @@ class DraftGraphs:
 
     def precapture(self, max_num_seqs: int) -> int:
         """Capture every bucket up to the one holding `max_num_seqs`; the number captured."""
-        top = bucket_for(max_num_seqs, self.buckets) or self.buckets[-1]
         before = len(self.graphs)
-        for b in sorted((b for b in self.buckets if b <= top), reverse=True):  # outputs sized once
+        for b in reversed(planned_buckets(self.buckets, max_num_seqs)):  # largest first: outputs sized once
             if self.failed:
                 break
             if b not in self.graphs:
@@ -364,6 +434,7 @@ class GraphPlan:
     verify_tokens: int | None  # 1 + the speculator's draft tokens; None: no speculation planned
     max_model_len: int
     reserve: int = 0  # the bytes probe_graph_memory kept for the graphs
+    buckets: tuple[int, ...] = BUCKETS  # the graphs' batch sizes (RuntimeOptions.cuda_graph_sizes)
 
     def tokens(self, geo_max: int) -> list[int]:
         """Tokens per sequence of the planned step kinds that have fixed shapes (decode first)."""
@@ -371,15 +442,19 @@ class GraphPlan:
 
     def capture(self, decode: DecodeGraphs, draft: DraftGraphs | None, recorder: Recorder) -> None:
         """Capture every planned graph of one cache; one INFO line with the count, time and memory."""
+        cuda = isinstance(recorder, CudaRecorder)
+        before = recorder.stats.copy() if cuda else None
         t0 = time.perf_counter()
         count = decode.precapture(self.max_num_seqs, self.max_model_len)
         if draft is not None and self.verify_tokens:  # drafts come with speculation only
             count += draft.precapture(self.max_num_seqs)
         buffers = [*decode.outputs.values(), *((draft.outputs or ()) if draft else ())]
         outputs = sum(t.nbytes for t in buffers)
-        pool = recorder.pool_bytes() if isinstance(recorder, CudaRecorder) else 0
-        logger.info("CUDA graphs: captured %d graphs in %.1f s (pool %.0f MiB, output buffers %.0f MiB)",
-                    count, time.perf_counter() - t0, pool / 2**20, outputs / 2**20)
+        pool = recorder.pool_bytes() if cuda else 0
+        spent = "; " + recorder.stats.since(before).describe() if cuda else ""  # type: ignore[arg-type]
+        logger.info("CUDA graphs: captured %d graphs of batch sizes %s in %.1f s%s (pool %.0f MiB, "
+                    "output buffers %.0f MiB)", count, ",".join(map(str, decode.planned(self.max_num_seqs))),
+                    time.perf_counter() - t0, spent, pool / 2**20, outputs / 2**20)
         if self.reserve and pool + outputs > self.reserve:
             logger.warning("CUDA graphs hold %.0f MiB, %.0f MiB more than was kept out of the cache budget",
                            (pool + outputs) / 2**20, (pool + outputs - self.reserve) / 2**20)
@@ -395,7 +470,9 @@ def probe_graph_memory(
     device = builder.staging.device
     if device.type != "cuda":
         return 0
-    top = bucket_for(plan.max_num_seqs, BUCKETS) or BUCKETS[-1]
+    top = planned_buckets(plan.buckets, plan.max_num_seqs)[-1]
+    compilations, t0 = TritonCompilations(), time.perf_counter()
+    before = compilations.counts()
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -411,4 +488,6 @@ def probe_graph_memory(
         out = dspark.draft_forward(cache, ids, positions, window)
         outputs += out.hidden.nbytes + out.normed.nbytes + out.base_logits.nbytes
     torch.cuda.synchronize(device)
+    logger.info("CUDA graphs: memory probe (eager steps of %d sequences) in %.1f s, %d Triton compilations",
+                top, time.perf_counter() - t0, (compilations.counts() - before).total())
     return torch.cuda.max_memory_allocated(device) - base + outputs + _POOL_ROUNDING

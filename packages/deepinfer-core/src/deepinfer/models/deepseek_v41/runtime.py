@@ -32,6 +32,7 @@ from deepinfer.models.deepseek_v41.graphs import (
     DraftGraphs,
     GraphPlan,
     Recorder,
+    graph_buckets,
     probe_graph_memory,
 )
 from deepinfer.models.deepseek_v41.metadata import MetadataBuilder, StepMetadata
@@ -59,6 +60,7 @@ class RuntimeOptions:
     replay_mode: ReplayMode = "off"
     replay_keep: int = 140
     cuda_graphs: bool = True  # CUDA: replay graphs of decode/verification steps and DSpark drafts (graphs.py)
+    cuda_graph_sizes: tuple[int, ...] | None = None  # the graphs' batch sizes (None: graphs.BUCKETS)
     batch_invariant: bool = False  # a row's results never depend on the batch (needs invariant ops)
 
 
@@ -84,6 +86,7 @@ class DeepseekV41Runtime:
         self.graphs: DecodeGraphs | None = None
         self.graph_recorder: Recorder | None = None  # when set, each cache gets graphs recorded by it
         self.graph_plan: GraphPlan | None = None  # what allocate_cache captures ahead (plan_graphs)
+        self.graph_buckets = graph_buckets(options.cuda_graph_sizes)
         if options.cuda_graphs:
             if self.device.type != "cuda":
                 logger.info("CUDA graphs: not available on %s, every step runs eagerly", self.device)
@@ -121,10 +124,12 @@ class DeepseekV41Runtime:
         if self.graph_recorder is not None:
             plan = self.graph_plan
             self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, self.vocab_size,
-                                       self.graph_recorder, max_backtrack=self.max_backtrack,
+                                       self.graph_recorder, self.graph_buckets,
+                                       max_backtrack=self.max_backtrack,
                                        verify_tokens=plan.verify_tokens if plan else None)
             if self.dspark is not None:
-                self.dspark.graphs = DraftGraphs(self.dspark, self.cache, self.graph_recorder)
+                self.dspark.graphs = DraftGraphs(self.dspark, self.cache, self.graph_recorder,
+                                                 self.graph_buckets)
             if plan is not None:
                 plan.capture(self.graphs, self.dspark.graphs if self.dspark else None, self.graph_recorder)
 
@@ -138,7 +143,8 @@ class DeepseekV41Runtime:
         that probe and returns 0."""
         if self.graph_recorder is None:
             return 0
-        plan = GraphPlan(max_num_seqs, 1 + num_draft_tokens if num_draft_tokens else None, max_model_len)
+        plan = GraphPlan(max_num_seqs, 1 + num_draft_tokens if num_draft_tokens else None, max_model_len,
+                         buckets=self.graph_buckets)
         if not measure_memory:
             self.graph_plan = plan
             return 0
