@@ -16,12 +16,15 @@ verification cost per K on a Flash-width slice.
 engine: without --model it writes the tiny `full` config (random weights, DSpark block size 4) to a
 temporary directory: the machinery is measured, a random drafter's acceptance is not meaningful. One
 engine per (speculator, K, schedule), built with max_num_seqs = the largest batch and reused for every
-batch (async scheduling on, the default; --sync turns it off). Requests ignore EOS, so each generates
---max-tokens tokens; a warm-up generate at the same batch runs first. Per-user tok/s = mean over
-requests of output tokens / (finish - arrival); throughput = all output tokens / wall time. "matched":
-the no-speculation curve over the batches (per-user speed vs throughput, interpolated in log space)
-read at this point's throughput (per-user speed-up) and at its per-user speed (throughput ratio); None
-outside that curve.
+batch (async scheduling on, the default; --sync turns it off). Each engine captures CUDA graphs of the
+measured batch sizes only (cuda_graph_sizes = --batches) at the table widths of --max-model-len (the
+default keeps one width); kernels compiled for an earlier engine are reused (same process), so an
+engine after the first compiles only its new verification shapes (build_s in the rows). Requests
+ignore EOS, so each generates --max-tokens tokens; a warm-up generate at the same batch runs first.
+Per-user tok/s = mean over requests of output tokens / (finish - arrival); throughput = all output
+tokens / wall time. "matched": the no-speculation curve over the batches (per-user speed vs
+throughput, interpolated in log space) read at this point's throughput (per-user speed-up) and at its
+per-user speed (throughput ratio); None outside that curve.
 Engines past --budget-s are skipped (listed): none first, then each K of --ks in the order given.
 
 cost: random weights cannot show acceptance, so this measures what a speed-up at a given acceptance
@@ -197,7 +200,7 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         spec = {} if name == "none" else dict(speculator=name, num_draft_tokens=k, spec_schedule=schedule)
         t0 = time.perf_counter()
         llm = LLM(model, max_num_seqs=max(batches), max_model_len=args.max_model_len, log_stats_interval=0,
-                  async_scheduling=not args.sync, **spec)
+                  async_scheduling=not args.sync, cuda_graph_sizes=sorted(set(batches)), **spec)
         build_s = round(time.perf_counter() - t0, 1)
         try:
             for batch in batches:
@@ -360,8 +363,9 @@ def main() -> None:
     eng.add_argument("--confidence-ks", default="", help="K values for confidence (default: --ks)")
     eng.add_argument("--batches", default="1,8,64")
     eng.add_argument("--max-tokens", type=int, default=64)
-    eng.add_argument("--max-model-len", type=int, default=256,
-                     help="engine limit (prompts + outputs fit): 2 block-table widths to capture graphs for")
+    eng.add_argument("--max-model-len", type=int, default=120,
+                     help="engine limit (prompts + --max-tokens must fit); up to 128 - 1 - K keeps one "
+                     "block-table width of graphs to capture")
     eng.add_argument("--temperature", type=float, default=0.0)
     eng.add_argument("--budget-s", type=float, default=math.inf, help="start no engine after this")
     eng.add_argument("--sync", action="store_true", help="async scheduling off (compare the overlap)")
