@@ -3,8 +3,10 @@ backend's `moe` vs the reference op, against rooflines measured in the same run,
 layouts (`fp4`: split-nibble FP4 as stored; `fp8`: re-encoded E4M3, twice the bytes). Bytes counted are
 the weights the layer must read: the touched experts' packed FP4 + scales (%copy_fp4), or the bytes the
 layout actually streams (%copy), plus the shared expert and the router.
-Layout `fp4-inv`: the FP4 experts in batch-invariant mode (`moe(..., batch_invariant=True)`: fixed tiles
-at every size), for its cost against `fp4`.
+Variants of `fp4`, by suffix (combinable): `-inv` batch-invariant mode (`moe(..., batch_invariant=True)`:
+fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the packed PTX one
+(`PreparedExperts.asm`); `-gemv` / `-mmaBN_BK_WARPS_STAGES` the decode path forced to the GEMVs / the MMA
+kernels with one block per assignment at that tile (`moe.DECODE_OVERRIDE`), else the table's.
 Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
 
 from __future__ import annotations
@@ -60,23 +62,49 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
                                                      fp8=True))
 
 
+def variant(layout: str, ours: MoEWeights, ref: MoEWeights) -> tuple[MoEWeights, bool, object]:
+    """(weights, batch_invariant, decode override) of a layout name (see the module docstring)."""
+    base, *flags = layout.split("-")
+    if base not in ("fp4", "fp8"):
+        raise ValueError(f"layout {layout!r}: expected fp4 or fp8 with suffixes")
+    weights = fp8_layout(ours, ref) if base == "fp8" else ours
+    decode = None
+    for flag in flags:
+        if flag == "ops":
+            weights = replace(weights, experts=replace(weights.experts, asm=False))
+        elif flag == "gemv":
+            decode = "gemv"
+        elif flag.startswith("mma"):
+            bn, bk, warps, stages = map(int, flag[3:].split("_"))
+            decode = TileConfig(bn, 16, bk, 1, warps, stages)
+        elif flag != "inv":
+            raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
+    return weights, "inv" in flags, decode
+
+
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
           header: dict, layouts: list[str]) -> None:
     ours, ref = flash_layers(**dims)
-    variants = {"fp4": ours, "fp4-inv": ours, "fp8": fp8_layout(ours, ref) if "fp8" in layouts else None}
+    fp8 = fp8_layout(ours, ref) if any(name.startswith("fp8") for name in layouts) else None
     rows = []
     for t in tokens:
         for layout in layouts:
-            rows.append(_point(t, variants[layout], ref, roof, dims, layout))
+            weights, inv, decode = variant(layout, ours if not layout.startswith("fp8") else fp8, ref)
+            moe.DECODE_OVERRIDE = decode
+            try:
+                rows.append(_point(t, weights, ref, roof, dims, layout, inv))
+            finally:
+                moe.DECODE_OVERRIDE = None
+            print(rows[-1], flush=True)
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 
 
 def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], dims: dict[str, int],
-           layout: str) -> dict:
+           layout: str, inv: bool) -> dict:
     e, k, h, i = dims["experts"], dims["topk"], dims["hidden"], dims["inter"]
     per_expert = 3 * h * i // 2 + 3 * h * i // 32
-    streamed = 3 * h * i + 3 * h * i // 32 if layout == "fp8" else per_expert
-    run = partial(moe.moe, batch_invariant=layout.endswith("-inv"))
+    streamed = 3 * h * i + 3 * h * i // 32 if layout.startswith("fp8") else per_expert
+    run = partial(moe.moe, batch_invariant=inv)
     fixed = 3 * (h * i + h * i // 1024) + e * h * 2  # shared FP8 + scales, router
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
     got = run(x, ours)

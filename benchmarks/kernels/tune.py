@@ -33,7 +33,14 @@ LARGE_M = [  # (block_n, block_m, block_k, num_warps, num_stages)
 MOE = [
     TileConfig(64, 16, 128, 1, 4, 4), TileConfig(64, 16, 256, 1, 4, 3), TileConfig(128, 16, 128, 1, 8, 3),
     TileConfig(64, 32, 128, 1, 4, 4), TileConfig(128, 64, 64, 1, 8, 3), TileConfig(128, 64, 128, 1, 8, 3),
-    TileConfig(128, 128, 64, 1, 8, 3), TileConfig(64, 64, 64, 1, 4, 4),
+    TileConfig(128, 128, 64, 1, 8, 3), TileConfig(64, 64, 64, 1, 4, 4), TileConfig(128, 128, 64, 1, 8, 4),
+    TileConfig(128, 64, 64, 1, 4, 4), TileConfig(256, 64, 64, 1, 8, 3),
+]
+MOE_DECODE = [  # decode paths at one token: GEMV tiles (block_m 1) and MMA tiles (one block per assignment)
+    TileConfig(16, 1, 256, 1, 4, 3), TileConfig(16, 1, 512, 1, 4, 3), TileConfig(32, 1, 256, 1, 4, 3),
+    TileConfig(8, 1, 512, 1, 4, 3), TileConfig(16, 1, 1024, 1, 8, 3),
+    TileConfig(64, 16, 128, 1, 4, 4), TileConfig(64, 16, 256, 1, 4, 3), TileConfig(32, 16, 256, 1, 4, 3),
+    TileConfig(32, 16, 128, 1, 4, 4), TileConfig(64, 16, 512, 1, 4, 2),
 ]
 
 
@@ -87,20 +94,59 @@ def tune_linears(table: dict, deadline: float, tokens: tuple[int, ...]) -> None:
             print(f"{name} M={m}: {best} {best_t * 1e3:.1f} us", flush=True)
 
 
-def tune_moe(table: dict, deadline: float) -> None:
+def tune_moe_decode(table: dict, ours, deadline: float) -> None:
+    """The decode path at one token: GEMV tiles against MMA tiles (one block per assignment)."""
+    h, i, k = FLASH["hidden"], FLASH["inter"], FLASH["topk"]
+    x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
+    w, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
+    results = []
+    for cfg in MOE_DECODE:
+        if time.time() > deadline:
+            break
+        if cfg.block_m == 1:
+            call = functools.partial(moe.routed_experts_decode, x, w, ids, ours.experts, 10.0, cfg)
+        else:
+            mlp = moe._Mlp(*(getattr(ours.experts, n) for n in ("w1", "s1", "w3", "s3", "w2", "s2")),
+                           False, 1, True, ours.experts.asm)
+            call = functools.partial(moe._grouped_mlp, x, w, ids, mlp, FLASH["experts"], i, 10.0, cfg, True)
+        try:
+            results.append((graph_ms([call]), cfg))
+        except Exception as err:  # a config the compiler rejects (resources): skip it
+            print(f"  {cfg}: {type(err).__name__}: {str(err)[:120]}", flush=True)
+    if not results:
+        return
+    best_t, best = min(results, key=lambda r: r[0])
+    table[configs.key("moe-decode", h, i, 1)] = best
+    gemv = min((r for r in results if r[1].block_m == 1), key=lambda r: r[0], default=(None, None))[1]
+    if gemv is not None:
+        table[configs.key("moe-gemv", i, h, 1)] = table[configs.key("moe-gemv", h, i, 1)] = gemv
+    summary = ", ".join(f"{c.block_n}/{c.block_m}/{c.block_k}/{c.num_warps}w/{c.num_stages}s {tt * 1e3:.1f}"
+                        for tt, c in results)
+    print(f"moe decode T=1: {best} {best_t * 1e3:.1f} us; all: {summary}", flush=True)
+
+
+def tune_moe(table: dict, deadline: float, tokens: tuple[int, ...]) -> None:
     ours, _ = flash_layers(**FLASH)
     h, i, k, e = FLASH["hidden"], FLASH["inter"], FLASH["topk"], FLASH["experts"]
-    for t in (8, 64, 256, 1024, 4096, 16384):
+    for t in tokens:
         if time.time() > deadline:
             return
+        if t * k <= moe.DECODE_ASSIGNMENTS:  # the decode path (GEMV or MMA kernels), tuned at one token
+            tune_moe_decode(table, ours, deadline)
+            continue
         x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
         w, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
-        if t * k <= moe.DECODE_ASSIGNMENTS:  # served by the GEMVs: report them next to the grouped GEMMs
-            decode = functools.partial(moe.routed_experts_decode, x, w, ids, ours.experts, 10.0)
-            decode_ms = graph_ms([decode])
-            print(f"moe T={t}: decode GEMVs {decode_ms * 1e3:.1f} us", flush=True)
         max_bm = max(16, 2 * configs.m_bucket(t * k // e))  # larger blocks than an expert's rows only pad
-        results = [(_time_moe(x, w, ids, ours.experts, cfg, t), cfg) for cfg in MOE if cfg.block_m <= max_bm]
+        results = []
+        for cfg in MOE:
+            if cfg.block_m > max_bm or time.time() > deadline:
+                continue
+            try:
+                results.append((_time_moe(x, w, ids, ours.experts, cfg, t), cfg))
+            except Exception as err:  # a config the compiler rejects (resources): skip it
+                print(f"  {cfg}: {type(err).__name__}: {str(err)[:120]}", flush=True)
+        if not results:
+            return
         best_t, best = min(results, key=lambda r: r[0])
         table[configs.key("moe", h, i, t * k)] = best
         summary = ", ".join(f"{c.block_n}/{c.block_m}/{c.block_k}/{c.num_warps}w {tt * 1e3:.0f}"
@@ -121,13 +167,17 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="linear M values to tune")
     ap.add_argument("--no-moe", action="store_true", help="tune the linears only")
+    ap.add_argument("--moe-tokens", default="1,64,256,1024,4096,16384",
+                    help="MoE batch sizes to tune (1: the decode path)")
+    ap.add_argument("--moe-share", type=float, default=0.4, help="share of the budget for the MoE")
     args = ap.parse_args()
     path = args.out or configs.gpu_file()
     deadline = time.time() + args.budget_s
     table = configs.load(path)
     try:
         if not args.no_moe:
-            tune_moe(table, time.time() + args.budget_s * 0.4)
+            tune_moe(table, time.time() + args.budget_s * args.moe_share,
+                     tuple(int(t) for t in args.moe_tokens.split(",")))
         tune_linears(table, deadline, tuple(int(t) for t in args.tokens.split(",")))
     finally:  # also on SIGINT (timeout -s INT): keep what was tuned
         configs.save(path, table)

@@ -149,6 +149,73 @@ def test_moe_fp8_experts_match_reference(cuda_ops, ref_ops, poison, tokens):
     assert _rel_err(cuda_ops.moe(x, ours), ref_ops.moe(x, ref)) <= TOL[torch.bfloat16]
 
 
+def _random_experts(n_experts: int, hidden: int, inter: int, scale_lo: int, scale_hi: int):
+    """Stacked packed FP4 experts of uniformly random bytes (every code) with scale bytes in
+    [scale_lo, scale_hi]: (w1, s1, w3, s3, w2, s2) as the release stores them."""
+    def fp4(rows, cols):
+        w = torch.randint(0, 256, (n_experts, rows, cols // 2), dtype=torch.uint8, device="cuda")
+        s = torch.randint(scale_lo, scale_hi + 1, (n_experts, rows, cols // 32), dtype=torch.uint8,
+                          device="cuda")
+        return w, s.view(torch.float8_e8m0fnu)
+
+    return (*fp4(inter, hidden), *fp4(inter, hidden), *fp4(hidden, inter))
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64, 300])
+def test_moe_packed_decode_equals_integer_decode(tokens):
+    """The packed PTX decode (`asm`) and the Triton integer decode give the same BF16 weights, so the MMA
+    kernels' outputs are bitwise equal and the GEMVs' equal up to float32 summation order; every code
+    (code 1 passes the BF16 subnormal 2^-127 before the scale multiply), scale bytes 100 to
+    ASM_MAX_SCALE (scale 2)."""
+    from deepinfer_kernels_cuda import configs, moe
+    from deepinfer_kernels_cuda.dequant import ASM_MAX_SCALE
+
+    torch.manual_seed(tokens)
+    e, h, i, k = 16, 512, 256, 4
+    w = _random_experts(e, h, i, 100, ASM_MAX_SCALE)
+    fast = moe.prepare_experts(*w)
+    assert fast.asm
+    slow = dataclasses.replace(fast, asm=False)
+    x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
+    weights = torch.rand(tokens, k, device="cuda")
+    ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(tokens)]).int()
+    for cfg in (configs.TileConfig(64, 16, 128, 1, 4, 4), configs.TileConfig(128, 64, 64, 1, 8, 3)):
+        got, want = (moe.routed_experts(x, weights, ids, p, 10.0, cfg) for p in (fast, slow))
+        assert torch.equal(got, want), cfg
+    if tokens * k <= moe.DECODE_ASSIGNMENTS:
+        got, want = (moe.routed_experts_decode(x, weights, ids, p, 10.0) for p in (fast, slow))
+        assert _rel_err(got, want) <= 1e-5
+        mlp = [moe._Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, False, 1, True, p.asm) for p in (fast, slow)]
+        cfg = configs.TileConfig(64, 16, 128, 1, 4, 4)
+        got, want = (moe._grouped_mlp(x, weights, ids, m, e, i, 10.0, cfg, direct=True) for m in mlp)
+        assert torch.equal(got, want)
+        assert torch.equal(got, moe.routed_experts(x, weights, ids, slow, 10.0, cfg))  # aligned blocks
+
+
+def test_packed_decode_is_chosen_only_where_exact():
+    from deepinfer_kernels_cuda import moe
+
+    w = list(_random_experts(2, 64, 64, 120, 129))  # a scale byte above ASM_MAX_SCALE
+    assert not moe.prepare_experts(*w).asm
+    with pytest.raises(ValueError, match="scale bytes"):
+        moe.prepare_experts(*w, asm=True)
+    assert not moe.prepare_experts(*(t.cpu() for t in w)).asm
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 10])
+def test_moe_decode_paths_match_reference(cuda_ops, ref_ops, monkeypatch, tokens):
+    """Both decode paths (GEMVs; MMA kernels with one block per assignment) against the reference."""
+    from deepinfer_kernels_cuda import configs, moe
+
+    torch.manual_seed(tokens)
+    ours, ref = _moe_layers(cuda_ops, ref_ops, 32, 256, 128, 4, torch.bfloat16)
+    x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16)
+    want = ref_ops.moe(x, ref)
+    for path in ("gemv", configs.TileConfig(64, 16, 128, 1, 4, 4), configs.TileConfig(32, 16, 256, 1, 4, 3)):
+        monkeypatch.setattr(moe, "DECODE_OVERRIDE", path)
+        assert _rel_err(cuda_ops.moe(x, ours), want) <= TOL[torch.bfloat16], path
+
+
 def test_route_matches_reference(cuda_ops, ref_ops):
     from deepinfer.ops.reference import moe as ref_moe
     from deepinfer_kernels_cuda import moe

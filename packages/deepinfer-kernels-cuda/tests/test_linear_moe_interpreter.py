@@ -83,6 +83,10 @@ for fp8 in (False, True):  # experts as split-layout FP4, or re-encoded as E4M3
         got = moe.moe(x, ours, mask)
         want = ref_moe.moe(x, ref, mask)
         assert rel(got, want) < 1e-5, (fp8, t, rel(got, want))
+        if t * k <= moe.DECODE_ASSIGNMENTS:  # the decode path's MMA kernels: one block per assignment
+            moe.DECODE_OVERRIDE = TileConfig(32, 16, 32, 1, 4, 1)
+            assert rel(moe.moe(x, ours, mask), want) < 1e-5, ("direct", fp8, t)
+            moe.DECODE_OVERRIDE = None
         inv = moe.moe(x, ours, mask, batch_invariant=True)  # fixed tiles at every size, shared expert too
         assert rel(inv, want) < 1e-5, ("invariant", fp8, t, rel(inv, want))
         assert torch.equal(moe.moe(x[:1], ours, mask[:1], batch_invariant=True)[0], inv[0])

@@ -35,6 +35,7 @@ import triton.language as tl
 from deepinfer.checkpoint.formats import E2M1_VALUES, pack_fp4, unpack_fp4_codes
 from deepinfer_kernels_cuda import configs
 from deepinfer_kernels_cuda.dequant import (
+    ASM_MAX_SCALE,
     GROUP,
     fp4_gemv_products,
     fp4_split_tile,
@@ -48,7 +49,8 @@ from deepinfer_kernels_cuda.linear import PreparedLinear, linear, mm_out
 class PreparedExperts:
     """Stacked routed experts, contiguous, UE8M0 scales as uint8: packed FP4 as uint8 in the split layout
     (`split_nibbles`), or with `fp8` each E2M1 value re-encoded as E4M3 (exact: E2M1 is a subset of
-    E4M3), twice the bytes for a cheaper decode."""
+    E4M3), twice the bytes for a cheaper decode. `asm`: FP4 kernels decode through the packed BF16x2
+    PTX (`dequant.e2m1_pair_bf16_asm`) instead of Triton integer ops (same values)."""
 
     w1: torch.Tensor  # [E, I, H/2] (FP4) | [E, I, H] (FP8)
     s1: torch.Tensor  # [E, I, H/32]
@@ -57,6 +59,7 @@ class PreparedExperts:
     w2: torch.Tensor  # [E, H, I/2] | [E, H, I]
     s2: torch.Tensor  # [E, H, I/32]
     fp8: bool = False
+    asm: bool = False
 
     @property
     def n_experts(self) -> int:
@@ -96,9 +99,18 @@ def e2m1_to_e4m3(packed: torch.Tensor, chunk: int = 16) -> torch.Tensor:
     return out.view(torch.float8_e4m3fn)
 
 
-def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False) -> PreparedExperts:
+def asm_decodable(p: PreparedExperts) -> bool:
+    """Whether the packed PTX decode serves these experts: split FP4 on a GPU, every scale byte within
+    ASM_MAX_SCALE (one device reduction, at load)."""
+    if p.fp8 or not p.w1.is_cuda:
+        return False
+    return all(int(s.max()) <= ASM_MAX_SCALE for s in (p.s1, p.s3, p.s2) if s.numel())
+
+
+def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False,
+                    asm: bool | None = None) -> PreparedExperts:
     """Stack (lists of [I, H/2] or stacked [E, ...]) packed FP4 experts into the kernels' layout (FP4
-    split, or E4M3 with `fp8`)."""
+    split, or E4M3 with `fp8`). `asm`: the packed PTX decode for FP4 (None: wherever `asm_decodable`)."""
     p = PreparedExperts(*(_stack(t) for t in (w1, w1_scale, w3, w3_scale, w2, w2_scale)))
     e, i, h = p.n_experts, p.inter, p.hidden
     want = {"w1": (e, i, h // 2), "w1_scale": (e, i, h // GROUP), "w3": (e, i, h // 2),
@@ -110,7 +122,11 @@ def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False)
     if h % GROUP or i % GROUP:
         raise ValueError(f"experts hidden {h} / intermediate {i}: must be multiples of {GROUP}")
     convert = e2m1_to_e4m3 if fp8 else split_nibbles
-    return replace(p, w1=convert(p.w1), w3=convert(p.w3), w2=convert(p.w2), fp8=fp8)
+    p = replace(p, w1=convert(p.w1), w3=convert(p.w3), w2=convert(p.w2), fp8=fp8)
+    if asm and not asm_decodable(p):
+        raise ValueError("experts: the packed decode needs split FP4 experts on a GPU with scale bytes "
+                         f"<= {ASM_MAX_SCALE}")
+    return replace(p, asm=asm_decodable(p) if asm is None else asm)
 
 
 # --- routing
@@ -271,7 +287,7 @@ def _expert_inputs(rows_ptr, valid, k0, W_FP8: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                 W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                IEEE: tl.constexpr):
+                IEEE: tl.constexpr, ASM: tl.constexpr):
     """acc + W[offs_n, k0:k0+BK] @ (the `_expert_inputs` tile), the weight decoded to x's dtype. FP8
     weights have one scale per SCALE_ROWS rows per 32 columns (1: experts re-encoded from FP4; 32: the
     shared expert's 32x32 blocks)."""
@@ -279,10 +295,25 @@ def _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stri
         w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, SCALE_ROWS)
         acc = tl.dot(w.to(x_a.dtype), x_a, acc, input_precision="ieee" if IEEE else None)
     else:
-        w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, ASM)
         acc = tl.dot(w_lo.to(x_a.dtype), x_a, acc, input_precision="ieee" if IEEE else None)
         acc = tl.dot(w_hi.to(x_a.dtype), x_b, acc, input_precision="ieee" if IEEE else None)
     return acc
+
+
+@triton.jit
+def _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM: tl.constexpr, DIRECT: tl.constexpr):
+    """(expert, rows, assignments) of expert block pid_b: its BM aligned rows (assignment -1: padding),
+    or DIRECT (decode, no alignment) block pid_b = assignment pid_b alone, block_expert_ptr = the ids, and
+    its row of the intermediate activations is the assignment's."""
+    expert = tl.load(block_expert_ptr + pid_b)
+    if DIRECT:
+        assign = tl.where(tl.arange(0, BM) == 0, pid_b, -1)
+        rows = tl.maximum(assign, 0)
+    else:
+        rows = pid_b * BM + tl.arange(0, BM)
+        assign = tl.load(row_assign_ptr + rows)
+    return expert, rows, assign
 
 
 @triton.jit
@@ -290,15 +321,13 @@ def _gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, IEEE: tl.constexpr,
+    BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_b)
+    expert, rows, assign = _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM, DIRECT)
     if expert < 0:
         return
-    rows = pid_b * BM + tl.arange(0, BM)
-    assign = tl.load(row_assign_ptr + rows)
     valid = assign >= 0
     token = tl.where(valid, assign // TOPK, 0)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -313,9 +342,9 @@ def _gate_up_kernel(
     for k0 in range(0, H, BK):
         x_a, x_b = _expert_inputs(x_rows, valid, k0, W_FP8, BK)
         acc_g = _expert_dot(acc_g, x_a, x_b, w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                            W_FP8, SCALE_ROWS, BN, BK, IEEE)
+                            W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
         acc_u = _expert_dot(acc_u, x_a, x_b, w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                            W_FP8, SCALE_ROWS, BN, BK, IEEE)
+                            W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(acc_g.to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(acc_u.to(out_ty).to(tl.float32), -limit), limit)
@@ -330,15 +359,13 @@ def _down_kernel(
     act_ptr, w2_ptr, s2_ptr, row_assign_ptr, block_expert_ptr, y_ptr,
     H, inter, stride_we, stride_wn, stride_se, stride_sn,
     W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_b)
+    expert, rows, assign = _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM, DIRECT)
     if expert < 0:
         return
-    rows = pid_b * BM + tl.arange(0, BM)
-    assign = tl.load(row_assign_ptr + rows)
     valid = assign >= 0
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_mask = offs_n < H
@@ -349,7 +376,7 @@ def _down_kernel(
     for k0 in range(0, inter, BK):
         a_a, a_b = _expert_inputs(act_rows, valid, k0, W_FP8, BK)
         acc = _expert_dot(acc, a_a, a_b, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                          W_FP8, SCALE_ROWS, BN, BK, IEEE)
+                          W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
     tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
 
@@ -359,12 +386,12 @@ def _down_kernel(
 # assignments (tokens x top-k) up to which the decode kernels run: each assignment streams its expert's
 # rows, so two assignments of one expert read it twice (from L2 at these sizes)
 DECODE_ASSIGNMENTS = 64
-_GEMV_BN, _GEMV_BK, _GEMV_WARPS = 16, 256, 4
+_GEMV_BN, _GEMV_BK, _GEMV_WARPS = 16, 256, 4  # the shared expert's (FP8) gate+up GEMV
 
 
 @triton.jit
 def _row_products(x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                  KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                  KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
     """Products of weight rows offs_n x columns k0..k0+BK with one input row: float32 [BN, BK] for FP8
     (KIND 0: 32x32 block scales, the shared expert; KIND 2: 1x32, experts re-encoded from FP4), column-pair
     sums [BN, BK/2] for split-layout FP4 (KIND 1)."""
@@ -378,7 +405,7 @@ def _row_products(x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
         cols_lo, cols_hi = split_columns(k0, BK)
         x_lo = tl.load(x_row + cols_lo).to(tl.float32)
         x_hi = tl.load(x_row + cols_hi).to(tl.float32)
-        p = fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi, BN, BK)
+        p = fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi, BN, BK, ASM)
     return p
 
 
@@ -387,7 +414,7 @@ def _gate_up_gemv_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, KIND: tl.constexpr, PACK: tl.constexpr, ROUTED: tl.constexpr, BN: tl.constexpr,
-    BK: tl.constexpr,
+    BK: tl.constexpr, ASM: tl.constexpr,
 ):
     """act[a] = SwiGLU(x[a // TOPK] W1^T, x W3^T), times assignment a's routing weight when ROUTED
     (experts picked by ids); not ROUTED: the shared expert, one program row per token. PACK: weight
@@ -405,8 +432,10 @@ def _gate_up_gemv_kernel(
     acc_g = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     acc_u = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, H, BK):
-        acc_g += _row_products(x_row, w1_ptr, s1_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
-        acc_u += _row_products(x_row, w3_ptr, s3_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
+        acc_g += _row_products(x_row, w1_ptr, s1_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK,
+                               ASM)
+        acc_u += _row_products(x_row, w3_ptr, s3_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK,
+                               ASM)
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(tl.sum(acc_g, axis=1).to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(tl.sum(acc_u, axis=1).to(out_ty).to(tl.float32), -limit), limit)
@@ -419,7 +448,7 @@ def _gate_up_gemv_kernel(
 @triton.jit
 def _down_gemv_kernel(
     act_ptr, w2_ptr, s2_ptr, ids_ptr, y_ptr, H, inter, stride_we, stride_wn, stride_se, stride_sn,
-    KIND: tl.constexpr, PACK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    KIND: tl.constexpr, PACK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr,
 ):
     a = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -430,30 +459,36 @@ def _down_gemv_kernel(
     act_row = act_ptr + a.to(tl.int64) * inter
     acc = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, inter, BK):
-        acc += _row_products(act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK)
+        acc += _row_products(act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK, ASM)
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 def routed_experts_decode(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PreparedExperts, swiglu_limit: float,
+    gemv: configs.TileConfig | None = None,
 ) -> torch.Tensor:
-    """`routed_experts` for few assignments through the GEMV kernels (same rounding points)."""
+    """`routed_experts` for few assignments through the GEMV kernels (same rounding points); `gemv`: the
+    tile of both GEMVs (else the table's per weight shape)."""
     t, k = ids.shape
     i, h = experts.inter, experts.hidden
     kind, pack = (2, 1) if experts.fp8 else (1, 2)
+    asm = experts.asm
     act = torch.empty((t * k, i), dtype=x.dtype, device=x.device)
-    _gate_up_gemv_kernel[(t * k, triton.cdiv(i, _GEMV_BN))](
+    c = gemv or configs.lookup_moe_gemv(i, h, x.device)
+    _gate_up_gemv_kernel[(t * k, triton.cdiv(i, c.block_n))](
         x, experts.w1, experts.s1, experts.w3, experts.s3, ids.reshape(-1), weights.reshape(-1), act,
         i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
         experts.s1.stride(0), experts.s1.stride(1), float(swiglu_limit),
-        TOPK=k, KIND=kind, PACK=pack, ROUTED=True, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
-        num_warps=_GEMV_WARPS,
+        TOPK=k, KIND=kind, PACK=pack, ROUTED=True, BN=c.block_n, BK=configs.block_k(h, c.block_k), ASM=asm,
+        num_warps=c.num_warps, num_stages=c.num_stages,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
-    _down_gemv_kernel[(t * k, triton.cdiv(h, _GEMV_BN))](
+    c = gemv or configs.lookup_moe_gemv(h, i, x.device)
+    _down_gemv_kernel[(t * k, triton.cdiv(h, c.block_n))](
         act, experts.w2, experts.s2, ids.reshape(-1), y,
         h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
-        KIND=kind, PACK=pack, BN=_GEMV_BN, BK=configs.block_k(i, _GEMV_BK), num_warps=_GEMV_WARPS,
+        KIND=kind, PACK=pack, BN=c.block_n, BK=configs.block_k(i, c.block_k), ASM=asm,
+        num_warps=c.num_warps, num_stages=c.num_stages,
     )
     return y
 
@@ -468,7 +503,7 @@ def _shared_gate_up_decode(
     _gate_up_gemv_kernel[(t, triton.cdiv(i, _GEMV_BN))](
         x, w1.weight, w1.scale, w3.weight, w3.scale, act, act, act,  # ids / routing weights unused
         i, h, x.stride(0), 0, w1.weight.stride(0), 0, w1.scale.stride(0), float(limit),
-        TOPK=1, KIND=0, PACK=1, ROUTED=False, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK),
+        TOPK=1, KIND=0, PACK=1, ROUTED=False, BN=_GEMV_BN, BK=configs.block_k(h, _GEMV_BK), ASM=False,
         num_warps=_GEMV_WARPS,
     )
     return act
@@ -501,6 +536,7 @@ class _Mlp:
     fp8: bool
     scale_rows: int  # FP8: weight rows per scale (1 or 32)
     expert_strides: bool  # stacked [E, ...] (else one [N, K] matrix, expert strides 0)
+    asm: bool = False  # FP4: the packed PTX decode
 
     def strides(self, w: torch.Tensor, s: torch.Tensor) -> tuple[int, int, int, int]:
         """(expert, row) strides of a weight and of its scale."""
@@ -511,28 +547,37 @@ class _Mlp:
 
 def _grouped_mlp(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, mlp: _Mlp, n_experts: int, inter: int,
-    swiglu_limit: float, cfg: configs.TileConfig,
+    swiglu_limit: float, cfg: configs.TileConfig, direct: bool = False,
 ) -> torch.Tensor:
     """Rows [T * k, H] (x's dtype) of each (token, slot)'s expert MLP through alignment and the grouped
-    gate+up / down kernels with tile config `cfg`."""
+    gate+up / down kernels with tile config `cfg`; `direct`: one block per assignment, no alignment
+    (decode: the MMA kernels with one live token column instead of the GEMVs)."""
     t, k = ids.shape
     h = x.shape[1]
-    al = align(ids, n_experts, cfg.block_m)
+    if direct:
+        flat = ids.reshape(-1).to(torch.int32)
+        blocks, row_assign, block_expert, rows = t * k, flat, flat, t * k  # row_assign unused
+    else:
+        al = align(ids, n_experts, cfg.block_m)
+        blocks, row_assign, block_expert = al.blocks, al.row_assign, al.block_expert
+        rows = blocks * cfg.block_m
     ieee = x.dtype == torch.float32
-    act = torch.empty((al.blocks * cfg.block_m, inter), dtype=x.dtype, device=x.device)
+    act = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     we, wn, se, sn = mlp.strides(mlp.w1, mlp.s1)
-    _gate_up_kernel[(al.blocks, triton.cdiv(inter, cfg.block_n))](
-        x, mlp.w1, mlp.s1, mlp.w3, mlp.s3, al.row_assign, al.block_expert, weights.reshape(-1), act,
+    _gate_up_kernel[(blocks, triton.cdiv(inter, cfg.block_n))](
+        x, mlp.w1, mlp.s1, mlp.w3, mlp.s3, row_assign, block_expert, weights.reshape(-1), act,
         inter, h, x.stride(0), we, wn, se, sn, float(swiglu_limit),
         TOPK=k, W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
-        BK=configs.block_k(h, cfg.block_k), IEEE=ieee, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BK=configs.block_k(h, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
     we, wn, se, sn = mlp.strides(mlp.w2, mlp.s2)
-    _down_kernel[(al.blocks, triton.cdiv(h, cfg.block_n))](
-        act, mlp.w2, mlp.s2, al.row_assign, al.block_expert, y, h, inter, we, wn, se, sn,
+    _down_kernel[(blocks, triton.cdiv(h, cfg.block_n))](
+        act, mlp.w2, mlp.s2, row_assign, block_expert, y, h, inter, we, wn, se, sn,
         W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
-        BK=configs.block_k(inter, cfg.block_k), IEEE=ieee, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BK=configs.block_k(inter, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 
@@ -548,18 +593,32 @@ def routed_experts(
     config: configs.TileConfig | None = None,
 ) -> torch.Tensor:
     """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token).
-    `config`: that tile config and the grouped kernels at any size (else decode GEMVs for few
-    assignments, the tuned table's config above)."""
+    `config`: that tile config and the grouped kernels at any size (else, for few assignments, the
+    decode path `decode_config` names; above, the tuned table's config)."""
     t, k = ids.shape
     e, i, h = experts.n_experts, experts.inter, experts.hidden
     if t == 0:
         return torch.empty((0, h), dtype=x.dtype, device=x.device)
-    if t * k <= DECODE_ASSIGNMENTS and config is None:
-        return routed_experts_decode(x, weights, ids, experts, swiglu_limit)
-    cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
     p = experts
-    mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True)
+    mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True, p.asm)
+    if t * k <= DECODE_ASSIGNMENTS and config is None:
+        cfg = decode_config(h, i, x.device)
+        if cfg is None:
+            return routed_experts_decode(x, weights, ids, experts, swiglu_limit)
+        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, direct=True)
+    cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
     return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg)
+
+
+# decode path forced over the table's (benchmarks compare paths in one process): a tile config, or "gemv"
+DECODE_OVERRIDE: configs.TileConfig | str | None = None
+
+
+def decode_config(hidden: int, inter: int, device: torch.device) -> configs.TileConfig | None:
+    """The tile of the decode path's MMA kernels (one block per assignment), None for the GEMVs."""
+    if DECODE_OVERRIDE is not None:
+        return None if DECODE_OVERRIDE == "gemv" else DECODE_OVERRIDE
+    return configs.lookup_moe_decode(hidden, inter, device)
 
 
 _ROUTER_BM, _ROUTER_BN, _ROUTER_BK = 16, 64, 128
