@@ -1,15 +1,20 @@
 """Sparse sink attention (64 heads x 512, one shared K=V head, bf16) against the reference op.
 
-Decode: B sequences, each with its own compressed stream of ctx/2 entries (ratio 2) and a 128-key
-window; every query row attends to its 128 window keys plus 512 distinct random entries (K = 640).
-Bandwidth counts the bytes the kernel must touch: the gathered KV rows, q and the output.
+Decode, each decode tile variant of the kernel (`DECODE_VARIANTS`) on the same inputs, at 8k and 64k
+context, B = 1, 8, 64, 128, both cache precisions:
+* bf16 (sparse_attention_sink over a gathered buffer): B sequences, each with its own compressed
+  stream of ctx/2 entries (ratio 2) and a 128-key window; every query row attends to its 128 window
+  keys plus 512 distinct random entries (K = 640);
+* release (sparse_attention_paged): per row its FP8 + UE8M0/32 window ring (127 cached keys + its own
+  new key) and 512 NVFP4 + E4M3/16 entries of its ctx/2 compressed entries through its block table;
+  the op's time includes encoding the step's key and storing it in the ring.
+Bandwidth counts the bytes the op must touch: every selected key row once in its cache format (scales
+included), q, the output (and the new key's ring row); not the index arrays, not the split partials.
+Each variant's output is checked against the reference (relative L2 error).
 Prefill: one 2048-token prompt (1024 compressed entries, causal window and visibility).
-Paged decode (sparse_attention_paged, release precision): per row its FP8 window ring (127 cached
-keys + its own new key) and 512 NVFP4 entries of a 64k context through its block table.
-Then a sweep of the kernel's tiles at ctx 64k (decode) and on the prefill, each checked against the
-reference (relative L2 error of the output).
+--sweep: a sweep of the kernel's tiles at ctx 64k (decode) and on the prefill instead.
 
-    python benchmarks/kernels/attention.py [--out table.md] [--sweep]   (--sweep: only the tile sweep)
+    python benchmarks/kernels/attention.py [--out table.md] [--decode] [--sweep]   (--decode: no prefill)
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 import torch
-from common import backends, copy_bandwidth_gbs, eager_ms, emit, graph_ms, input_sets, parse_args, times_ms
+from common import backends, copy_bandwidth_gbs, eager_ms, emit, graph_ms, input_sets, parse_args
 
 import deepinfer_kernels_cuda.attention as kernel
 from deepinfer.cache.codecs import Codec
@@ -79,41 +84,65 @@ def touched_bytes(batch: int) -> int:
     return batch * (WINDOW + TOPK) * DIM * 2 + 2 * batch * HEADS * DIM * 2
 
 
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def decode_case(make, nbytes: int, op, ref_op, copy: float) -> list[list[object]]:
+    """[variant, graph µs, GB/s, % of copy, reference eager µs, rel err] of every decode variant."""
+    sets = input_sets(make, nbytes)
+    r_ms = eager_ms(lambda: ref_op(*sets[0]))
+    want = ref_op(*sets[0])
+    rows = []
+    for variant, tiles in kernel.DECODE_VARIANTS.items():
+        kernel.DECODE_TILES = tiles
+        err = rel_err(op(*sets[0]), want)
+        g_ms = graph_ms(op, sets)
+        gbs = nbytes / g_ms / 1e6
+        rows.append([variant, g_ms * 1e3, gbs, f"{100 * gbs / copy:.0f}%", r_ms * 1e3, f"{err:.1e}"])
+    return rows
+
+
+def decode_rows(cuda, ref, copy: float) -> list[list[object]]:
+    """One row per (precision, ctx, batch, variant), printed as measured (a cut-off run keeps them)."""
+    precisions = {
+        "bf16": (decode_inputs, touched_bytes, cuda.sparse_attention_sink, ref.sparse_attention_sink),
+        "FP8 ring + NVFP4 pool": (lambda b, c: paged_inputs(b, c, cuda), paged_bytes,
+                                  lambda *a: cuda.sparse_attention_paged(*a[:-1], **a[-1]),
+                                  lambda *a: ref.sparse_attention_paged(*a[:-1], **a[-1])),
+    }
+    rows = []
+    for (name, (make, nbytes, op, ref_op)), ctx, batch in itertools.product(
+            precisions.items(), (65536, 8192), (1, 8, 64, 128)):
+        case = decode_case(lambda m=make, b=batch, c=ctx: m(b, c), nbytes(batch), op, ref_op, copy)
+        for row in case:
+            rows.append([name, f"{ctx // 1024}k", batch, *row])
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     torch.manual_seed(0)
-    args = parse_args(__doc__, "--sweep")
+    args = parse_args(__doc__, "--decode", "--sweep")
     cuda, ref = backends()
     copy = copy_bandwidth_gbs()
     if args.sweep:
         sweep(cuda, ref, copy, prefill_inputs(2048), args.out)
         return
-    out = args.out
-    rows = []
-    for ctx, batch in itertools.product((8192, 65536), (1, 64, 128)):
-        sets = input_sets(lambda b=batch, c=ctx: decode_inputs(b, c), touched_bytes(batch))
-        g_ms, e_ms, r_ms = times_ms(cuda.sparse_attention_sink, ref.sparse_attention_sink, sets)
-        gbs = touched_bytes(batch) / g_ms / 1e6
-        pct = f"{100 * gbs / copy:.0f}%"
-        case = f"decode ctx {ctx // 1024}k"
-        rows.append([case, batch, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3, r_ms / e_ms, gbs, pct])
-        del sets
-    for batch in (1, 64, 128):
-        sets = input_sets(lambda b=batch: paged_inputs(b, 65536, cuda), paged_bytes(batch))
-        g_ms, e_ms, r_ms = times_ms(lambda *a: cuda.sparse_attention_paged(*a[:-1], **a[-1]),
-                                    lambda *a: ref.sparse_attention_paged(*a[:-1], **a[-1]), sets)
-        gbs = paged_bytes(batch) / g_ms / 1e6
-        pct = f"{100 * gbs / copy:.0f}%"
-        rows.append(["paged FP8 ring + NVFP4 pool, ctx 64k", batch, g_ms * 1e3, e_ms * 1e3, r_ms * 1e3,
-                     r_ms / e_ms, gbs, pct])
-        del sets
+    default = kernel.DECODE_TILES
+    rows = decode_rows(cuda, ref, copy)
+    kernel.DECODE_TILES = default
+    emit(f"sparse attention decode, {HEADS} heads x {DIM}, K = {WINDOW}+{TOPK}, bf16 queries, CUDA graph "
+         f"(copy {copy:.0f} GB/s)", ["cache", "ctx", "B", "variant", "cuda graph µs", "GB/s", "% of copy",
+                                      "reference eager µs", "rel err"], rows, args.out)
+    if args.decode:
+        return
     prefill = prefill_inputs(2048)
     k_ms = eager_ms(lambda: cuda.sparse_attention_sink(*prefill))
     r_ms = eager_ms(lambda: ref.sparse_attention_sink(*prefill))
     tflops = 4 * HEADS * DIM * int((prefill[2] >= 0).sum()) / k_ms / 1e9
-    rows.append(["prefill (GB/s column: TFLOP/s)", 2048, "", k_ms * 1e3, r_ms * 1e3, r_ms / k_ms, tflops, ""])
-    emit(f"sparse_attention_sink, {HEADS} heads x {DIM}, K = {WINDOW}+{TOPK}, bf16 (copy {copy:.0f} GB/s)",
-         ["case", "rows", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup",
-          "GB/s (graph)", "% of copy"], rows, out)
+    emit("sparse_attention_sink prefill, 2048 rows", ["cuda eager µs", "reference eager µs", "speedup",
+         "TFLOP/s"], [[k_ms * 1e3, r_ms * 1e3, r_ms / k_ms, tflops]], args.out)
 
 
 def sweep(cuda, ref, copy: float, prefill: tuple, out) -> None:

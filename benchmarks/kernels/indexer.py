@@ -4,7 +4,7 @@ N = compressed entries scored per query row: 4096 (8k context at ratio 2) and 32
 Then indexer_topk (paged MXFP4 keys, scores + top-512 per row) at 64k context (capacity 32768), each
 row of a decode batch in its own sequence, and its top-k select alone: the path the op takes for that
 row count (several programs per row below ~264 rows) against one program per row.
-    python benchmarks/kernels/indexer.py [--out table.md]
+    python benchmarks/kernels/indexer.py [--out table.md] [--select]   (--select: only the select alone)
 """
 
 from __future__ import annotations
@@ -38,7 +38,13 @@ def topk_inputs(t: int, capacity: int) -> tuple:
 
 
 def main() -> None:
-    out = parse_args(__doc__).out
+    args = parse_args(__doc__, "--select")
+    if not args.select:
+        scores_and_topk(args.out)
+    select_alone(args.out)
+
+
+def scores_and_topk(out) -> None:
     cuda, ref = backends()
     copy = copy_bandwidth_gbs()
     rows = []
@@ -66,6 +72,10 @@ def main() -> None:
     emit(f"indexer_topk, 64k context (capacity {capacity}, MXFP4 keys), top-{TOPK}, one sequence per row",
          ["T", "cuda graph µs", "cuda eager µs", "reference eager µs", "eager speedup", "key GB/s (graph)",
           "% of copy"], rows, out)
+
+
+def select_alone(out) -> None:
+    capacity = 32768
     rows = []
     for t in (1, 8, 64):
         sets = input_sets(lambda t=t: (torch.randn(t, capacity, device="cuda"),), t * capacity * 4)

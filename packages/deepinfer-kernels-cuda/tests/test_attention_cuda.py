@@ -5,6 +5,7 @@ import torch
 
 from deepinfer.cache.codecs import Codec
 from deepinfer.ops.reference.cache_quant import QUANT_OPS
+from deepinfer_kernels_cuda import attention
 from deepinfer_kernels_cuda.attention import sparse_attention_paged
 
 pytestmark = [
@@ -94,6 +95,24 @@ def test_sparse_attention_paged(cuda_ops, ref_ops, poison, fmt, t, with_pool):
     err = (got.float() - want.float()).norm() / want.float().norm()
     assert err < 5e-3, err
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("variant", sorted(attention.DECODE_VARIANTS))
+def test_decode_variants_match_reference(cuda_ops, ref_ops, poison, monkeypatch, variant):
+    """Every decode tile variant (split keys, padding inside rows, a row without keys, a 16-key row)
+    at Flash width, gathered bf16 buffer and release-precision paged caches."""
+    monkeypatch.setattr(attention, "DECODE_TILES", attention.DECODE_VARIANTS[variant])
+    for t, n, k in ((1, 20000, 640), (8, 3000, 640), (64, 5000, 640), (3, 100, 16)):
+        args = _inputs(t, 64, 512, n, k, torch.bfloat16, seed=t + k)
+        got, want = cuda_ops.sparse_attention_sink(*args), ref_ops.sparse_attention_sink(*args)
+        assert (got.float() - want.float()).norm() / want.float().norm() < 5e-3, (t, n, k)
+    for t in (1, 6, 64):
+        args, kwargs = _paged_inputs(t, ("fp8", "nvfp4"), seed=t)
+        ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        got = cuda_ops.sparse_attention_paged(*args, **kwargs)
+        want = ref_ops.sparse_attention_paged(*ref_args, **kwargs)
+        assert (got.float() - want.float()).norm() / want.float().norm() < 5e-3, t
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("fmt", [("fp8", "nvfp4"), ("raw", "raw")])

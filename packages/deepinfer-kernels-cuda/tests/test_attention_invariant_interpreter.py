@@ -1,15 +1,19 @@
-"""Batch-invariant paged attention under Triton's CPU interpreter: the keys are split in fixed chunks
-(INVARIANT_SPLIT_KEYS per segment) and folded in order, by a second kernel (few rows) or by the row's
-own program (many rows). A probe row's output is bitwise the same alone and in batches of 3 and 8
-(other companions, padding rows, wider index arrays), whichever of the two fold paths runs, and close
-to the reference op. Probes: window + compressed keys of 5 splits, exactly one or two splits, shorter
-than one split, a window under 128 keys, no compressed segment; exact (raw) and release (FP8 window +
-NVFP4 pool) cache; one Flash-width case (64 heads x 512, two value blocks). The interpreter must be
-switched on before triton is imported, hence a subprocess. About a minute and a half."""
+"""Paged attention under Triton's CPU interpreter (switched on before triton is imported, hence a
+subprocess per test), in float32 (the interpreter's bf16 dot is wrong).
+
+Batch-invariant mode: the keys are split in fixed chunks (INVARIANT_SPLIT_KEYS per segment) and folded
+in order, by a second kernel (few rows) or by the row's own program (many rows). A probe row's output
+is bitwise the same alone and in batches of 3 and 8 (other companions, padding rows, wider index
+arrays), whichever of the two fold paths runs, and close to the reference op. Probes: window +
+compressed keys of 5 splits, exactly one or two splits, shorter than one split, a window under 128
+keys, no compressed segment; exact (raw) and release (FP8 window + NVFP4 pool) cache; one Flash-width
+case (64 heads x 512, two value blocks). About a minute and a half.
+
+Decode tile variants (DECODE_VARIANTS): each against the reference, raw and release caches, with
+split keys, windows that end inside a key tile, padding keys, a row without keys. Half a minute.
+"""
 
 import pytest
-
-pytestmark = pytest.mark.slow
 
 _SCRIPT = r"""
 import torch
@@ -104,5 +108,55 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_invariant_attention_is_bitwise_in_batches_in_the_interpreter(run_in_interpreter):
     run_in_interpreter(_SCRIPT, timeout=600)
+
+
+_VARIANTS_SCRIPT = r"""
+import torch
+from deepinfer.cache.codecs import Codec
+from deepinfer.ops.reference.attention import sparse_attention_paged as reference
+from deepinfer.ops.reference.cache_quant import QUANT_OPS
+from deepinfer_kernels_cuda import attention as ker
+
+g = torch.Generator().manual_seed(1)
+HEADS, DIM, SLOTS, RING_LEN, PER_BLOCK, BLOCKS = 4, 64, 2, 32, 16, 12
+
+
+def step(fmt, t, n_win, n_top):
+    ring_codec, pool_codec = Codec(fmt[0], DIM, torch.float32), Codec(fmt[1], DIM, torch.float32)
+    ring = ring_codec.encode(torch.randn(SLOTS * RING_LEN, DIM, generator=g), QUANT_OPS)
+    pool = pool_codec.encode(torch.randn(BLOCKS * PER_BLOCK, DIM, generator=g), QUANT_OPS)
+    window = torch.randint(0, SLOTS * RING_LEN, (t, n_win), generator=g)
+    window[:, -1] = SLOTS * RING_LEN + torch.arange(t)  # each row's own key of the step
+    topk = torch.randint(0, 4 * PER_BLOCK, (t, n_top), generator=g)
+    window[torch.rand(t, n_win, generator=g) < 0.2] = -1
+    topk[torch.rand(t, n_top, generator=g) < 0.2] = -1
+    window[-1], topk[-1] = -1, -1  # a row without keys: the sink alone
+    # this step's keys on the FP8 grid: the interpreter's FP8 encoder rounds unlike the reference's
+    kv = torch.randint(-8, 9, (t, DIM), generator=g).float() / 4
+    none = torch.zeros(0, dtype=torch.long)
+    args = [torch.randn(t, HEADS, DIM, generator=g), kv, ring.view(SLOTS, RING_LEN, -1), ring_codec, window,
+            none, none, torch.randn(HEADS, generator=g), DIM**-0.5]
+    kwargs = dict(pool=pool.view(BLOCKS, PER_BLOCK, -1), pool_codec=pool_codec, topk=topk,
+                  block_tables=torch.randint(0, BLOCKS, (2, 4), generator=g),
+                  row_seg=torch.randint(0, 2, (t,), generator=g))
+    return args, kwargs
+
+
+for name, tiles in ker.DECODE_VARIANTS.items():
+    ker.DECODE_TILES = tiles
+    for fmt in (("raw", "raw"), ("fp8", "nvfp4")):
+        for t, n_win, n_top in ((1, 32, 61), (5, 7, 40)):
+            args, kwargs = step(fmt, t, n_win, n_top)
+            got = ker.sparse_attention_paged(*args, **kwargs)
+            want = reference(*args, **kwargs)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name} {fmt} {t} {m}")
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_decode_variants_match_the_reference_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_VARIANTS_SCRIPT, timeout=300)

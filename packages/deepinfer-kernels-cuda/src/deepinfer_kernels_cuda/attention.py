@@ -54,14 +54,22 @@ class Tiles:
     block_n: int  # keys per step
     num_warps: int
     num_stages: int
-    programs_per_sm: float = 1.0  # decode: split the keys until the grid has this many programs per SM
+    programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
 
 
-# best of the tile sweep of benchmarks/kernels/attention.py --sweep on an H200 (2026-12-01): decode at
-# ctx 64k B 1/64/128 16.9/60/95 µs, prefill of 2048 rows 1.19 ms; splitting the keys further costs more
-# in partial outputs than it gains in parallelism
-DECODE_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=0.5)
+# Decode tiles by name, so that one GPU run compares them (benchmarks/kernels/attention.py). A program
+# holds a [64 heads, 512] float32 accumulator: 128 registers a thread at 8 warps, half the register
+# file, so one program runs per SM and the grid is cut to one wave. "v1", the best of the 2026-12-01
+# sweep (ctx 64k B 1/64/128: 16.9/60/95 µs), loads 64-key tiles unpipelined into registers and spills
+# ~700 bytes a thread (sm_90 compile). "v2" takes 16-key tiles loaded 3 deep ahead (asynchronous copies
+# to shared memory): no spill on raw caches, ~290 bytes with FP8/NVFP4 decoding; "v3" 32-key tiles.
+DECODE_VARIANTS = {
+    "v1": Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=1.0),
+    "v2": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=3, programs_per_sm=1.0),
+    "v3": Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0),
+}
+DECODE_TILES = DECODE_VARIANTS["v1"]
 PREFILL_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1)
 # batch-invariant mode (not yet measured on a GPU): keys per split, a multiple of block_n (a Flash decode
 # row, 128 window keys + 512 compressed, makes 5 splits whatever the batch); DV blocks of 256 so that
@@ -300,7 +308,7 @@ def _attention(
         if few_rows:  # split the keys
             tiles = DECODE_TILES
             programs = row_programs * triton.cdiv(block_d, tiles.dv_block)
-            wanted = triton.cdiv(int(tiles.programs_per_sm * sms), programs)
+            wanted = max(1, int(tiles.programs_per_sm * sms) // programs)  # no partial last wave
             splits = min(wanted, triton.cdiv(k, tiles.min_split_keys))
         keys_per_split = triton.cdiv(max(1, triton.cdiv(k, tiles.block_n)), max(1, splits)) * tiles.block_n
         splits = max(1, triton.cdiv(k, keys_per_split))
