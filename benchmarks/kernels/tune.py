@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,10 +21,8 @@ from roofline import FLASH_LINEARS, TOKENS, graph_ms
 from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
-GEMV = [  # M <= GEMV_M (FP8): (block_n, num_warps, num_stages: 2 prefetches a step); block_k =
-    # GEMV_THREADS_K x num_warps; split-K swept at the default and twice it
-    (8, 4, 1), (4, 4, 1), (8, 2, 1), (8, 4, 2), (4, 4, 2), (8, 2, 2),
-]
+GEMV_ROWS = (1, 2, 4, 8, 16)  # FP8 GEMV rows per program (dividing 32)
+GEMV_LOADS = (4, 8, 16)  # 8-byte weight loads per thread per K step (rows x chunks per thread)
 SMALL_M = [  # (block_n, block_k, num_warps, num_stages), split-K swept around the default
     (64, 256, 4, 4), (64, 128, 4, 6), (128, 256, 8, 3), (64, 512, 4, 3),
 ]
@@ -44,16 +44,51 @@ MOE_DECODE = [  # decode paths at one token: GEMV tiles (block_m 1) and MMA tile
 ]
 
 
-def candidates(n: int, k: int, m: int) -> list[TileConfig]:
+def gemv_config(n: int, k: int, m: int, rows: int, loads: int, warps: int = 4, stages: int = 2,
+                split: int = 1) -> TileConfig:
+    """A GEMV config by what it changes: programs (rows each), loads in flight per thread per step,
+    program width (warps), steps in flight (num_stages: 2 register prefetch, >= 3 cp.async pipeline;
+    1 where there is a single step), split K."""
+    chunks = max(1, loads // rows)
+    bk = min(configs.GEMV_THREADS_K * warps * chunks, 1 << (k - 1).bit_length())
+    steps = -(-k // (bk * split))
+    return TileConfig(rows, configs.m_bucket(m), bk, split, warps, stages if steps > 1 else 1)
+
+
+def gemv_candidates(n: int, k: int, groups: int, m: int, sm_count: int) -> list[TileConfig]:
+    """First sweep: rows per program x loads per thread (4 warps, register prefetch), the default
+    first, then by how close the program count is to ~6 per SM (a cut-off sweep has tried the likely
+    ones); rows that leave SMs without a program, or (M > 1) 16-row tiles, are skipped."""
+    out = []
+    for rows in GEMV_ROWS:
+        if (n // groups) % rows or n // rows < sm_count or (m > 1 and rows > 8):
+            continue
+        for loads in GEMV_LOADS:
+            if loads >= rows and (m == 1 or loads <= 8):
+                out.append(gemv_config(n, k, m, rows, loads))
+    out.sort(key=lambda c: abs(math.log2(n / c.block_n / (6 * sm_count))))
+    return list(dict.fromkeys([configs.default_gemv(n, k, m, sm_count), *out]))
+
+
+def gemv_refinements(best: TileConfig, n: int, k: int, m: int) -> list[TileConfig]:
+    """Second sweep around the first sweep's winner: the other pipelining modes (multi-step only),
+    2 / 8 warps at the same loads per thread, split K doubled."""
+    chunks = best.block_k // (configs.GEMV_THREADS_K * best.num_warps)
+    loads = best.block_n * max(1, chunks)
+    out = []
+    if best.num_stages > 1:
+        out += [replace(best, num_stages=st) for st in (1, 2, 3, 4)]
+    for warps in (2, 8):
+        out.append(gemv_config(n, k, m, best.block_n, loads, warps, best.num_stages, best.split_k))
+    out.append(gemv_config(n, k, m, best.block_n, loads, best.num_warps, best.num_stages, 2 * best.split_k))
+    return [c for c in dict.fromkeys(out) if c != best]
+
+
+def tiled_candidates(n: int, k: int, m: int) -> list[TileConfig]:
     base = configs.default("fp8", n, k, m)
     if m > 64:
         return [TileConfig(bn, bm, configs.block_k(k, bk), 1, w, s) for bn, bm, bk, w, s in LARGE_M]
     out = []
-    if m <= configs.GEMV_M:  # one 8-column chunk per thread per K step
-        for bn, w, stages in GEMV:
-            for split in (base.split_k, base.split_k * 2):
-                out.append(TileConfig(bn, base.block_m, configs.GEMV_THREADS_K * w, split, w, stages))
-        return out
     for bn, bk, w, s in SMALL_M:
         for split in {max(1, base.split_k // 2), base.split_k, base.split_k * 2}:
             out.append(TileConfig(bn, base.block_m, configs.block_k(k, bk), split, w, s))
@@ -69,29 +104,59 @@ def time_linear(x, prepared, cfg: TileConfig, m: int) -> float:
     return eager_ms(lambda: linear.block_linear(x, prepared, torch.bfloat16, cfg), 30)
 
 
+def _sweep(x, prepared, cfgs: list[TileConfig], m: int, deadline: float) -> list[tuple[float, TileConfig]]:
+    results = []
+    for cfg in cfgs:
+        if time.time() > deadline:
+            break
+        try:
+            results.append((time_linear(x, prepared, cfg, m), cfg))
+        except Exception as e:  # a config the compiler rejects (resources): skip it
+            print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    return results
+
+
+def _summary(results: list[tuple[float, TileConfig]]) -> str:
+    return ", ".join(f"{c.block_n}/{c.block_m}/{c.block_k}/{c.split_k}/{c.num_warps}w/{c.num_stages}s "
+                     f"{t * 1e3:.1f}" for t, c in results)
+
+
 def tune_linears(table: dict, deadline: float, tokens: tuple[int, ...]) -> None:
-    seen = set()
-    for name, (n, k, groups, kind) in FLASH_LINEARS.items():
-        if kind == "dense" or (n, k, groups) in seen:
-            continue
-        seen.add((n, k, groups))
+    """Every FP8 shape at each M, the target points (1, 4096) first and with 3x the time share of the
+    others. Up to 8 tokens the GEMV is swept (two rounds) and the tiled kernel at the table's config
+    timed next to it: the faster is stored (a GEMV config has block_m < 16)."""
+    shapes = {(n, k, groups, kind): name for name, (n, k, groups, kind) in FLASH_LINEARS.items()
+              if kind != "dense"}
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    points = [(m, shape) for m in sorted(tokens, key=lambda m: (m not in (1, 4096), m)) for shape in shapes]
+    weights = [3 if m in (1, 4096) else 1 for m, _ in points]
+    for i, (m, (n, k, groups, kind)) in enumerate(points):
+        if time.time() > deadline:
+            print(f"time budget spent: {len(points) - i} (shape, M) points not tuned", flush=True)
+            return
+        share = time.time() + (deadline - time.time()) * weights[i] / sum(weights[i:])
         weight, scale = make_weight(n, k, groups, kind)
         prepared = linear.prepare_linear(kind, weight, scale, groups)
-        for m in sorted(tokens, key=lambda m: (m not in (1, 4096), m)):  # the target points first
-            if time.time() > deadline:
-                return
-            x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
-            results = []
-            for cfg in candidates(n, k, m):
-                if (n // groups) % cfg.block_n:
-                    continue
-                try:
-                    results.append((time_linear(x, prepared, cfg, m), cfg))
-                except Exception as e:  # a config the compiler rejects (resources): skip it
-                    print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-            best_t, best = min(results, key=lambda r: r[0])
-            table[configs.key(kind, n, k, m)] = best
-            print(f"{name} M={m}: {best} {best_t * 1e3:.1f} us", flush=True)
+        x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+        name = f"{shapes[(n, k, groups, kind)]} M={m}"
+        if kind == "fp8" and m <= 8:
+            results = _sweep(x, prepared, gemv_candidates(n, k, groups, m, sm_count), m, share)
+            if results:
+                best = min(results, key=lambda r: r[0])[1]
+                results += _sweep(x, prepared, gemv_refinements(best, n, k, m), m, share)
+            tiled = configs.lookup(kind, n, k, m, x.device)  # the tiled kernel as the table serves it
+            if configs.is_gemv(tiled):
+                tiled = configs.default(kind, n, k, max(m, configs.GEMV_M + 1))
+            results += _sweep(x, prepared, [tiled], m, float("inf"))
+        else:
+            results = _sweep(x, prepared, tiled_candidates(n, k, m), m, share)
+        if not results:
+            continue
+        best_t, best = min(results, key=lambda r: r[0])
+        table[configs.key(kind, n, k, m)] = best
+        print(f"{name}: {best} {best_t * 1e3:.1f} us; all: {_summary(results)}", flush=True)
+        del weight, scale, prepared
+        torch.cuda.empty_cache()
 
 
 def tune_moe_decode(table: dict, ours, deadline: float) -> None:

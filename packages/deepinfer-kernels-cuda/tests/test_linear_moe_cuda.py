@@ -55,11 +55,13 @@ def test_linear_matches_reference(cuda_ops, ref_ops, poison, kind, m, groups, ou
     [(1, 8, 1024, 1, 4, 1), (1, 4, 1024, 4, 4, 2), (1, 32, 256, 2, 1, 1), (2, 16, 512, 1, 2, 2),
      (4, 4, 1024, 3, 4, 1), (3, 8, 2048, 1, 8, 2),
      # 1-2 rows per program, several chunks per thread per step, steps wider than K (masked chunks)
-     (1, 1, 8192, 1, 4, 1), (1, 2, 4096, 1, 4, 2), (1, 1, 2048, 2, 2, 2), (8, 2, 1024, 1, 4, 2)],
+     (1, 1, 8192, 1, 4, 1), (1, 2, 4096, 1, 4, 2), (1, 1, 2048, 2, 2, 2), (8, 2, 1024, 1, 4, 2),
+     # cp.async pipeline (num_stages >= 3) over 3 and 5 steps
+     (1, 8, 512, 1, 4, 3), (1, 2, 256, 1, 4, 4), (4, 4, 512, 1, 4, 3)],
 )
 def test_gemv_configs_match_reference(ref_ops, poison, m, block_n, block_k, split, warps, stages):
     """The FP8 GEMV at configs tune.py sweeps: ragged last K steps (1280 = 1024 + 256), split K, groups,
-    prefetch."""
+    register prefetch and the cp.async pipeline, scale rows read as 32-bit words (40 bytes each)."""
     from deepinfer_kernels_cuda import configs, linear
 
     torch.manual_seed(m)

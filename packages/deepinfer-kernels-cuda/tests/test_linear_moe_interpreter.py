@@ -47,6 +47,15 @@ for kind, quant in (("fp8", quantize_fp8), ("fp4", quantize_fp4)):
         check(linear.linear(x, ours, torch.float32), want, kind, m, groups, "default")
         check(linear.dequant_linear(x, ours, torch.float32), want, kind, m, groups, "dequant")
         check(linear.linear(x, ours, torch.float32, batch_invariant=True), want, kind, m, groups, "inv")
+# GEMV with 32-bit scale-word loads (scale rows a multiple of 4 bytes: 384 columns), the pipelined loop
+# (num_stages 3, 4) and register prefetch over 3 steps (the last ragged), 1- to 8-row programs
+w, s = quantize_fp8(torch.randn(64, 384) * 0.1)
+for m, groups, cfg in ((1, 1, TileConfig(1, 1, 256, 1, 4, 3)), (2, 2, TileConfig(2, 2, 128, 1, 4, 4)),
+                       (1, 1, TileConfig(8, 1, 128, 2, 4, 2)), (3, 2, TileConfig(4, 4, 512, 1, 4, 1))):
+    x = torch.randn(m, 384 * groups)
+    ours = linear.prepare_linear("fp8", w, s, groups)
+    want = ref_linear.linear(x, ref_linear.prepare_linear("fp8", w, s, groups), torch.float32)
+    check(linear.gemv_linear(x, ours, torch.float32, cfg), want, "gemv words", m, groups, cfg)
 for groups in (1, 2):  # dense and reference-prepared (partial 32-blocks) weights in invariant mode
     w = torch.randn(64, 48)
     x = torch.randn(5, 48 * groups)

@@ -113,8 +113,8 @@ def default(kernel: str, n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBA
 def default_gemv(n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """FP8 GEMV: rows per program (dividing 32) as many as still give >= 4 programs per SM (a small
     weight needs all SMs streaming from the start), then K steps of 8 loads of 8 bytes per thread
-    (8 rows x 1 chunk ... 1 row x 8 chunks) with the next step prefetched; split K only where even
-    1-row programs leave SMs idle."""
+    (8 rows x 1 chunk ... 1 row x 8 chunks) with the next step prefetched into registers; split K
+    only where even 1-row programs leave SMs idle."""
     bn = 8
     while bn > 1 and -(-n // bn) < 4 * sm_count:
         bn //= 2

@@ -5,10 +5,12 @@ Three paths, chosen by the number of tokens M (`configs.GEMV_M`, `configs.DEQUAN
 * M <= GEMV_M (decode), FP8, or a tuned GEMV config (`configs.is_gemv`) up to 8 tokens: a CUDA-core
   GEMV. Each program streams BN weight rows (BN divides 32, so one scale row) in K steps of 8-column
   chunks (8-byte weight loads, 16-byte input loads), BK / 8 chunks per step spread over the threads,
-  so BN x chunks-per-thread independent loads per thread per step; num_stages 2 also prefetches the
-  next step. Each chunk's 8 products are summed in registers and then scaled (a power of two: exact),
-  with no shared memory per K step. Small rows-per-program counts fill the SMs without splitting K;
-  where they cannot, K splits (float32 partials, then a fixed-order reduction: deterministic).
+  so BN x chunks-per-thread independent loads per thread per step; num_stages 2 prefetches the next
+  step into registers, num_stages >= 3 lets Triton's pipeliner keep num_stages - 1 steps in flight
+  through cp.async (ptxas alone does not issue a step's loads ahead of its first products). Each
+  chunk's 8 products are summed in registers and then scaled (a power of two: exact). Small
+  rows-per-program counts fill the SMs without splitting K; where they cannot, K splits (float32
+  partials, then a fixed-order reduction: deterministic).
 * Otherwise below DEQUANT_M: the tiled kernel. Swap-AB: the decoded weight tile is the MMA's register A
   operand (BLOCK_N weight rows on the M side, which Hopper's wgmma needs >= 64 of), tokens its N side.
   Also serves FP4 and, in batch-invariant mode, dense weights, at every M.
@@ -146,12 +148,20 @@ def _block_linear_kernel(
 
 
 @triton.jit
-def _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols):
+def _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols, SCALE_WORDS: tl.constexpr):
     """One GEMV K step's operands as stored: FP8 weights, input rows, the scale byte of each chunk's
-    32-column block (the program's rows share one scale row). Chunks past k_hi load nothing."""
+    32-column block (the program's rows share one scale row). Chunks past k_hi load nothing.
+    SCALE_WORDS: the scale row is read as 32-bit words (4 blocks each) and the byte picked out, since
+    Triton's pipeliner streams loads of >= 4 bytes per thread through cp.async but not byte loads."""
     k_in = (k0 + chunk) < k_hi
     xt = tl.load(x_rows + k0 + cols, mask=m_mask[None, :, None, None] & k_in, other=0.0)
-    s = tl.load(s_row + (k0 + chunk) // _BLOCK_ROWS, mask=k_in, other=127)
+    col = k0 + chunk
+    if SCALE_WORDS:
+        word_row = s_row.to(tl.pointer_type(tl.int32), bitcast=True)
+        word = tl.load(word_row + col // (4 * _BLOCK_ROWS), mask=k_in, other=0)
+        s = (word >> (8 * ((col // _BLOCK_ROWS) % 4))) & 0xFF
+    else:
+        s = tl.load(s_row + col // _BLOCK_ROWS, mask=k_in, other=127)
     w = tl.load(w_rows + k0 + cols, mask=n_mask[:, None, None, None] & k_in, other=0.0)
     return w, xt, s
 
@@ -169,7 +179,7 @@ def _gemv_fp8_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr,
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
-    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PREFETCH: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -179,8 +189,8 @@ def _gemv_fp8_kernel(
     m_mask = offs_m < M
     # every tile is 4-D [rows, tokens, chunks, 8 columns]: the weight and input loads then get the same
     # register layout (8-column chunks; BK / 8 chunks over the threads, several per thread when BK is
-    # larger than 8 x threads: that many independent loads per row in flight per step), so the product
-    # needs no shared-memory shuffle and the sum over the last axis stays inside a thread
+    # larger than 8 x threads: that many independent loads per row per step), so the product needs no
+    # shared-memory shuffle and the sum over the last axis stays inside a thread
     chunk = (tl.arange(0, BK // _CHUNK) * _CHUNK)[None, None, :, None]
     cols = chunk + tl.arange(0, _CHUNK)[None, None, None, :]
     x_rows = x_ptr + offs_m[None, :, None, None] * stride_xm + (pid_n * BN // rows_per_group) * K
@@ -189,17 +199,17 @@ def _gemv_fp8_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BN, BM, BK // _CHUNK, 1), dtype=tl.float32)
-    if PREFETCH:  # the next step's loads are issued before this step's products: 2 steps in flight
-        w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k_lo, k_hi, m_mask, n_mask, chunk, cols)
+    if STAGES == 2:  # register prefetch: the next step's loads are issued before this step's products
+        w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k_lo, k_hi, m_mask, n_mask, chunk, cols, SCALE_WORDS)
         for k0 in range(k_lo, k_hi, BK):
             w_next, xt_next, s_next = _gemv_loads(x_rows, w_rows, s_row, k0 + BK, k_hi, m_mask, n_mask,
-                                                  chunk, cols)
+                                                  chunk, cols, SCALE_WORDS)
             acc += _gemv_chunk_sums(w, xt, s)
             w, xt, s = w_next, xt_next, s_next
-    else:
-        for k0 in range(k_lo, k_hi, BK):
+    else:  # STAGES >= 3: Triton's pipeliner keeps STAGES - 1 steps in flight (cp.async to shared memory)
+        for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
             k0 = tl.multiple_of(k0, BK)
-            w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols)
+            w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols, SCALE_WORDS)
             acc += _gemv_chunk_sums(w, xt, s)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     out = tl.sum(tl.sum(acc, axis=3), axis=2)
@@ -283,10 +293,11 @@ def gemv_linear(
         raise ValueError(f"GEMV: {w.kind} weight with {cfg.block_n} x {cfg.block_k} tiles "
                          "(needs fp8, rows dividing 32, columns a multiple of 8)")
     x = _operand(x, w, out_dtype)
+    scale_words = w.scale.stride(0) % 4 == 0 and w.scale.data_ptr() % 4 == 0
     return _launch(
         _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype,
         replace(cfg, num_stages=1), BN=cfg.block_n, BM=triton.next_power_of_2(x.shape[0]), BK=cfg.block_k,
-        PREFETCH=cfg.num_stages > 1,
+        STAGES=cfg.num_stages, SCALE_WORDS=scale_words,
     )
 
 
