@@ -72,18 +72,21 @@ def _time(fn, prepared, wbytes: int) -> float:
 
 def _alternative(kind: str, n: int, k: int, m: int, device: torch.device):
     """(name, fn(x, prepared, out_dtype)) of the path the default does not take at this M, or None:
-    the tiled kernel where it takes the GEMV or decodes once for cuBLAS, the GEMV just past GEMV_M."""
+    the tiled kernel where it decodes once for cuBLAS; up to 8 FP8 tokens the other of GEMV and tiled
+    (the tiled kernel at its default config, the GEMV at the table's M=1 config or the GEMV default)."""
     if kind == "dense":
         return None
     if m >= configs.DEQUANT_M:
         return "tiled", linear.block_linear
-    if kind == "fp8" and m <= configs.GEMV_M:
-        cfg = configs.lookup(kind, n, k, 2 * configs.GEMV_M + 1, device)
+    if kind != "fp8" or m > 8:
+        return None
+    if configs.is_gemv(configs.lookup(kind, n, k, m, device)):
+        cfg = configs.default(kind, n, k, max(m, configs.GEMV_M + 1))
         return "tiled", lambda x, p, dt: linear.tiled_linear(x, p, dt, cfg)
-    if kind == "fp8" and m <= 8:
-        cfg = configs.lookup(kind, n, k, configs.GEMV_M, device)
-        return "gemv", lambda x, p, dt: linear.gemv_linear(x, p, dt, cfg)
-    return None
+    cfg = configs.lookup(kind, n, k, 1, device)
+    if not configs.is_gemv(cfg):
+        cfg = configs.default_gemv(n, k, m)
+    return "gemv", lambda x, p, dt: linear.gemv_linear(x, p, dt, cfg)
 
 
 def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
