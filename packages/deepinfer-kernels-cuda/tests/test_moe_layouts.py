@@ -28,7 +28,7 @@ def test_e2m1_to_e4m3_keeps_every_value():
 
 
 def test_packed_decode_arithmetic_gives_every_code_times_every_scale():
-    """`dequant._E2M1_BF16X2_ASM`'s integer steps, mirrored on int64 (one BF16x2 word: bytes b0, b1 in
+    """`dequant._E2M1_BF16X2_ASM2`'s integer steps, mirrored on int64 (one BF16x2 word: bytes b0, b1 in
     its halves), times the scale factor it builds, equal E2M1 value * 2^(s - 127) for every byte pair and
     scale byte the decode accepts; the other nibble and the other half never leak in."""
     from deepinfer.checkpoint.formats import E2M1_VALUES
@@ -46,7 +46,7 @@ def test_packed_decode_arithmetic_gives_every_code_times_every_scale():
 
     values = torch.tensor(E2M1_VALUES, dtype=torch.float64)
     for s in (0, 1, 100, 127, ASM_MAX_SCALE):
-        factor = halves(torch.tensor([(s * 128 + 0x3F00) * 0x10001]))[0, 0]  # mad.lo f, s, 128, 0x3F003F00
+        factor = halves(torch.tensor([(s + 126) << 7]))[0, 0]  # asm_scale_factor
         assert torch.isfinite(factor)
         for word, shift in ((lo, 0), (hi, 4)):
             codes = torch.stack([(b0 >> shift) & 15, (b1 >> shift) & 15], -1)

@@ -113,67 +113,90 @@ def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.c
     return lo, hi, pow2(s, 14)
 
 
-# Packed E2M1 -> BF16 decode, 4 bytes (8 values) per asm instance: $4 holds bytes b0..b3, $5 their scale
-# bytes; outputs $0,$1 = low nibbles (b0,b1),(b2,b3), $2,$3 = high nibbles, as BF16x2. A nibble's 3
-# magnitude bits moved to BF16 bits 6-8 and its sign to bit 15 read as value * 2^-126 exactly (code 1 is
-# the BF16 subnormal 2^-127); one packed multiply by 2^(s - 1) = scale * 2^126, built from the UE8M0 byte
-# as BF16 bits (s + 126) << 7, gives value * scale, a normal BF16 number (exact; needs s <= 128). The two
-# shifts per nibble are one multiply: (n << 6) + (n << 12) (low) and (n << 2) + (n << 8) (high) do not
-# overlap, so no carry reaches a kept bit.
-_E2M1_BF16X2_ASM = tl.constexpr("""
+# Packed E2M1 -> BF16 decode. A nibble's 3 magnitude bits moved to BF16 bits 6-8 and its sign to bit 15
+# read as value * 2^-126 exactly (code 1 is the BF16 subnormal 2^-127); one packed multiply by scale *
+# 2^126 (`asm_scale_factor`) gives value * scale, a normal BF16 number (exact). The two shifts per nibble
+# are one multiply: (n << 6) + (n << 12) (low) and (n << 2) + (n << 8) (high) do not overlap, so no carry
+# reaches a kept bit. Two bytes per instance ($2: b0, b1 in its low half; $3: their factors as BF16x2;
+# outputs $0 = low nibbles (b0, b1), $1 = high nibbles, as BF16x2): the MMA operand layout holds byte
+# pairs, so pairs need no repacking.
+_E2M1_BF16X2_ASM2 = tl.constexpr("""
 {
-.reg .b32 z, m0, x01, x23, f01, f23, t;
+.reg .b32 z, m0, x, t;
+mov.b32 z, 0;
+mov.b32 m0, 0x80008000;
+prmt.b32 x, $2, z, 0x4140;
+and.b32 t, x, 0x000F000F;
+mul.lo.u32 t, t, 4160;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $0, t, $3, m0;
+and.b32 t, x, 0x00F000F0;
+mul.lo.u32 t, t, 260;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $1, t, $3, m0;
+}
+""")
+
+# The same four bytes per instance ($4: b0..b3; $5, $6: factors; outputs $0, $1 = low nibbles (b0, b1),
+# (b2, b3), $2, $3 = high nibbles), for layouts holding 4+ contiguous bytes per thread (the GEMVs).
+_E2M1_BF16X2_ASM4 = tl.constexpr("""
+{
+.reg .b32 z, m0, x01, x23, t;
 mov.b32 z, 0;
 mov.b32 m0, 0x80008000;
 prmt.b32 x01, $4, z, 0x4140;
 prmt.b32 x23, $4, z, 0x4342;
-prmt.b32 f01, $5, z, 0x4140;
-prmt.b32 f23, $5, z, 0x4342;
-mad.lo.u32 f01, f01, 128, 0x3F003F00;
-mad.lo.u32 f23, f23, 128, 0x3F003F00;
 and.b32 t, x01, 0x000F000F;
 mul.lo.u32 t, t, 4160;
 and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $0, t, f01, m0;
+fma.rn.bf16x2 $0, t, $5, m0;
 and.b32 t, x23, 0x000F000F;
 mul.lo.u32 t, t, 4160;
 and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $1, t, f23, m0;
+fma.rn.bf16x2 $1, t, $6, m0;
 and.b32 t, x01, 0x00F000F0;
 mul.lo.u32 t, t, 260;
 and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $2, t, f01, m0;
+fma.rn.bf16x2 $2, t, $5, m0;
 and.b32 t, x23, 0x00F000F0;
 mul.lo.u32 t, t, 260;
 and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $3, t, f23, m0;
+fma.rn.bf16x2 $3, t, $6, m0;
 }
 """)
+
 # largest UE8M0 byte the packed decode takes (its scale factor 2^(s - 1) must stay a finite BF16)
 ASM_MAX_SCALE = 128
 
 
 @triton.jit
-def e2m1_pair_bf16_asm(packed, s):
-    """Packed FP4 bytes and their UE8M0 scale bytes (uint8, broadcast to one shape) -> (low nibbles,
-    high nibbles) * scale as BF16 (exact), through `_E2M1_BF16X2_ASM` (CUDA only; scale bytes <=
-    ASM_MAX_SCALE)."""
-    return tl.inline_asm_elementwise(
-        _E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r", [packed, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
-        pack=4,
-    )
+def asm_scale_factor(s):
+    """UE8M0 bytes s -> 2^(s - 127) * 2^126 as BF16 (bits (s + 126) << 7; s <= ASM_MAX_SCALE)."""
+    return ((s.to(tl.int16) + 126) << 7).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e2m1_pair_bf16_asm(packed, factor, PACK: tl.constexpr):
+    """Packed FP4 bytes (uint8) and their `asm_scale_factor`s (BF16, broadcast to one shape) -> (low
+    nibbles, high nibbles) * scale as BF16 (exact), PACK (2 or 4) bytes per asm instance (CUDA only)."""
+    if PACK == 2:
+        return tl.inline_asm_elementwise(_E2M1_BF16X2_ASM2, "=r,=r,r,r", [packed, factor],
+                                         dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+    return tl.inline_asm_elementwise(_E2M1_BF16X2_ASM4, "=r,=r,=r,=r,r,r,r", [packed, factor],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
 @triton.jit
 def _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                    BN: tl.constexpr, BK: tl.constexpr):
+                    BN: tl.constexpr, BK: tl.constexpr, PACK: tl.constexpr):
     """Split-layout FP4 rows offs_n x columns k0..k0+BK as scaled BF16 (low, high) [BN, BK/2], decoded
     by `e2m1_pair_bf16_asm`."""
     kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
     packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
     sk = k0 // _G + tl.arange(0, BK // _G)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
-    lo, hi = e2m1_pair_bf16_asm(tl.reshape(packed, (BN, BK // _G, _G // 2)), s[:, :, None])
+    factor = asm_scale_factor(s)[:, :, None]
+    lo, hi = e2m1_pair_bf16_asm(tl.reshape(packed, (BN, BK // _G, _G // 2)), factor, PACK)
     return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
 
 
@@ -183,7 +206,7 @@ def fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
     """Split-layout FP4 rows offs_n x columns k0..k0+BK as two BF16 tiles [BN, BK/2] (exact): the
     columns `split_columns` names, low nibbles then high. ASM: the packed decode (`e2m1_pair_bf16_asm`)."""
     if ASM:
-        return _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        return _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 2)
     lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
     return (scale_groups(lo, sc, BN, BK // 2, _G // 2).to(tl.bfloat16),
             scale_groups(hi, sc, BN, BK // 2, _G // 2).to(tl.bfloat16))
@@ -196,7 +219,7 @@ def fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_
     nibbles' columns [BK/2]: float32 [BN, BK/2], each entry a column pair's scaled products summed.
     ASM: the packed decode (`e2m1_pair_bf16_asm`)."""
     if ASM:
-        lo, hi = _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        lo, hi = _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 4)
         return lo.to(tl.float32) * x_lo[None, :] + hi.to(tl.float32) * x_hi[None, :]
     lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
     return scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, _G // 2)
