@@ -213,16 +213,16 @@ def fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
 
 
 @triton.jit
-def fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi,
+def fp4_gemv_products(acc, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi,
                       BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr = False):
-    """Split-layout FP4 rows offs_n x columns k0..k0+BK times one input row, given at the low and high
-    nibbles' columns [BK/2]: float32 [BN, BK/2], each entry a column pair's scaled products summed.
-    ASM: the packed decode (`e2m1_pair_bf16_asm`)."""
+    """acc [BN, BK/2] (float32) plus the products of split-layout FP4 rows offs_n x columns k0..k0+BK
+    with one input row, given at the low and high nibbles' columns [BK/2]: each entry gains a column
+    pair's scaled products. ASM: the packed decode (`e2m1_pair_bf16_asm`), two FMAs per byte."""
     if ASM:
         lo, hi = _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 4)
-        return lo.to(tl.float32) * x_lo[None, :] + hi.to(tl.float32) * x_hi[None, :]
+        return acc + lo.to(tl.float32) * x_lo[None, :] + hi.to(tl.float32) * x_hi[None, :]
     lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-    return scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, _G // 2)
+    return acc + scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, _G // 2)
 
 
 @triton.jit

@@ -390,23 +390,24 @@ _GEMV_BN, _GEMV_BK, _GEMV_WARPS = 16, 256, 4  # the shared expert's (FP8) gate+u
 
 
 @triton.jit
-def _row_products(x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+def _row_products(acc, x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                   KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):
-    """Products of weight rows offs_n x columns k0..k0+BK with one input row: float32 [BN, BK] for FP8
-    (KIND 0: 32x32 block scales, the shared expert; KIND 2: 1x32, experts re-encoded from FP4), column-pair
-    sums [BN, BK/2] for split-layout FP4 (KIND 1)."""
+    """acc plus the products of weight rows offs_n x columns k0..k0+BK with one input row: float32
+    [BN, BK] for FP8 (KIND 0: 32x32 block scales, the shared expert; KIND 2: 1x32, experts re-encoded
+    from FP4), column-pair sums [BN, BK/2] for split-layout FP4 (KIND 1)."""
     if KIND == 0:
         xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
-        p = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 32) * xk[None, :]
+        acc += fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 32) * xk[None, :]
     elif KIND == 2:
         xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
-        p = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 1) * xk[None, :]
+        acc += fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 1) * xk[None, :]
     else:
         cols_lo, cols_hi = split_columns(k0, BK)
         x_lo = tl.load(x_row + cols_lo).to(tl.float32)
         x_hi = tl.load(x_row + cols_hi).to(tl.float32)
-        p = fp4_gemv_products(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi, BN, BK, ASM)
-    return p
+        acc = fp4_gemv_products(acc, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, x_lo, x_hi,
+                                BN, BK, ASM)
+    return acc
 
 
 @triton.jit
@@ -432,10 +433,10 @@ def _gate_up_gemv_kernel(
     acc_g = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     acc_u = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, H, BK):
-        acc_g += _row_products(x_row, w1_ptr, s1_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK,
-                               ASM)
-        acc_u += _row_products(x_row, w3_ptr, s3_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK,
-                               ASM)
+        acc_g = _row_products(acc_g, x_row, w1_ptr, s1_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND,
+                              BN, BK, ASM)
+        acc_u = _row_products(acc_u, x_row, w3_ptr, s3_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, KIND,
+                              BN, BK, ASM)
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(tl.sum(acc_g, axis=1).to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(tl.sum(acc_u, axis=1).to(out_ty).to(tl.float32), -limit), limit)
@@ -459,7 +460,8 @@ def _down_gemv_kernel(
     act_row = act_ptr + a.to(tl.int64) * inter
     acc = tl.zeros((BN, BK // PACK), dtype=tl.float32)
     for k0 in range(0, inter, BK):
-        acc += _row_products(act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK, ASM)
+        acc = _row_products(acc, act_row, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn, KIND, BN, BK,
+                            ASM)
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
