@@ -6,7 +6,9 @@ layout actually streams (%copy), plus the shared expert and the router.
 Variants of `fp4`, by suffix (combinable): `-inv` batch-invariant mode (`moe(..., batch_invariant=True)`:
 fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the packed PTX one
 (`PreparedExperts.asm`); `-gemv` / `-mmaBN_BK_WARPS_STAGES` the decode path forced to the GEMVs / the MMA
-kernels with one block per assignment at that tile (`moe.DECODE_OVERRIDE`), else the table's.
+kernels with one block per assignment at that tile (`moe.DECODE_OVERRIDE`), else the table's;
+`-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes. A variant that does not apply
+at a size (a decode override above DECODE_ASSIGNMENTS, a grouped tile below) is skipped there.
 Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
 
 from __future__ import annotations
@@ -62,13 +64,13 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
                                                      fp8=True))
 
 
-def variant(layout: str, ours: MoEWeights, ref: MoEWeights) -> tuple[MoEWeights, bool, object]:
-    """(weights, batch_invariant, decode override) of a layout name (see the module docstring)."""
+def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWeights, bool, object, object]:
+    """(weights, batch_invariant, decode override, grouped tile) of a layout name (module docstring)."""
     base, *flags = layout.split("-")
     if base not in ("fp4", "fp8"):
         raise ValueError(f"layout {layout!r}: expected fp4 or fp8 with suffixes")
-    weights = fp8_layout(ours, ref) if base == "fp8" else ours
-    decode = None
+    weights = fp8 if base == "fp8" else fp4
+    decode = grouped = None
     for flag in flags:
         if flag == "ops":
             weights = replace(weights, experts=replace(weights.experts, asm=False))
@@ -77,9 +79,12 @@ def variant(layout: str, ours: MoEWeights, ref: MoEWeights) -> tuple[MoEWeights,
         elif flag.startswith("mma"):
             bn, bk, warps, stages = map(int, flag[3:].split("_"))
             decode = TileConfig(bn, 16, bk, 1, warps, stages)
+        elif flag.startswith("g"):
+            bn, bm, bk, warps, stages = map(int, flag[1:].split("_"))
+            grouped = TileConfig(bn, bm, bk, 1, warps, stages)
         elif flag != "inv":
             raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
-    return weights, "inv" in flags, decode
+    return weights, "inv" in flags, decode, grouped
 
 
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
@@ -89,14 +94,25 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
     rows = []
     for t in tokens:
         for layout in layouts:
-            weights, inv, decode = variant(layout, ours if not layout.startswith("fp8") else fp8, ref)
+            weights, inv, decode, grouped = variant(layout, ours, fp8)
+            decoding = t * dims["topk"] <= moe.DECODE_ASSIGNMENTS
+            if (decode is not None and not decoding) or (grouped is not None and decoding):
+                continue
             moe.DECODE_OVERRIDE = decode
+            lookup = moe.configs.lookup_moe
+            if grouped is not None:
+                moe.configs.lookup_moe = partial(_fixed, grouped)
             try:
                 rows.append(_point(t, weights, ref, roof, dims, layout, inv))
             finally:
                 moe.DECODE_OVERRIDE = None
+                moe.configs.lookup_moe = lookup
             print(rows[-1], flush=True)
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
+
+
+def _fixed(cfg: TileConfig, *_: object) -> TileConfig:
+    return cfg
 
 
 def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], dims: dict[str, int],
