@@ -107,7 +107,6 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
             finally:
                 moe.DECODE_OVERRIDE = None
                 moe.configs.lookup_moe = lookup
-            print(rows[-1], flush=True)
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 
 
