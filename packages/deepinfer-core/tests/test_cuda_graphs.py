@@ -72,6 +72,21 @@ def test_fixed_shape_metadata_does_not_depend_on_the_batch(checkpoint: Path) -> 
         rt.builder.build(ForwardBatch([SequenceSegment(2, [1, 2, 3], 6, [5])]), rt.last_is_consumer, fixed)
 
 
+def test_metadata_tensors_are_16_byte_aligned(checkpoint: Path) -> None:
+    """Triton specialises kernels on pointer alignment: misaligned metadata (arrays packed after an odd
+    count) would compile new kernels per batch size, at every graph capture of a new bucket."""
+    rt = load_runtime(checkpoint)
+    rt.allocate_cache(num_blocks=5, num_slots=4)
+    eager = ForwardBatch([SequenceSegment(1, [1], 0, [3, 4, 5]), SequenceSegment(2, [2], 4, [6])])
+    metas = [rt.builder.build(eager, rt.last_is_consumer)]
+    metas += [rt.builder.build(ForwardBatch([]), rt.last_is_consumer, FixedShape(b, n, w, "all"))
+              for b, n, w in ((1, 1, 1), (3, 3, 2), (1, 5, 1))]
+    for meta in metas:
+        offsets = {k: v[1] for k, v in fields_by_path(meta, lambda t: ("tensor", t.data_ptr() % 16)).items()
+                   if isinstance(v, tuple) and v[0] == "tensor"}
+        assert len(offsets) > 10 and not any(offsets.values()), offsets
+
+
 class Greedy:
     """Prefills sequences, then decodes greedily, optionally through the engine's device ids."""
 

@@ -72,7 +72,8 @@ def e2m1_decode(code):
     return mag * tl.where((code & 8) != 0, -1.0, 1.0)  # a product keeps -0 (code 8); Triton's -x is 0 - x
 
 
-@triton.jit
+# row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
+@triton.jit(do_not_specialize=["n_groups"])
 def _fp8_quantize_kernel(x_ptr, q_ptr, e_ptr, n_groups, GROUP: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
@@ -85,7 +86,7 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, e_ptr, n_groups, GROUP: tl.constexpr, BLO
     tl.store(e_ptr + g, byte.to(tl.uint8), mask=g < n_groups)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_groups"])
 def _fp4_quantize_kernel(
     x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, NV: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -110,7 +111,7 @@ def _fp4_quantize_kernel(
     tl.store(q_ptr + poffs, packed, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_groups"])
 def _fp8_dequantize_kernel(q_ptr, e_ptr, out_ptr, n_groups, GROUP: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs = g[:, None].to(tl.int64) * GROUP + tl.arange(0, GROUP)[None, :]
@@ -120,7 +121,7 @@ def _fp8_dequantize_kernel(q_ptr, e_ptr, out_ptr, n_groups, GROUP: tl.constexpr,
     tl.store(out_ptr + offs, (q * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_groups"])
 def _fp4_dequantize_kernel(
     q_ptr, s_ptr, out_ptr, n_groups, GROUP: tl.constexpr, NV: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -310,7 +311,7 @@ def _store_groups(ptr, rows, col0, vals, ok, n_cols):
     tl.store(ptr + rows[:, None] + col0 + c[None, :], vals.to(tl.uint8), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _cache_write_kernel(
     values_ptr, src_ptr, dest_ptr, pool_ptr, n, D, stride_v, stride0, stride1, per_block,
     FMT: tl.constexpr, HAS_SRC: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,

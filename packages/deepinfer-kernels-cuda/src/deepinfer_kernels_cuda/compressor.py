@@ -45,7 +45,8 @@ def _group_rows(gv_ptr, state_ptr, step_off, ring_off, current, mask, cols):
     return tl.where(now, from_step, from_ring)
 
 
-@triton.jit
+# row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
+@triton.jit(do_not_specialize=["M", "T"])
 def _pool_kernel(
     gv_ptr, state_ptr, src_ptr, out_ptr, M, T, D, ring_rows, ring_len, stride_gv, stride0, stride1,
     RATIO: tl.constexpr, RATIO_P2: tl.constexpr, GROUPS: tl.constexpr, BLOCK_D: tl.constexpr,

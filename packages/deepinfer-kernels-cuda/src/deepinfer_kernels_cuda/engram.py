@@ -24,7 +24,8 @@ _LOOKUP_ELEMS = 4096  # gathered elements per lookup program
 _GATE_CHUNK = 1024  # hidden channels per gate loop step
 
 
-@triton.jit
+# row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
+@triton.jit(do_not_specialize=["T"])
 def _hash_kernel(
     ngram_ptr, mult_ptr, prime_ptr, offset_ptr, out_ptr, T, stride_t,
     N: tl.constexpr, HEADS: tl.constexpr, HEADS_P2: tl.constexpr, ROWS: tl.constexpr,
@@ -67,7 +68,7 @@ def engram_hash(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _lookup_kernel(
     table_ptr, scale_ptr, rows_ptr, out_ptr, R, D, stride_table, stride_scale,
     ROWS: tl.constexpr, BLOCK_D: tl.constexpr,

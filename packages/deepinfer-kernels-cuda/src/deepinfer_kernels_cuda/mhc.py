@@ -17,7 +17,8 @@ _K_CHUNK = 512  # columns of the projection per program in the first kernel (40 
 _BLOCK_K = 128
 
 
-@triton.jit
+# row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
+@triton.jit(do_not_specialize=["T"])
 def _hc_project_kernel(
     x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, x_stride, fn_stride, n_out,
     K_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -49,7 +50,7 @@ def _load_mix(part_ptr, base_ptr, scale, rms, t, T, col, splits, BLOCK_N: tl.con
     return tl.load(base_ptr + col) + mix * rms * scale
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _hc_finish_kernel(
     part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
     ITERS: tl.constexpr, M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
+@triton.jit(do_not_specialize=["rows"])
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr, rows, pairs, first_rot, x_stride_n, x_stride_r,
     SIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,

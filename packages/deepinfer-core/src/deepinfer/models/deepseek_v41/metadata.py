@@ -142,6 +142,9 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(firsts - starts, lens)
 
 
+_PAD = np.zeros(1, dtype=np.int64)
+
+
 class Staging:
     """Persistent int64 buffers: two host buffers (pinned on accelerators) and one device buffer.
 
@@ -161,14 +164,18 @@ class Staging:
         self.writer: list[object] = [None, None]  # per host buffer: the FixedPlan that wrote it last
 
     def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        sizes = [a.size for a in arrays]
-        total = sum(sizes)
+        # each array starts 16-byte aligned (one unused value after an odd count): Triton specialises
+        # kernels on pointer alignment, so packed arrays would compile new kernels as sizes change
+        places = [a.size + a.size % 2 for a in arrays]
+        total = sum(places)
         host, _ = self.acquire(total, None)
         if total:
-            np.concatenate([a.ravel() for a in arrays], out=host[:total])
+            np.concatenate([p for a in arrays for p in ((a.ravel(), _PAD) if a.size % 2 else (a.ravel(),))],
+                           out=host[:total])
         flat = self.send(total)
         # views only where needed: a view per array costs more than the copy at decode sizes
-        return [t if a.ndim == 1 else t.view(a.shape) for t, a in zip(flat.split(sizes), arrays, strict=True)]
+        return [(t if a.size == n else t[: a.size]) if a.ndim == 1 else t[: a.size].view(a.shape)
+                for t, a, n in zip(flat.split(places), arrays, places, strict=True)]
 
     def acquire(self, total: int, writer: object) -> tuple[np.ndarray, bool]:
         """The host buffer of the next upload (at least `total` values), once the copy that last read
@@ -340,7 +347,7 @@ class FixedPlan:
         for name, dims in self.layout:
             size = int(np.prod(dims))
             self.places[name] = (at, at + size, dims)
-            at += size
+            at += size + size % 2  # 16-byte aligned places, as Staging.upload's (why: there)
         self.total = at
         self.bounds = tuple((i * n, (i + 1) * n) for i in range(b))
         self.row_offsets = [i * (n if not last else 1) for i in range(b + 1)]
