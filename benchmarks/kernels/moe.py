@@ -5,8 +5,8 @@ the weights the layer must read: the touched experts' packed FP4 + scales (%copy
 layout actually streams (%copy), plus the shared expert and the router.
 Variants of `fp4`, by suffix (combinable): `-inv` batch-invariant mode (`moe(..., batch_invariant=True)`:
 fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the packed PTX one
-(`PreparedExperts.asm`); `-gemv` / `-mmaBN_BK_WARPS_STAGES` the decode path forced to the GEMVs / the MMA
-kernels with one block per assignment at that tile (`moe.DECODE_OVERRIDE`), else the table's;
+(`PreparedExperts.asm`); `-dBN_BM_BK_WARPS_STAGES` the decode path's tile forced (`moe.DECODE_OVERRIDE`;
+BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the table's;
 `-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes. A variant that does not apply
 at a size (a decode override above DECODE_ASSIGNMENTS, a grouped tile below) is skipped there.
 Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
@@ -74,14 +74,12 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
     for flag in flags:
         if flag == "ops":
             weights = replace(weights, experts=replace(weights.experts, asm=False))
-        elif flag == "gemv":
-            decode = "gemv"
-        elif flag.startswith("mma"):
-            bn, bk, warps, stages = map(int, flag[3:].split("_"))
-            decode = TileConfig(bn, 16, bk, 1, warps, stages)
-        elif flag.startswith("g"):
+        elif flag[0] in "dg":
             bn, bm, bk, warps, stages = map(int, flag[1:].split("_"))
-            grouped = TileConfig(bn, bm, bk, 1, warps, stages)
+            if flag[0] == "d":
+                decode = TileConfig(bn, bm, bk, 1, warps, stages)
+            else:
+                grouped = TileConfig(bn, bm, bk, 1, warps, stages)
         elif flag != "inv":
             raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
     return weights, "inv" in flags, decode, grouped

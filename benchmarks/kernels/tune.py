@@ -164,27 +164,22 @@ def tune_moe_decode(table: dict, ours, deadline: float) -> None:
     h, i, k = FLASH["hidden"], FLASH["inter"], FLASH["topk"]
     x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
     w, ids = moe.route(moe.router_logits(x, ours.gate), ours.bias, ours.bias_vl, None, k, 2.5)
+    call = functools.partial(moe.routed_experts, x, w, ids, ours.experts, 10.0)
     results = []
     for cfg in MOE_DECODE:
         if time.time() > deadline:
             break
-        if cfg.block_m == 1:
-            call = functools.partial(moe.routed_experts_decode, x, w, ids, ours.experts, 10.0, cfg)
-        else:
-            mlp = moe._Mlp(*(getattr(ours.experts, n) for n in ("w1", "s1", "w3", "s3", "w2", "s2")),
-                           False, 1, True, ours.experts.asm)
-            call = functools.partial(moe._grouped_mlp, x, w, ids, mlp, FLASH["experts"], i, 10.0, cfg, True)
+        moe.DECODE_OVERRIDE = cfg
         try:
             results.append((graph_ms([call]), cfg))
         except Exception as err:  # a config the compiler rejects (resources): skip it
             print(f"  {cfg}: {type(err).__name__}: {str(err)[:120]}", flush=True)
+        finally:
+            moe.DECODE_OVERRIDE = None
     if not results:
         return
     best_t, best = min(results, key=lambda r: r[0])
     table[configs.key("moe-decode", h, i, 1)] = best
-    gemv = min((r for r in results if r[1].block_m == 1), key=lambda r: r[0], default=(None, None))[1]
-    if gemv is not None:
-        table[configs.key("moe-gemv", i, h, 1)] = table[configs.key("moe-gemv", h, i, 1)] = gemv
     summary = ", ".join(f"{c.block_n}/{c.block_m}/{c.block_k}/{c.num_warps}w/{c.num_stages}s {tt * 1e3:.1f}"
                         for tt, c in results)
     print(f"moe decode T=1: {best} {best_t * 1e3:.1f} us; all: {summary}", flush=True)

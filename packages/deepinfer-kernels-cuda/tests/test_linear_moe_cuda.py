@@ -213,7 +213,8 @@ def test_moe_decode_paths_match_reference(cuda_ops, ref_ops, monkeypatch, tokens
     ours, ref = _moe_layers(cuda_ops, ref_ops, 32, 256, 128, 4, torch.bfloat16)
     x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16)
     want = ref_ops.moe(x, ref)
-    for path in ("gemv", configs.TileConfig(64, 16, 128, 1, 4, 4), configs.TileConfig(32, 16, 256, 1, 4, 3)):
+    for path in (configs.TileConfig(16, 1, 256, 1, 4, 3), configs.TileConfig(8, 1, 512, 1, 4, 2),
+                 configs.TileConfig(64, 16, 128, 1, 4, 4), configs.TileConfig(32, 16, 256, 1, 4, 3)):
         monkeypatch.setattr(moe, "DECODE_OVERRIDE", path)
         assert _rel_err(cuda_ops.moe(x, ours), want) <= TOL[torch.bfloat16], path
 

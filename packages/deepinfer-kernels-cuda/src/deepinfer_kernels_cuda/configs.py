@@ -172,27 +172,18 @@ def lookup_moe(assignments: int, n_experts: int, hidden: int, inter: int, device
     return default_moe(assignments, n_experts)
 
 
-# routed-expert GEMVs (decode): 16 weight rows x 256 columns per K step, 4 warps, Triton's default stages
-MOE_GEMV_DEFAULT = TileConfig(16, 1, 256, 1, 4, 3)
+# decode path of the routed experts: block_m 1 = the GEMVs at this tile (16 weight rows x 256 columns per
+# K step, 4 warps, Triton's default stages); block_m >= 16 = the MMA kernels, one block per assignment
+MOE_DECODE_DEFAULT = TileConfig(16, 1, 256, 1, 4, 3)
 
 
-def lookup_moe_gemv(n: int, k: int, device: torch.device) -> TileConfig:
-    """Tile of the routed-expert decode GEMV over [n, k] expert weights, keyed "moe-gemv:<N>x<K>:1"
-    (block_m and split_k unused)."""
+def lookup_moe_decode(hidden: int, inter: int, device: torch.device) -> TileConfig:
+    """Decode-path tile of the routed experts (few assignments), keyed "moe-decode:<H>x<I>:1"."""
     if device.type == "cuda":
-        found = _entry("moe-gemv", n, k, 1, _index(device))
+        found = _entry("moe-decode", hidden, inter, 1, _index(device))
         if found is not None:
             return found
-    return MOE_GEMV_DEFAULT
-
-
-def lookup_moe_decode(hidden: int, inter: int, device: torch.device) -> TileConfig | None:
-    """Decode path of the routed experts (few assignments), keyed "moe-decode:<H>x<I>:1": a tile config
-    runs the MMA kernels with one block per assignment; none (no entry, or block_m 1): the GEMVs."""
-    if device.type != "cuda":
-        return None
-    found = _entry("moe-decode", hidden, inter, 1, _index(device))
-    return found if found is not None and found.block_m > 1 else None
+    return MOE_DECODE_DEFAULT
 
 
 def lookup(kernel: str, n: int, k: int, m: int, device: torch.device) -> TileConfig:

@@ -467,16 +467,15 @@ def _down_gemv_kernel(
 
 def routed_experts_decode(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PreparedExperts, swiglu_limit: float,
-    gemv: configs.TileConfig | None = None,
+    gemv: configs.TileConfig = configs.MOE_DECODE_DEFAULT,
 ) -> torch.Tensor:
     """`routed_experts` for few assignments through the GEMV kernels (same rounding points); `gemv`: the
-    tile of both GEMVs (else the table's per weight shape)."""
+    tile of both (block_n, block_k, num_warps, num_stages)."""
     t, k = ids.shape
     i, h = experts.inter, experts.hidden
     kind, pack = (2, 1) if experts.fp8 else (1, 2)
-    asm = experts.asm
+    asm, c = experts.asm, gemv
     act = torch.empty((t * k, i), dtype=x.dtype, device=x.device)
-    c = gemv or configs.lookup_moe_gemv(i, h, x.device)
     _gate_up_gemv_kernel[(t * k, triton.cdiv(i, c.block_n))](
         x, experts.w1, experts.s1, experts.w3, experts.s3, ids.reshape(-1), weights.reshape(-1), act,
         i, h, x.stride(0), experts.w1.stride(0), experts.w1.stride(1),
@@ -485,7 +484,6 @@ def routed_experts_decode(
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
-    c = gemv or configs.lookup_moe_gemv(h, i, x.device)
     _down_gemv_kernel[(t * k, triton.cdiv(h, c.block_n))](
         act, experts.w2, experts.s2, ids.reshape(-1), y,
         h, i, experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0), experts.s2.stride(1),
@@ -596,7 +594,7 @@ def routed_experts(
 ) -> torch.Tensor:
     """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token).
     `config`: that tile config and the grouped kernels at any size (else, for few assignments, the
-    decode path `decode_config` names; above, the tuned table's config)."""
+    decode path of `configs.lookup_moe_decode`; above, the tuned table's config)."""
     t, k = ids.shape
     e, i, h = experts.n_experts, experts.inter, experts.hidden
     if t == 0:
@@ -604,23 +602,17 @@ def routed_experts(
     p = experts
     mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True, p.asm)
     if t * k <= DECODE_ASSIGNMENTS and config is None:
-        cfg = decode_config(h, i, x.device)
-        if cfg is None:
-            return routed_experts_decode(x, weights, ids, experts, swiglu_limit)
+        cfg = DECODE_OVERRIDE or configs.lookup_moe_decode(h, i, x.device)
+        if cfg.block_m == 1:
+            return routed_experts_decode(x, weights, ids, experts, swiglu_limit, cfg)
         return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, direct=True)
     cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
     return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg)
 
 
-# decode path forced over the table's (benchmarks compare paths in one process): a tile config, or "gemv"
-DECODE_OVERRIDE: configs.TileConfig | str | None = None
-
-
-def decode_config(hidden: int, inter: int, device: torch.device) -> configs.TileConfig | None:
-    """The tile of the decode path's MMA kernels (one block per assignment), None for the GEMVs."""
-    if DECODE_OVERRIDE is not None:
-        return None if DECODE_OVERRIDE == "gemv" else DECODE_OVERRIDE
-    return configs.lookup_moe_decode(hidden, inter, device)
+# decode-path tile forced over the table's (configs.lookup_moe_decode; benchmarks compare paths in one
+# process): block_m 1 = the GEMVs, else the MMA kernels with one block per assignment
+DECODE_OVERRIDE: configs.TileConfig | None = None
 
 
 _ROUTER_BM, _ROUTER_BN, _ROUTER_BK = 16, 64, 128
