@@ -8,8 +8,8 @@ fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the 
 (`PreparedExperts.asm`); `-dBN_BM_BK_WARPS_STAGES` the decode path's tile forced (`moe.DECODE_OVERRIDE`;
 BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the table's;
 `-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes. A variant that does not apply
-at a size (a decode override above DECODE_ASSIGNMENTS, a grouped tile below, or one of more rows per block
-than twice the mean assignments per expert) is skipped there.
+at a size (a decode override above DECODE_ASSIGNMENTS, a grouped tile below, or one whose rows per block
+are not within half to twice the mean assignments per expert) is skipped there.
 Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
 
 from __future__ import annotations
@@ -95,9 +95,9 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
         for layout in layouts:
             weights, inv, decode, grouped = variant(layout, ours, fp8)
             decoding = t * dims["topk"] <= moe.DECODE_ASSIGNMENTS
-            max_bm = max(16, 2 * m_bucket(t * dims["topk"] // dims["experts"]))
+            mean = t * dims["topk"] / dims["experts"]
             if (decode is not None and not decoding) or (grouped is not None and (
-                    decoding or grouped.block_m > max_bm)):
+                    decoding or not mean / 2 <= grouped.block_m <= max(16, 2 * m_bucket(int(mean))))):
                 continue
             moe.DECODE_OVERRIDE = decode
             lookup = moe.configs.lookup_moe
