@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import math
 import statistics
 import sys
@@ -384,6 +385,9 @@ def main() -> None:
     for p in (eng, cost, ngram):
         p.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
+    # one line per engine / cache: the start-up graph capture's time, split and Triton specialisations
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("deepinfer.models.deepseek_v41.graphs").setLevel(logging.INFO)
     torch.manual_seed(0)
     {"engine": engine_sweep, "cost": cost_sweep, "ngram": ngram_cost}[args.mode](args)
 

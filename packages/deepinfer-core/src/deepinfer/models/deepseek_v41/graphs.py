@@ -65,8 +65,9 @@ class Recorder(Protocol):
 
 class TritonCompilations:
     """Compiled specialisations per Triton kernel of the loaded modules (each JITFunction's in-memory
-    cache, one entry per specialisation: constexpr values, int arguments == 1 or divisible by 16, ...).
-    Counting them around a step shows which kernels a new shape recompiles."""
+    cache, one entry per specialisation: constexpr values, int arguments == 1 or divisible by 16, pointer
+    alignment, ...; compiled, or loaded from Triton's disk cache). Counting them around a step shows
+    which kernels a new shape recompiles."""
 
     def __init__(self) -> None:
         self._modules = -1
@@ -78,9 +79,11 @@ class TritonCompilations:
             return Counter()
         if len(sys.modules) != self._modules:  # rescan only when modules were imported since
             self._modules = len(sys.modules)
-            self._kernels = {f"{mod.__name__.rsplit('.', 1)[-1]}.{name}": fn
-                             for mod in list(sys.modules.values()) if getattr(mod, "triton", None) is triton
-                             for name, fn in list(vars(mod).items()) if hasattr(fn, "device_caches")}
+            # module dicts only: a module's __getattr__ (lazy loaders) is never triggered
+            spaces = [(name, space) for name, mod in list(sys.modules.items())
+                      if (space := getattr(mod, "__dict__", None)) and space.get("triton") is triton]
+            self._kernels = {f"{mod.rsplit('.', 1)[-1]}.{name}": fn for mod, space in spaces
+                             for name, fn in list(space.items()) if hasattr(fn, "device_caches")}
         return Counter({name: n for name, fn in self._kernels.items()
                         if (n := sum(len(c[0]) for c in list(fn.device_caches.values())))})
 
@@ -104,7 +107,7 @@ class CaptureStats:
     def describe(self) -> str:
         top = ", ".join(f"{k} {n}" for k, n in self.compiled.most_common(8))
         return (f"warm-up steps {self.warmup_s:.1f} s, captures {self.capture_s:.1f} s, "
-                f"{self.compiled.total()} Triton compilations" + (f" ({top})" if top else ""))
+                f"{self.compiled.total()} new Triton kernel specialisations" + (f" ({top})" if top else ""))
 
 
 class CudaRecorder:
@@ -488,6 +491,7 @@ def probe_graph_memory(
         out = dspark.draft_forward(cache, ids, positions, window)
         outputs += out.hidden.nbytes + out.normed.nbytes + out.base_logits.nbytes
     torch.cuda.synchronize(device)
-    logger.info("CUDA graphs: memory probe (eager steps of %d sequences) in %.1f s, %d Triton compilations",
+    logger.info("CUDA graphs: memory probe (eager steps of %d sequences) in %.1f s, %d new Triton kernel "
+                "specialisations",
                 top, time.perf_counter() - t0, (compilations.counts() - before).total())
     return torch.cuda.max_memory_allocated(device) - base + outputs + _POOL_ROUNDING
