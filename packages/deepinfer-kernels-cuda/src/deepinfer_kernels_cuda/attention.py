@@ -56,6 +56,7 @@ class Tiles:
     num_stages: int
     programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
+    lazy_rescale: bool = False  # rescale the accumulator only when a running maximum grew (same bits)
 
 
 # Decode tiles by name, so that one GPU run compares them (benchmarks/kernels/attention.py). A program
@@ -64,12 +65,14 @@ class Tiles:
 # sweep (ctx 64k B 1/64/128: 16.9/60/95 µs), loads 64-key tiles unpipelined into registers and spills
 # ~700 bytes a thread (sm_90 compile). "v2" takes 16-key tiles loaded 3 deep ahead (asynchronous copies
 # to shared memory): no spill on raw caches, ~290 bytes with FP8/NVFP4 decoding; "v3" 32-key tiles
-# (spills 200 / 590 bytes, rescales the accumulator half as often), "v4" 16-key tiles 4 deep.
+# (spills 200 / 590 bytes, rescales the accumulator half as often); "v4" (16 keys, 4 deep) and "v5"
+# (as v3) rescale the accumulator only when a running maximum grew.
 DECODE_VARIANTS = {
     "v1": Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=1.0),
     "v2": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=3, programs_per_sm=1.0),
     "v3": Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0),
-    "v4": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=4, programs_per_sm=1.0),
+    "v4": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=4, programs_per_sm=1.0, lazy_rescale=True),
+    "v5": Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0, lazy_rescale=True),
 }
 DECODE_TILES = DECODE_VARIANTS["v1"]
 PREFILL_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1)
@@ -82,15 +85,21 @@ _FOLD_HEADS = 16  # heads per program of _fold_kernel
 
 
 @triton.jit
-def _attend(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr):
-    """One online-softmax step over a block of keys k (= values v; `valid` ones only)."""
+def _attend(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, LAZY: tl.constexpr):
+    """One online-softmax step over a block of keys k (= values v; `valid` ones only). LAZY: the
+    accumulator is rescaled only when a head's running maximum grew (else every factor is exactly 1)."""
     logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     logits = tl.where(valid[None, :], logits, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(logits - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    if LAZY:
+        if tl.min(alpha, axis=0) < 1.0:
+            acc = acc * alpha[:, None]
+    else:
+        acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return m_new, l_i, acc
 
 
@@ -110,7 +119,7 @@ def _keys(q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring
           bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
           HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-          TY: tl.constexpr):
+          TY: tl.constexpr, LAZY: tl.constexpr):
     """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries)."""
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
@@ -131,7 +140,7 @@ def _keys(q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring
         else:
             v = _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, dvb * BLOCK_DV, D,
                              RING_FMT, HAS_CURRENT, BLOCK_DV, TY)
-        m_i, l_i, acc = _attend(q, k, v, r >= 0, m_i, l_i, acc, scale_log2, PRECISION)
+        m_i, l_i, acc = _attend(q, k, v, r >= 0, m_i, l_i, acc, scale_log2, PRECISION, LAZY)
     if HAS_POOL:
         seq = tl.load(seg_ptr + t).to(tl.int64)
         for start in range(tl.maximum(lo, W), hi, BLOCK_N):
@@ -146,7 +155,7 @@ def _keys(q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring
                 v = k
             else:
                 v = decode_rows(pool_ptr, off, j >= 0, dvb * BLOCK_DV, D, POOL_FMT, BLOCK_DV, TY)
-            m_i, l_i, acc = _attend(q, k, v, j >= 0, m_i, l_i, acc, scale_log2, PRECISION)
+            m_i, l_i, acc = _attend(q, k, v, j >= 0, m_i, l_i, acc, scale_log2, PRECISION, LAZY)
     return m_i, l_i, acc
 
 
@@ -188,7 +197,7 @@ def _attention_kernel(
     RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
     SPLIT: tl.constexpr, FOLD: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-    TY: tl.constexpr,
+    TY: tl.constexpr, LAZY: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb, dvb = tl.program_id(2) // DV_BLOCKS, tl.program_id(2) % DV_BLOCKS
@@ -209,7 +218,7 @@ def _attention_kernel(
                 q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
                 cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
                 bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL,
-                DV_BLOCKS, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY)
+                DV_BLOCKS, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, LAZY)
             lse, o = _normalise(m_i, l_i, acc)
             top, den, num = _fold(top, den, num, lse, o)
         tl.store(out_at, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
@@ -220,7 +229,7 @@ def _attention_kernel(
             q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr,
             cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride,
             seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL, DV_BLOCKS, BLOCK_H,
-            BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY)
+            BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, LAZY)
         if SPLIT:
             row = (t * n_splits + s).to(tl.int64) * heads + h
             lse, o = _normalise(m_i, l_i, acc)
@@ -344,8 +353,8 @@ def _attention(
         RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
         FOLD=fold, DV_BLOCKS=dv_blocks,
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages, **exact,
+        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, LAZY=tiles.lazy_rescale,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **exact,
     )
     if split and batch_invariant:
         _fold_kernel[(t, triton.cdiv(heads, _FOLD_HEADS))](
