@@ -225,8 +225,9 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 # ---- verification cost per K ----------------------------------------------------------------------
 
 
-def build_slice(layers: int, tiny: bool, device: torch.device) -> Any:
-    """A runtime with random weights: the Flash-width slice (GPU) or the tiny `full` config (CPU check)."""
+def build_slice(layers: int, tiny: bool, device: torch.device, graph_sizes: list[int]) -> Any:
+    """A runtime with random weights: the Flash-width slice (GPU) or the tiny `full` config (CPU check),
+    its CUDA graphs bucketed at `graph_sizes` (the measured batches: no step pads to a larger one)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from reference_forward import _ops, random_weights, token_map
 
@@ -236,7 +237,7 @@ def build_slice(layers: int, tiny: bool, device: torch.device) -> Any:
     config = tiny_config("full") if tiny else flash_slice_config(num_layers=layers)
     block = config.text.dspark_block_size or 0
     options = RuntimeOptions(cache_precision="release" if device.type == "cuda" else "exact",
-                             max_backtrack=max(block, 5) + 1)
+                             max_backtrack=max(block, 5) + 1, cuda_graph_sizes=tuple(graph_sizes))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     return build_runtime(config, random_weights(config, device), dtype=dtype, ops=_ops(None, device),
                          engram_token_map=token_map(config), options=options)
@@ -264,8 +265,8 @@ def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     device = torch.device(args.device)
     t0 = time.perf_counter()
-    runtime = build_slice(args.slice_layers, args.tiny, device)
     batches, ks = ints(args.batches), ints(args.ks)
+    runtime = build_slice(args.slice_layers, args.tiny, device, batches)
     slots = list(range(1, max(batches) + 1))
     runtime.allocate_cache(num_blocks=len(slots) + 1, num_slots=len(slots) + 1)
     blocks = list(range(1, len(slots) + 1))  # one block per sequence: positions 0..K, well inside one
