@@ -40,6 +40,7 @@ from deepinfer_kernels_cuda.dequant import (
     fp4_gemv_products,
     fp4_split_tile,
     fp8_tile,
+    pow2,
     split_columns,
 )
 from deepinfer_kernels_cuda.linear import PreparedLinear, linear, mm_out
@@ -383,6 +384,8 @@ def _down_kernel(
 
 # --- decode GEMVs
 
+_G = tl.constexpr(GROUP)  # columns per scale, readable inside kernels
+
 # assignments (tokens x top-k) up to which the decode kernels run: each assignment streams its expert's
 # rows, so two assignments of one expert read it twice (from L2 at these sizes)
 DECODE_ASSIGNMENTS = 64
@@ -395,9 +398,16 @@ def _row_products(acc, x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, strid
     """acc plus the products of weight rows offs_n x columns k0..k0+BK with one input row: float32
     [BN, BK] for FP8 (KIND 0: 32x32 block scales, the shared expert; KIND 2: 1x32, experts re-encoded
     from FP4), column-pair sums [BN, BK/2] for split-layout FP4 (KIND 1)."""
-    if KIND == 0:
+    if KIND == 0:  # BN divides 32: the tile's rows (program_id(1) * BN + ...) share one scale per 32
+        # columns, applied to the input instead (exact: powers of two)
+        tl.static_assert(_G % BN == 0)
         xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
-        acc += fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 32) * xk[None, :]
+        s_row = s_ptr + (tl.program_id(1) * BN // _G) * stride_sn
+        s = tl.load(s_row + k0 // _G + tl.arange(0, BK // _G))
+        xs = tl.reshape(tl.reshape(xk, (BK // _G, _G)) * pow2(s, 0)[:, None], (BK,))
+        cols = tl.multiple_of(k0, BK) + tl.arange(0, BK)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + cols[None, :], mask=n_mask[:, None])
+        acc += w.to(tl.float32) * xs[None, :]
     elif KIND == 2:
         xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
         acc += fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 1) * xk[None, :]
