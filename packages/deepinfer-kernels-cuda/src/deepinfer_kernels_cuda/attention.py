@@ -188,7 +188,8 @@ def _fold(top, den, num, lse, o):
     return tl.where(live, new, top), den, num
 
 
-@triton.jit
+# table widths and split counts are not specialised (== 1, multiple of 16): fewer kernels per batch bucket
+@triton.jit(do_not_specialize=["n_splits", "bt_stride"])
 def _attention_kernel(
     q_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr, heads, D, keys_per_split, n_splits, win_splits, pool_base,
     scale_log2, q_stride_t, q_stride_h,

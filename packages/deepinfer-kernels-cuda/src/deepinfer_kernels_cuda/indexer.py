@@ -81,7 +81,7 @@ def indexer_logits(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bt_stride"])  # table widths: no new kernel per width
 def _paged_scores_kernel(
     q_ptr, w_ptr, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr, visible_ptr, out_ptr,
     heads, D, capacity, q_stride_t, q_stride_h, w_stride_t,
