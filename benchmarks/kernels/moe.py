@@ -105,6 +105,9 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 moe.configs.lookup_moe = partial(_fixed, grouped)
             try:
                 rows.append(_point(t, weights, ref, roof, dims, layout, inv))
+            except Exception as err:  # one variant failing (compile, resources) keeps the others
+                print(f"T={t} {layout}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+                continue
             finally:
                 moe.DECODE_OVERRIDE = None
                 moe.configs.lookup_moe = lookup
