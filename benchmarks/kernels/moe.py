@@ -163,11 +163,17 @@ def main() -> None:
     ap.add_argument("--layouts", default="fp4,fp8", help="expert layouts to time: fp4 (stored), fp8, fp4-inv")
     ap.add_argument("--invariant-config", default=None,
                     help="fp4-inv at this tile config, not moe.INVARIANT_CONFIG: BN,BM,BK,warps,stages")
+    ap.add_argument("--rooflines", default=None,
+                    help="an earlier run's ceilings, not measured again: COPY_TBS,BF16_TFLOPS,FP8_TFLOPS")
     args = ap.parse_args()
     if args.invariant_config:
         bn, bm, bk, warps, stages = map(int, args.invariant_config.split(","))
         moe.INVARIANT_CONFIG = TileConfig(bn, bm, bk, 1, warps, stages)
-    roof = rooflines()
+    if args.rooflines:
+        roof = dict(zip(("copy_tbs", "bf16_tflops", "fp8_tflops"), map(float, args.rooflines.split(","))))
+        roof["rooflines_given"] = True
+    else:
+        roof = rooflines()
     dims = {**FLASH, "experts": args.experts, "topk": args.topk}
     header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **roof, **dims,
               "invariant_config": str(moe.INVARIANT_CONFIG),
