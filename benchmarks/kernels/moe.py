@@ -87,7 +87,7 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
 
 
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
-          header: dict, layouts: list[str]) -> None:
+          header: dict, layouts: list[str], profile: bool = False) -> None:
     ours, ref = flash_layers(**dims)
     fp8 = fp8_layout(ours, ref) if any(name.startswith("fp8") for name in layouts) else None
     rows = []
@@ -112,6 +112,25 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 moe.DECODE_OVERRIDE = None
                 moe.configs.lookup_moe = lookup
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
+    if profile:
+        for t in tokens:
+            kernel_times(ours, t, dims["hidden"])
+
+
+def kernel_times(layer: MoEWeights, t: int, hidden: int, calls: int = 10) -> None:
+    """GPU time per kernel of `moe` (default path) at t tokens, eager, mean over `calls` (torch.profiler)."""
+    x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
+    moe.moe(x, layer)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            moe.moe(x, layer)
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events) / calls
+    print(f"kernels at T={t}: {total:.1f} us per call", flush=True)
+    for e in events[:10]:
+        print(f"  {e.device_time_total / calls:9.1f} us  x{e.count // calls}  {e.key[:90]}", flush=True)
 
 
 def _fixed(cfg: TileConfig, *_: object) -> TileConfig:
@@ -165,6 +184,7 @@ def main() -> None:
                     help="fp4-inv at this tile config, not moe.INVARIANT_CONFIG: BN,BM,BK,warps,stages")
     ap.add_argument("--rooflines", default=None,
                     help="an earlier run's ceilings, not measured again: COPY_TBS,BF16_TFLOPS,FP8_TFLOPS")
+    ap.add_argument("--profile", action="store_true", help="then GPU time per kernel of the default path")
     args = ap.parse_args()
     if args.invariant_config:
         bn, bm, bk, warps, stages = map(int, args.invariant_config.split(","))
@@ -180,7 +200,7 @@ def main() -> None:
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(header, flush=True)
     tokens = tuple(int(t) for t in args.tokens.split(","))
-    bench(tokens, roof, dims, args.out, header, args.layouts.split(","))
+    bench(tokens, roof, dims, args.out, header, args.layouts.split(","), args.profile)
 
 
 if __name__ == "__main__":
