@@ -166,16 +166,16 @@ class Staging:
     def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         # each array starts 16-byte aligned (one unused value after an odd count): Triton specialises
         # kernels on pointer alignment, so packed arrays would compile new kernels as sizes change
-        places = [a.size + a.size % 2 for a in arrays]
-        total = sum(places)
+        sizes = [n for a in arrays for n in (a.size, a.size % 2)]  # each array, then its padding
+        total = sum(sizes)
         host, _ = self.acquire(total, None)
         if total:
             np.concatenate([p for a in arrays for p in ((a.ravel(), _PAD) if a.size % 2 else (a.ravel(),))],
                            out=host[:total])
         flat = self.send(total)
         # views only where needed: a view per array costs more than the copy at decode sizes
-        return [(t if a.size == n else t[: a.size]) if a.ndim == 1 else t[: a.size].view(a.shape)
-                for t, a, n in zip(flat.split(places), arrays, places, strict=True)]
+        pieces = flat.split(sizes)[::2]
+        return [t if a.ndim == 1 else t.view(a.shape) for t, a in zip(pieces, arrays, strict=True)]
 
     def acquire(self, total: int, writer: object) -> tuple[np.ndarray, bool]:
         """The host buffer of the next upload (at least `total` values), once the copy that last read
