@@ -14,7 +14,8 @@ Each variant's output is checked against the reference (relative L2 error).
 Prefill: one 2048-token prompt (1024 compressed entries, causal window and visibility).
 --sweep: a sweep of the kernel's tiles at ctx 64k (decode) and on the prefill instead.
 
-    python benchmarks/kernels/attention.py [--out table.md] [--decode] [--sweep]   (--decode: no prefill)
+    python benchmarks/kernels/attention.py [--out table.md] [--decode] [--quick] [--sweep]
+(--decode: no prefill; --quick: decode at 64k context, B = 64, 128 only)
 """
 
 from __future__ import annotations
@@ -109,12 +110,12 @@ def decode_case(make, nbytes: int, op, ref_op, copy: float) -> list[list[object]
 
 
 def _build(variant: str, paged: bool) -> None:
-    """Runs one variant's kernels for one op once (split grids and one program per row), so that the
-    Triton cache holds them when the timing process asks."""
+    """Runs one variant's kernels for one op once, so that the Triton cache holds them when the timing
+    process asks."""
     cuda, _ = backends()
     kernel.DECODE_TILES = kernel.DECODE_VARIANTS[variant]
     try:
-        for batch in (1, 64, 128):
+        for batch in (64, 128):  # split grids and one program per row
             if paged:
                 *args, kwargs = paged_inputs(batch, 8192, cuda)
                 cuda.sparse_attention_paged(*args, **kwargs)
@@ -132,7 +133,7 @@ def build_in_parallel() -> None:
         pool.starmap(_build, jobs)
 
 
-def decode_rows(cuda, ref, copy: float) -> list[list[object]]:
+def decode_rows(cuda, ref, copy: float, quick: bool) -> list[list[object]]:
     """One row per (precision, ctx, batch, variant), printed as measured (a cut-off run keeps them)."""
     precisions = {
         "bf16": (decode_inputs, touched_bytes, cuda.sparse_attention_sink, ref.sparse_attention_sink),
@@ -140,9 +141,10 @@ def decode_rows(cuda, ref, copy: float) -> list[list[object]]:
                                   lambda *a: cuda.sparse_attention_paged(*a[:-1], **a[-1]),
                                   lambda *a: ref.sparse_attention_paged(*a[:-1], **a[-1])),
     }
+    contexts, batches = ((65536,), (64, 128)) if quick else ((65536, 8192), (1, 8, 64, 128))
     rows = []
     for ctx, (name, (make, nbytes, op, ref_op)), batch in itertools.product(
-            (65536, 8192), precisions.items(), (1, 8, 64, 128)):
+            contexts, precisions.items(), batches):
         case = decode_case(lambda m=make, b=batch, c=ctx: m(b, c), nbytes(batch), op, ref_op, copy)
         for row in case:
             rows.append([name, f"{ctx // 1024}k", batch, *row])
@@ -152,7 +154,7 @@ def decode_rows(cuda, ref, copy: float) -> list[list[object]]:
 
 def main() -> None:
     torch.manual_seed(0)
-    args = parse_args(__doc__, "--decode", "--sweep")
+    args = parse_args(__doc__, "--decode", "--quick", "--sweep")
     cuda, ref = backends()
     copy = copy_bandwidth_gbs()
     if args.sweep:
@@ -160,12 +162,12 @@ def main() -> None:
         return
     build_in_parallel()
     default = kernel.DECODE_TILES
-    rows = decode_rows(cuda, ref, copy)
+    rows = decode_rows(cuda, ref, copy, args.quick)
     kernel.DECODE_TILES = default
     emit(f"sparse attention decode, {HEADS} heads x {DIM}, K = {WINDOW}+{TOPK}, bf16 queries, CUDA graph "
          f"(copy {copy:.0f} GB/s)", ["cache", "ctx", "B", "variant", "cuda graph µs", "GB/s", "% of copy",
                                       "reference eager µs", "rel err"], rows, args.out)
-    if args.decode:
+    if args.decode or args.quick:
         return
     prefill = prefill_inputs(2048)
     k_ms = eager_ms(lambda: cuda.sparse_attention_sink(*prefill))
