@@ -11,7 +11,7 @@ case (64 heads x 512, two value blocks). About a minute and a half.
 
 Decode tile variants (DECODE_VARIANTS): each against the reference, raw and release caches, with
 split keys, windows that end inside a key tile, padding keys, a row without keys; variants with the
-same tiles and splits (key ids loaded a tile ahead or not) bitwise equal. Half a minute.
+same tiles and splits (lazy accumulator rescaling or not) bitwise equal. Half a minute.
 """
 
 import pytest
@@ -148,7 +148,7 @@ def step(fmt, t, n_win, n_top):
 
 cases = [(fmt, *shape) for fmt in (("raw", "raw"), ("fp8", "nvfp4")) for shape in ((1, 32, 61), (5, 7, 40))]
 steps = [step(fmt, t, n_win, n_top) for fmt, t, n_win, n_top in cases]
-seen = {}  # variants that split alike (the interpreter ignores stages): same bits, ids prefetched or not
+seen = {}  # variants that split alike (the interpreter ignores stages): same bits, lazy rescaling or not
 for name, tiles in ker.DECODE_VARIANTS.items():
     ker.DECODE_TILES = tiles
     outs = [ker.sparse_attention_paged(*args, **kwargs) for args, kwargs in steps]

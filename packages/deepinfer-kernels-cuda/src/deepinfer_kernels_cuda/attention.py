@@ -56,19 +56,23 @@ class Tiles:
     num_stages: int
     programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
-    prefetch_ids: bool = False  # load the next tile's key ids (and pool blocks) ahead (same bits)
+    lazy_rescale: bool = False  # rescale the accumulator only when a running maximum grew (same bits)
 
 
 # Decode tiles by name, so that one GPU run compares them (benchmarks/kernels/attention.py). A program
 # holds a [64 heads, 512] float32 accumulator: 128 registers a thread at 8 warps, half the register
-# file, so one program runs per SM and the grid is cut to one wave. "v1" loads 64-key tiles unpipelined
-# into registers and spills (~500 bytes a thread, sm_90 compile); it beat 16- and 32-key tiles loaded
-# 3 deep (no / less spill) by 5-45% at every case of the 2026-12-01 23:05 run, and rescaling the
-# accumulator only when a maximum grew cost 3-10%. A tile's gather waits on its ids (and, for the pool,
-# on their block-table entries): "v1p" loads those a tile ahead.
+# file, so one program runs per SM and the grid is cut to one wave. "v1", the best of the 2026-12-01
+# sweep (ctx 64k B 1/64/128: 16.9/60/95 µs), loads 64-key tiles unpipelined into registers and spills
+# ~700 bytes a thread (sm_90 compile). "v2" takes 16-key tiles loaded 3 deep ahead (asynchronous copies
+# to shared memory): no spill on raw caches, ~290 bytes with FP8/NVFP4 decoding; "v3" 32-key tiles
+# (spills 200 / 590 bytes, rescales the accumulator half as often); "v4" (16 keys, 4 deep) and "v5"
+# (as v3) rescale the accumulator only when a running maximum grew.
 DECODE_VARIANTS = {
     "v1": Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=1.0),
-    "v1p": Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=1.0, prefetch_ids=True),
+    "v2": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=3, programs_per_sm=1.0),
+    "v3": Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0),
+    "v4": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=4, programs_per_sm=1.0, lazy_rescale=True),
+    "v5": Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0, lazy_rescale=True),
 }
 DECODE_TILES = DECODE_VARIANTS["v1"]
 PREFILL_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1)
@@ -81,38 +85,22 @@ _FOLD_HEADS = 16  # heads per program of _fold_kernel
 
 
 @triton.jit
-def _attend(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr):
-    """One online-softmax step over a block of keys k (= values v; `valid` ones only)."""
+def _attend(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, LAZY: tl.constexpr):
+    """One online-softmax step over a block of keys k (= values v; `valid` ones only). LAZY: the
+    accumulator is rescaled only when a head's running maximum grew (else every factor is exactly 1)."""
     logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     logits = tl.where(valid[None, :], logits, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(logits - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    if LAZY:
+        if tl.min(alpha, axis=0) < 1.0:
+            acc = acc * alpha[:, None]
+    else:
+        acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return m_new, l_i, acc
-
-
-@triton.jit
-def _window_ids(win_ptr, t, win_stride, start, win_hi, BLOCK_N: tl.constexpr):
-    """Window indices of row t at key positions start.. (-1 past win_hi), as int32 (ring rows: fewer
-    registers for ids held a tile ahead)."""
-    n = start + tl.arange(0, BLOCK_N)
-    return tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int32)
-
-
-@triton.jit
-def _entry_ids(topk_ptr, t, topk_stride, start, W, hi, BLOCK_N: tl.constexpr):
-    """Compressed entry ids of row t at key positions start.. (>= W; -1 past hi), as int32."""
-    n = start + tl.arange(0, BLOCK_N)
-    return tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1).to(tl.int32)
-
-
-@triton.jit
-def _entry_blocks(bt_ptr, seq, bt_stride, j, per_block):
-    """Pool blocks holding entries j of sequence seq (block tables), as int32."""
-    return tl.load(bt_ptr + seq * bt_stride + tl.where(j >= 0, j, 0) // per_block, mask=j >= 0,
-                   other=0).to(tl.int32)
 
 
 @triton.jit
@@ -131,23 +119,15 @@ def _keys(q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring
           bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
           HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-          TY: tl.constexpr, PREFETCH: tl.constexpr):
+          TY: tl.constexpr, LAZY: tl.constexpr):
     """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries)."""
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
     win_hi = tl.minimum(hi, W)
-    # PREFETCH: the ids of the next tile (and for compressed entries their blocks, from ids read one
-    # tile earlier) are loaded while this tile is gathered, so a tile waits on its rows alone
-    if PREFETCH:
-        r_next = _window_ids(win_ptr, t, win_stride, lo, win_hi, BLOCK_N)
     for start in range(lo, win_hi, BLOCK_N):
-        if PREFETCH:
-            r = r_next
-            r_next = _window_ids(win_ptr, t, win_stride, start + BLOCK_N, win_hi, BLOCK_N)
-        else:
-            r = _window_ids(win_ptr, t, win_stride, start, win_hi, BLOCK_N)
-        r = r.to(tl.int64)
+        n = start + tl.arange(0, BLOCK_N)
+        r = tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int64)
         in_ring = (r >= 0) & (r < ring_rows)
         rr = tl.where(in_ring, r, 0)
         ring_off = (rr // ring_len) * ring_s0 + (rr % ring_len) * ring_s1
@@ -160,29 +140,22 @@ def _keys(q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring
         else:
             v = _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, dvb * BLOCK_DV, D,
                              RING_FMT, HAS_CURRENT, BLOCK_DV, TY)
-        m_i, l_i, acc = _attend(q, k, v, r >= 0, m_i, l_i, acc, scale_log2, PRECISION)
+        m_i, l_i, acc = _attend(q, k, v, r >= 0, m_i, l_i, acc, scale_log2, PRECISION, LAZY)
     if HAS_POOL:
         seq = tl.load(seg_ptr + t).to(tl.int64)
-        first = tl.maximum(lo, W)
-        if PREFETCH:
-            j_next = _entry_ids(topk_ptr, t, topk_stride, first, W, hi, BLOCK_N)
-            block_next = _entry_blocks(bt_ptr, seq, bt_stride, j_next, per_block)
-            j_after = _entry_ids(topk_ptr, t, topk_stride, first + BLOCK_N, W, hi, BLOCK_N)
-        for start in range(first, hi, BLOCK_N):
-            if PREFETCH:
-                j, block = j_next, block_next
-                j_next, block_next = j_after, _entry_blocks(bt_ptr, seq, bt_stride, j_after, per_block)
-                j_after = _entry_ids(topk_ptr, t, topk_stride, start + 2 * BLOCK_N, W, hi, BLOCK_N)
-            else:
-                j = _entry_ids(topk_ptr, t, topk_stride, start, W, hi, BLOCK_N)
-                block = _entry_blocks(bt_ptr, seq, bt_stride, j, per_block)
-            off = block.to(tl.int64) * pool_s0 + (tl.where(j >= 0, j, 0) % per_block).to(tl.int64) * pool_s1
+        for start in range(tl.maximum(lo, W), hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            j = tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1)
+            j = j.to(tl.int64)
+            jj = tl.where(j >= 0, j, 0)
+            block = tl.load(bt_ptr + seq * bt_stride + jj // per_block, mask=j >= 0, other=0).to(tl.int64)
+            off = block * pool_s0 + (jj % per_block) * pool_s1
             k = decode_rows(pool_ptr, off, j >= 0, 0, D, POOL_FMT, BLOCK_D, TY)
             if DV_BLOCKS == 1:
                 v = k
             else:
                 v = decode_rows(pool_ptr, off, j >= 0, dvb * BLOCK_DV, D, POOL_FMT, BLOCK_DV, TY)
-            m_i, l_i, acc = _attend(q, k, v, j >= 0, m_i, l_i, acc, scale_log2, PRECISION)
+            m_i, l_i, acc = _attend(q, k, v, j >= 0, m_i, l_i, acc, scale_log2, PRECISION, LAZY)
     return m_i, l_i, acc
 
 
@@ -225,7 +198,7 @@ def _attention_kernel(
     RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
     SPLIT: tl.constexpr, FOLD: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-    TY: tl.constexpr, PREFETCH: tl.constexpr,
+    TY: tl.constexpr, LAZY: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb, dvb = tl.program_id(2) // DV_BLOCKS, tl.program_id(2) % DV_BLOCKS
@@ -246,7 +219,7 @@ def _attention_kernel(
                 q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
                 cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
                 bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL,
-                DV_BLOCKS, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, PREFETCH)
+                DV_BLOCKS, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, LAZY)
             lse, o = _normalise(m_i, l_i, acc)
             top, den, num = _fold(top, den, num, lse, o)
         tl.store(out_at, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
@@ -257,7 +230,7 @@ def _attention_kernel(
             q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr,
             cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride,
             seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL, DV_BLOCKS, BLOCK_H,
-            BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, PREFETCH)
+            BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, LAZY)
         if SPLIT:
             row = (t * n_splits + s).to(tl.int64) * heads + h
             lse, o = _normalise(m_i, l_i, acc)
@@ -381,7 +354,7 @@ def _attention(
         RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
         FOLD=fold, DV_BLOCKS=dv_blocks,
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, PREFETCH=tiles.prefetch_ids,
+        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, LAZY=tiles.lazy_rescale,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **exact,
     )
     if split and batch_invariant:
