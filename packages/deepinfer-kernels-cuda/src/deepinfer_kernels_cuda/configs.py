@@ -119,7 +119,7 @@ def default_gemv(n: int, k: int, m: int, sm_count: int = SM_COUNT_FALLBACK) -> T
     while bn > 1 and -(-n // bn) < 4 * sm_count:
         bn //= 2
     warps = 4
-    bk = min(GEMV_THREADS_K * warps * (8 // bn), 1 << max(k - 1, 0).bit_length())
+    bk = min(GEMV_THREADS_K * warps * (8 // bn), m_bucket(k))  # m_bucket: the next power of two
     steps = -(-k // bk)
     split = 1
     while -(-n // bn) * split < 2 * sm_count and steps >= 2 * split:

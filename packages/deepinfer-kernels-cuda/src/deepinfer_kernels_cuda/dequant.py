@@ -13,7 +13,7 @@ import triton.language as tl
 from deepinfer_kernels_cuda import configs
 
 GROUP = 32  # columns per scale: 32x32 blocks for FP8, 1x32 row groups for FP4
-_G = tl.constexpr(GROUP)  # the same, readable inside kernels
+GROUP_TL = tl.constexpr(GROUP)  # the same, readable inside kernels
 _DEQUANT_ROWS, _DEQUANT_COLS = 32, 256  # tile of the `dequantize` kernel
 
 
@@ -73,10 +73,10 @@ def fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
     offs_k = tl.multiple_of(k0, BK) + tl.arange(0, BK)  # alignment hint for vector loads
     # no `other`: rows past N only feed output rows that are never stored
     wq = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None])
-    sk = k0 // _G + tl.arange(0, BK // _G)
+    sk = k0 // GROUP_TL + tl.arange(0, BK // GROUP_TL)
     rows = offs_n // SCALE_ROWS
     s = tl.load(s_ptr + rows[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
-    return scale_groups(wq.to(tl.float32), pow2(s, 0), BN, BK, _G)
+    return scale_groups(wq.to(tl.float32), pow2(s, 0), BN, BK, GROUP_TL)
 
 
 @triton.jit
@@ -86,9 +86,9 @@ def fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
     BF16 (exact), decoded through float32 Triton ops."""
     kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
     packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
-    sk = k0 // _G + tl.arange(0, BK // _G)
+    sk = k0 // GROUP_TL + tl.arange(0, BK // GROUP_TL)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
-    return scale_groups(e2m1_times_2pow_m14(packed), pow2(s, 14), BN, BK, _G).to(tl.bfloat16)  # exact
+    return scale_groups(e2m1_times_2pow_m14(packed), pow2(s, 14), BN, BK, GROUP_TL).to(tl.bfloat16)  # exact
 
 
 @triton.jit
@@ -107,7 +107,7 @@ def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.c
     kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
     # no `other`: rows past N only feed output rows that are never stored
     packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
-    sk = k0 // _G + tl.arange(0, BK // _G)
+    sk = k0 // GROUP_TL + tl.arange(0, BK // GROUP_TL)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
     lo, hi = e2m1_pair_times_2pow_m14(packed)
     return lo, hi, pow2(s, 14)
@@ -193,10 +193,10 @@ def _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
     by `e2m1_pair_bf16_asm`."""
     kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
     packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
-    sk = k0 // _G + tl.arange(0, BK // _G)
+    sk = k0 // GROUP_TL + tl.arange(0, BK // GROUP_TL)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
     factor = asm_scale_factor(s)[:, :, None]
-    lo, hi = e2m1_pair_bf16_asm(tl.reshape(packed, (BN, BK // _G, _G // 2)), factor, PACK)
+    lo, hi = e2m1_pair_bf16_asm(tl.reshape(packed, (BN, BK // GROUP_TL, GROUP_TL // 2)), factor, PACK)
     return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
 
 
@@ -208,8 +208,8 @@ def fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
     if ASM:
         return _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 2)
     lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-    return (scale_groups(lo, sc, BN, BK // 2, _G // 2).to(tl.bfloat16),
-            scale_groups(hi, sc, BN, BK // 2, _G // 2).to(tl.bfloat16))
+    return (scale_groups(lo, sc, BN, BK // 2, GROUP_TL // 2).to(tl.bfloat16),
+            scale_groups(hi, sc, BN, BK // 2, GROUP_TL // 2).to(tl.bfloat16))
 
 
 @triton.jit
@@ -222,7 +222,7 @@ def fp4_gemv_products(acc, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_s
         lo, hi = _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 4)
         return acc + lo.to(tl.float32) * x_lo[None, :] + hi.to(tl.float32) * x_hi[None, :]
     lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-    return acc + scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, _G // 2)
+    return acc + scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, GROUP_TL // 2)
 
 
 @triton.jit
@@ -232,7 +232,7 @@ def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, stride_wn, stride_sn, stride_on
     k0 = tl.program_id(1) * BK
     n_mask = offs_n < N
     if FP8:
-        w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _G)
+        w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, GROUP_TL)
     else:
         w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
     ptrs = out_ptr + offs_n[:, None] * stride_on + (k0 + tl.arange(0, BK))[None, :]

@@ -37,6 +37,7 @@ from deepinfer_kernels_cuda import configs
 from deepinfer_kernels_cuda.dequant import (
     ASM_MAX_SCALE,
     GROUP,
+    GROUP_TL,
     fp4_gemv_products,
     fp4_split_tile,
     fp8_tile,
@@ -384,8 +385,6 @@ def _down_kernel(
 
 # --- decode GEMVs
 
-_G = tl.constexpr(GROUP)  # columns per scale, readable inside kernels
-
 # assignments (tokens x top-k) up to which the decode kernels run: each assignment streams its expert's
 # rows, so two assignments of one expert read it twice (from L2 at these sizes)
 DECODE_ASSIGNMENTS = 64
@@ -400,11 +399,11 @@ def _row_products(acc, x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, strid
     from FP4), column-pair sums [BN, BK/2] for split-layout FP4 (KIND 1)."""
     if KIND == 0:  # BN divides 32: the tile's rows (program_id(1) * BN + ...) share one scale per 32
         # columns, applied to the input instead (exact: powers of two)
-        tl.static_assert(_G % BN == 0)
+        tl.static_assert(GROUP_TL % BN == 0)
         xk = tl.load(x_row + k0 + tl.arange(0, BK)).to(tl.float32)
-        s_row = s_ptr + (tl.program_id(1) * BN // _G) * stride_sn
-        s = tl.load(s_row + k0 // _G + tl.arange(0, BK // _G))
-        xs = tl.reshape(tl.reshape(xk, (BK // _G, _G)) * pow2(s, 0)[:, None], (BK,))
+        s_row = s_ptr + (tl.program_id(1) * BN // GROUP_TL) * stride_sn
+        s = tl.load(s_row + k0 // GROUP_TL + tl.arange(0, BK // GROUP_TL))
+        xs = tl.reshape(tl.reshape(xk, (BK // GROUP_TL, GROUP_TL)) * pow2(s, 0)[:, None], (BK,))
         cols = tl.multiple_of(k0, BK) + tl.arange(0, BK)
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + cols[None, :], mask=n_mask[:, None])
         acc += w.to(tl.float32) * xs[None, :]
