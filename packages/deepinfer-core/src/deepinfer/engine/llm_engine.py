@@ -431,6 +431,8 @@ class LLMEngine:
         """Counters, the cache position after verification, the next drafts of each sequence, and the
         step's time for the verification scheduler's latency curve (decode steps only)."""
         assert result.verified is not None
+        if result.drafts is not None:  # after the tokens' commit, which overlapped the drafting
+            result.drafts.fill()
         for v in result.verified:
             seq, spec = v.seq, v.seq.spec
             if spec is None or not v.tokens:  # discarded: it ended before this step was committed

@@ -11,8 +11,9 @@ fork copies also run here, in step order, so they never race a step that still u
 With a speculator every sampled row goes through exact verification instead of the plain sampler (a
 row without drafts samples identically), and after it the proposer drafts the next tokens of every
 speculating sequence that just sampled. The engine plans a speculative step only once the step
-before it has returned, so its segments hold host token ids; finished sequences are released to the
-proposer here, before a step, so that a release never races a step drafting for that sequence.
+before it has returned, so its segments hold host token ids; the step returns once drafting is
+launched (its drafts reach the host behind it, `PendingDrafts`). Finished sequences are released to
+the proposer here, before a step, so that a release never races a step drafting for that sequence.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from deepinfer.models.interface import CausalLM, ForwardBatch, SequenceSegment
 from deepinfer.ops import get_ops
 from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import (
+    HostCopy,
     PendingLogprobs,
     SampleOutput,
     Sampler,
@@ -70,9 +72,33 @@ class Verified:
     logprobs: list[TokenLogprob | None]
     num_drafts: int
     num_accepted: int
-    next_drafts: list[int] = field(default_factory=list)
+    next_drafts: list[int] = field(default_factory=list)  # filled by `PendingDrafts.fill`
     next_probs: torch.Tensor | None = None  # [len(next_drafts), V] on the device
     next_confidences: list[float] | None = None
+
+
+class PendingDrafts:
+    """A proposal's draft ids and confidences on their way to the host.
+
+    The copies are queued behind the drafting (`HostCopy`), so the worker hands the step over as soon
+    as drafting is launched; the engine commits the step's tokens while the device still drafts and
+    waits only when it needs the drafts (`fill`, before planning the next step).
+    """
+
+    def __init__(self, proposal: Proposal, todo: list[Verified]) -> None:
+        tensors = [proposal.token_ids] if proposal.confidences is None else [proposal.token_ids,
+                                                                                 proposal.confidences]
+        self._host = HostCopy(*tensors)
+        self._rows = list(zip(todo, proposal.num_drafts, strict=True))
+        for i, (v, n) in enumerate(self._rows):
+            v.next_probs = None if proposal.probs is None else proposal.probs[i, :n]
+
+    def fill(self) -> None:
+        """Wait for the copies and set each sequence's next drafts and confidences."""
+        ids, *confidences = (t.tolist() for t in self._host.get())
+        for i, (v, n) in enumerate(self._rows):
+            v.next_drafts = ids[i][:n]
+            v.next_confidences = confidences[0][i][:n] if confidences else None
 
 
 @dataclass
@@ -85,6 +111,7 @@ class StepResult:
     num_tokens: int
     num_seqs: int
     verified: list[Verified] | None = None  # speculative steps: replaces sample_seqs / samples
+    drafts: PendingDrafts | None = None  # speculative steps: the next drafts of `verified`, if any
     # CUDA: events recorded on the step's stream at its start and end (GPU time, read a step later)
     gpu: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
@@ -156,9 +183,9 @@ class ModelRunner:
         prompt_lp = [self._prompt_logprobs(out.logits, offsets[i], segments[i], s)
                      for i, s in enumerate(sched.segments) if s.prompt_logprobs is not None]
         if self.proposer is not None:
-            verified = self._speculate(out.logits, offsets, sched)
+            verified, drafts = self._speculate(out.logits, offsets, sched)
             return StepResult([], None, prompt_lp, start, time.perf_counter(), sched.num_tokens,
-                              len(sched.segments), verified, self._events(gpu_start))
+                              len(sched.segments), verified, drafts, self._events(gpu_start))
         rows, sample_rows, sample_seqs = [], [], []
         for i, s in enumerate(sched.segments):
             if s.sample_seqs:
@@ -254,8 +281,9 @@ class ModelRunner:
             self.model.reset_slot(s.slot)
         return ms
 
-    def _speculate(self, logits: torch.Tensor, offsets: list[int], sched: SchedulerOutput) -> list[Verified]:
-        """Verify every sampled row, then draft after each speculating sequence's new tokens."""
+    def _speculate(self, logits: torch.Tensor, offsets: list[int], sched: SchedulerOutput
+                   ) -> tuple[list[Verified], PendingDrafts | None]:
+        """Verify every sampled row, then launch drafting after each speculating sequence's new tokens."""
         items: list[tuple[Sequence, ScheduledSegment]] = []  # one per sampled sequence
         rows, sample_rows, drafts = [], [], []
         probs: list[tuple[torch.Tensor | None, list[int]]] = []  # per verified run: (draft probs, drafts)
@@ -289,8 +317,7 @@ class ModelRunner:
             if seq.request.params.structured_outputs is not None:
                 self._settle_grammar(seq, s.start_pos + len(s.token_ids) - k, verified[-1].tokens)
             r += k + 1
-        self._propose(verified, logits.device)
-        return verified
+        return verified, self._propose(verified, logits.device)
 
     def _settle_grammar(self, seq: Sequence, position: int, emitted: list[int]) -> None:
         """Commit the grammar state through an emitted run that ends the sequence by EOS after an
@@ -315,10 +342,13 @@ class ModelRunner:
             drafts = s.token_ids[len(s.token_ids) - k:]
             masks.append(self.structured.draft_rows(seq, s.start_pos + len(s.token_ids) - k, drafts,
                                                     _no_token_in_flight))
-        mask = torch.from_numpy(np.concatenate(masks)).to(logits.device)
+        mask = torch.from_numpy(np.concatenate(masks))
+        if logits.device.type == "cuda":  # pinned: queued behind the forward instead of waiting for it
+            mask = mask.pin_memory()
+        mask = mask.to(logits.device, non_blocking=True)
         return (self.sampler.ops or get_ops(device=logits.device)).apply_token_bitmask(logits, mask)
 
-    def _propose(self, verified: list[Verified], device: torch.device) -> None:
+    def _propose(self, verified: list[Verified], device: torch.device) -> PendingDrafts | None:
         """Ask the proposer for the drafts after each speculating sequence's newest token."""
         assert self.proposer is not None
         todo, requests = [], []
@@ -334,12 +364,6 @@ class ModelRunner:
             requests.append(ProposeRequest(seq.seq_id, seq.slot, len(context) - 1, context, params,
                                            seq.seed, room))
         if not requests:
-            return
+            return None
         sampled = to_device([r.token_ids[-1] for r in requests], device)
-        proposal: Proposal = self.proposer.propose(ProposeBatch(requests, sampled))
-        ids = proposal.token_ids.tolist()
-        confidences = None if proposal.confidences is None else proposal.confidences.tolist()
-        for i, (v, n) in enumerate(zip(todo, proposal.num_drafts, strict=True)):
-            v.next_drafts = ids[i][:n]
-            v.next_probs = None if proposal.probs is None else proposal.probs[i, :n]
-            v.next_confidences = None if confidences is None else confidences[i][:n]
+        return PendingDrafts(self.proposer.propose(ProposeBatch(requests, sampled)), todo)

@@ -29,7 +29,7 @@ from deepinfer.ops.reference.sampling import draw, filter_mask
 from deepinfer.ops.sampling import SamplingMetadata
 from deepinfer.sampling import rng
 from deepinfer.sampling.params import SamplingParams
-from deepinfer.sampling.sampler import PendingLogprobs, SampleRow, sampling_metadata
+from deepinfer.sampling.sampler import PendingLogprobs, SampleRow, sampling_metadata, to_device
 
 _GREEDY = SamplingParams(temperature=0)
 
@@ -125,18 +125,18 @@ def verify(
     drafted = [i for i, d in enumerate(drafts) if d >= 0]
     greedy = [i for i in drafted if rows[i].params.greedy]
     if greedy:  # tokens already holds the argmax
-        idx = torch.tensor(greedy, dtype=torch.int64).to(raw.device)
-        d = torch.tensor([drafts[i] for i in greedy], dtype=torch.int64).to(raw.device)
+        idx = to_device(greedy, raw.device)
+        d = to_device([drafts[i] for i in greedy], raw.device)
         accepted[idx] = tokens.index_select(0, idx) == d
     drawn = [j for j, i in enumerate(drafted) if not rows[i].params.greedy]  # among the drafted rows
     if drawn:
         with_draft = [drafted[j] for j in drawn]
-        idx = torch.tensor(with_draft, dtype=torch.int64).to(raw.device)
-        d = torch.tensor([drafts[i] for i in with_draft], dtype=torch.int64).to(raw.device)
+        idx = to_device(with_draft, raw.device)
+        d = to_device([drafts[i] for i in with_draft], raw.device)
         sub = _select(meta, idx)
         q = target_probs(adjusted.index_select(0, idx), sub)
         if draft_probs is not None and len(drawn) < len(drafted):
-            draft_probs = draft_probs.index_select(0, torch.tensor(drawn).to(draft_probs.device))
+            draft_probs = draft_probs.index_select(0, to_device(drawn, draft_probs.device))
         p = draft_probs if draft_probs is not None else torch.zeros_like(q).scatter_(1, d[:, None], 1.0)
         u_accept = rng.uniform(sub.seeds, sub.positions, rng.PURPOSE_ACCEPT)
         u_residual = rng.uniform(sub.seeds, sub.positions, rng.PURPOSE_RESIDUAL)
