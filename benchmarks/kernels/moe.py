@@ -7,9 +7,12 @@ Variants of `fp4`, by suffix (combinable): `-inv` batch-invariant mode (`moe(...
 fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the packed PTX one
 (`PreparedExperts.asm`); `-dBN_BM_BK_WARPS_STAGES` the decode path's tile forced (`moe.DECODE_OVERRIDE`;
 BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the table's;
-`-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes. A variant that does not apply
-at a size (a decode override above DECODE_ASSIGNMENTS, a grouped tile below, or one whose rows per block
-are not within half to twice the mean assignments per expert) is skipped there.
+`-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes; `-uBN_BM_BK_WARPS_STAGES` the
+fused decode path (shared expert in the routed launches, combine in the down kernel) with this down tile
+(`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile), `-u0` the unfused decode path. A
+variant that does not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped
+tile below, or one whose rows per block are not within half to twice the mean assignments per expert) is
+skipped there. `--profile`: GPU time per kernel of every variant timed.
 Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
 
 from __future__ import annotations
@@ -65,25 +68,32 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
                                                      fp8=True))
 
 
-def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWeights, bool, object, object]:
-    """(weights, batch_invariant, decode override, grouped tile) of a layout name (module docstring)."""
+def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWeights, bool, object, object,
+                                                                            object]:
+    """(weights, batch_invariant, decode override, grouped tile, fused-decode down override) of a layout
+    name (module docstring)."""
     base, *flags = layout.split("-")
     if base not in ("fp4", "fp8"):
         raise ValueError(f"layout {layout!r}: expected fp4 or fp8 with suffixes")
     weights = fp8 if base == "fp8" else fp4
-    decode = grouped = None
+    decode = grouped = down = None
     for flag in flags:
         if flag == "ops":
             weights = replace(weights, experts=replace(weights.experts, asm=False))
-        elif flag[0] in "dg":
+        elif flag == "u0":
+            down = False
+        elif flag[0] in "dgu":
             bn, bm, bk, warps, stages = map(int, flag[1:].split("_"))
+            tile = TileConfig(bn, bm, bk, 1, warps, stages)
             if flag[0] == "d":
-                decode = TileConfig(bn, bm, bk, 1, warps, stages)
+                decode = tile
+            elif flag[0] == "g":
+                grouped = tile
             else:
-                grouped = TileConfig(bn, bm, bk, 1, warps, stages)
+                down = tile
         elif flag != "inv":
             raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
-    return weights, "inv" in flags, decode, grouped
+    return weights, "inv" in flags, decode, grouped, down
 
 
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
@@ -93,42 +103,43 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
     rows = []
     for t in tokens:
         for layout in layouts:
-            weights, inv, decode, grouped = variant(layout, ours, fp8)
+            weights, inv, decode, grouped, down = variant(layout, ours, fp8)
             decoding = t * dims["topk"] <= moe.DECODE_ASSIGNMENTS
             mean = t * dims["topk"] / dims["experts"]
-            if (decode is not None and not decoding) or (grouped is not None and (
+            if ((decode is not None or down is not None) and not decoding) or (grouped is not None and (
                     decoding or not mean / 2 <= grouped.block_m <= max(16, 2 * m_bucket(int(mean))))):
                 continue
             moe.DECODE_OVERRIDE = decode
+            moe.DECODE_DOWN_OVERRIDE = down
             lookup = moe.configs.lookup_moe
             if grouped is not None:
                 moe.configs.lookup_moe = partial(_fixed, grouped)
             try:
                 rows.append(_point(t, weights, ref, roof, dims, layout, inv))
+                if profile:
+                    kernel_times(weights, t, dims["hidden"], layout, inv)
             except Exception as err:  # one variant failing (compile, resources) keeps the others
                 print(f"T={t} {layout}: {type(err).__name__}: {str(err)[:300]}", flush=True)
                 continue
             finally:
-                moe.DECODE_OVERRIDE = None
+                moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
                 moe.configs.lookup_moe = lookup
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
-    if profile:
-        for t in tokens:
-            kernel_times(ours, t, dims["hidden"])
 
 
-def kernel_times(layer: MoEWeights, t: int, hidden: int, calls: int = 10) -> None:
-    """GPU time per kernel of `moe` (default path) at t tokens, eager, mean over `calls` (torch.profiler)."""
+def kernel_times(layer: MoEWeights, t: int, hidden: int, layout: str, inv: bool, calls: int = 10) -> None:
+    """GPU time per kernel of `moe` (the variant's overrides in force) at t tokens, eager, mean over `calls`
+    (torch.profiler)."""
     x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
-    moe.moe(x, layer)
+    moe.moe(x, layer, batch_invariant=inv)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            moe.moe(x, layer)
+            moe.moe(x, layer, batch_invariant=inv)
         torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in events) / calls
-    print(f"kernels at T={t}: {total:.1f} us per call", flush=True)
+    print(f"kernels at T={t} {layout}: {total:.1f} us per call", flush=True)
     for e in events[:10]:
         print(f"  {e.device_time_total / calls:9.1f} us  x{e.count // calls}  {e.key[:90]}", flush=True)
 

@@ -219,6 +219,25 @@ def test_moe_decode_paths_match_reference(cuda_ops, ref_ops, monkeypatch, tokens
         assert _rel_err(cuda_ops.moe(x, ours), want) <= TOL[torch.bfloat16], path
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 10])
+def test_moe_fused_decode_matches_reference(cuda_ops, ref_ops, poison, monkeypatch, tokens):
+    """The fused decode path (shared expert in the routed launches, combine in the down kernel) at
+    CUDA-core and MMA tiles, and mixed, against the reference; it must not fall back to the unfused one."""
+    from deepinfer_kernels_cuda import configs, moe
+
+    torch.manual_seed(tokens)
+    ours, ref = _moe_layers(cuda_ops, ref_ops, 32, 256, 128, 4, torch.bfloat16)
+    x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16)
+    want = ref_ops.moe(x, ref)
+    gemv, mma = configs.TileConfig(16, 1, 256, 1, 4, 3), configs.TileConfig(64, 16, 128, 1, 4, 4)
+    for up, down in ((gemv, gemv), (mma, mma), (configs.TileConfig(32, 16, 256, 1, 4, 3), gemv),
+                     (configs.TileConfig(8, 1, 512, 1, 4, 2), configs.TileConfig(16, 16, 128, 1, 4, 3))):
+        monkeypatch.setattr(moe, "DECODE_OVERRIDE", up)
+        monkeypatch.setattr(moe, "DECODE_DOWN_OVERRIDE", down)
+        assert moe._fused_decode_tiles(tokens, ours) == (up, down)
+        assert _rel_err(cuda_ops.moe(x, ours), want) <= TOL[torch.bfloat16], (up, down)
+
+
 def test_route_matches_reference(cuda_ops, ref_ops):
     from deepinfer.ops.reference import moe as ref_moe
     from deepinfer_kernels_cuda import moe

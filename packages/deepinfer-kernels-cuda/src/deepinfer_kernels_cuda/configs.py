@@ -186,6 +186,14 @@ def lookup_moe_decode(hidden: int, inter: int, device: torch.device) -> TileConf
     return MOE_DECODE_DEFAULT
 
 
+def lookup_moe_decode_down(hidden: int, inter: int, device: torch.device) -> TileConfig | None:
+    """Down tile of the fused MoE decode path (routed + shared expert + combine in one launch), keyed
+    "moe-decode-down:<H>x<I>:1"; None without an entry: the decode path runs unfused."""
+    if device.type != "cuda":
+        return None
+    return _entry("moe-decode-down", hidden, inter, 1, _index(device))
+
+
 def lookup(kernel: str, n: int, k: int, m: int, device: torch.device) -> TileConfig:
     if device.type != "cuda":  # the Triton interpreter (TRITON_INTERPRET=1) on CPU tensors
         return default(kernel, n, k, m)

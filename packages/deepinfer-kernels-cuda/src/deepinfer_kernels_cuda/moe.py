@@ -532,6 +532,133 @@ def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl
     tl.store(out_ptr + t.to(tl.int64) * H + offs, (routed + shared).to(out_ty), mask=mask)
 
 
+# --- fused decode path: the shared expert as one more assignment of the routed kernels
+
+
+@triton.jit
+def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, K, stride_wn, stride_sn,
+                 W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                 BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr):
+    """W[offs_n, :K] x_row as float32 [BN], offs_n = program_id(1) * BN + arange(BN): BM >= 16, the
+    grouped kernels' MMA with one live token column; BM == 1, CUDA-core products (`_row_products`)."""
+    if BM == 1:
+        if not W_FP8:
+            acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
+            for k0 in range(0, K, BK):
+                acc = _row_products(acc, x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, 1,
+                                    BN, BK, ASM)
+        else:
+            acc = tl.zeros((BN, BK), dtype=tl.float32)
+            for k0 in range(0, K, BK):
+                acc = _row_products(acc, x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                                    2 if SCALE_ROWS == 1 else 0, BN, BK, ASM)
+        return tl.sum(acc, axis=1)
+    col = tl.arange(0, BM)
+    live = col == 0
+    rows = x_row + col * 0
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
+        acc = _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                          W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
+    return tl.sum(tl.where(live[None, :], acc, 0.0), axis=1)
+
+
+@triton.jit
+def _decode_gate_up_kernel(
+    x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, route_w_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, act_ptr,
+    A, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn, limit,
+    TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    IEEE: tl.constexpr, ASM: tl.constexpr,
+):
+    """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
+    token a - A's shared expert (FP8, 32x32 block scales): both in one launch."""
+    a = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_mask = offs_n < inter
+    if a < A:
+        expert = tl.load(ids_ptr + a).to(tl.int64)
+        x_row = x_ptr + (a // TOPK).to(tl.int64) * stride_xm
+        gate = _one_row_dot(x_row, w1_ptr + expert * stride_we, s1_ptr + expert * stride_se, offs_n, n_mask,
+                            H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+        up = _one_row_dot(x_row, w3_ptr + expert * stride_we, s3_ptr + expert * stride_se, offs_n, n_mask,
+                          H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+    else:
+        x_row = x_ptr + (a - A).to(tl.int64) * stride_xm
+        gate = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, H, shared_wn, shared_sn, True, GROUP_TL,
+                            BN, BM, BK, IEEE, False)
+        up = _one_row_dot(x_row, sw3_ptr, ss3_ptr, offs_n, n_mask, H, shared_wn, shared_sn, True, GROUP_TL,
+                          BN, BM, BK, IEEE, False)
+    out_ty = act_ptr.dtype.element_ty
+    gate = tl.minimum(gate.to(out_ty).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum(up.to(out_ty).to(tl.float32), -limit), limit)
+    rw = tl.load(route_w_ptr + a, mask=a < A, other=1.0)  # the shared expert's weight: 1 (exact)
+    act = gate / (1.0 + tl.exp(-gate)) * up * rw
+    tl.store(act_ptr + a.to(tl.int64) * inter + offs_n, act.to(out_ty), mask=n_mask)
+
+
+@triton.jit
+def _decode_down_kernel(
+    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, out_ptr,
+    A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
+    TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    IEEE: tl.constexpr, ASM: tl.constexpr,
+):
+    """out[t] = (sum over slots of round(expert W2 act)) rounded, plus round(shared W2 act), rounded: the
+    down projections of token t's TOPK assignments and its shared expert and `_combine_kernel`'s sum
+    in one program per (token, tile of H), slots in order (deterministic, no atomics)."""
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_mask = offs_n < H
+    out_ty = out_ptr.dtype.element_ty
+    routed = tl.zeros((BN,), dtype=tl.float32)
+    for j in range(TOPK):
+        a = t * TOPK + j
+        expert = tl.load(ids_ptr + a).to(tl.int64)
+        y = _one_row_dot(act_ptr + a.to(tl.int64) * inter, w2_ptr + expert * stride_we,
+                         s2_ptr + expert * stride_se, offs_n, n_mask, inter, stride_wn, stride_sn,
+                         EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+        routed += y.to(out_ty).to(tl.float32)
+    shared = _one_row_dot(act_ptr + (A + t).to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, inter,
+                          shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+    out = routed.to(out_ty).to(tl.float32) + shared.to(out_ty).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
+
+
+def _decode_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, layer: Any,
+                  up_cfg: configs.TileConfig, down_cfg: configs.TileConfig) -> torch.Tensor:
+    """The MoE output [T, H] of few tokens in two launches after the routing: gate+up of every
+    assignment and of each token's FP8 shared expert (`_decode_gate_up_kernel`), then the down
+    projections with the combine (`_decode_down_kernel`). Tiles: BM 1 = CUDA-core products (BN must
+    divide 32: the shared expert's block scales), BM >= 16 = MMA with one live column."""
+    t, k = ids.shape
+    p, w1, w3, w2 = layer.experts, layer.shared_w1, layer.shared_w3, layer.shared_w2
+    i, h = p.inter, p.hidden
+    for c in (up_cfg, down_cfg):
+        if c.block_m == 1 and GROUP % c.block_n:
+            raise ValueError(f"fused MoE decode: CUDA-core tile block_n {c.block_n} must divide {GROUP}")
+    ieee = x.dtype == torch.float32
+    act = torch.empty((t * k + t, i), dtype=x.dtype, device=x.device)
+    c = up_cfg
+    _decode_gate_up_kernel[(t * k + t, triton.cdiv(i, c.block_n))](
+        x, p.w1, p.s1, p.w3, p.s3, ids.reshape(-1), weights.reshape(-1), w1.weight, w1.scale, w3.weight,
+        w3.scale, act, t * k, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1), p.s1.stride(0),
+        p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit),
+        TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(h, c.block_k), IEEE=ieee,
+        ASM=p.asm, num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    c = down_cfg
+    _decode_down_kernel[(t, triton.cdiv(h, c.block_n))](
+        act, p.w2, p.s2, ids.reshape(-1), w2.weight, w2.scale, out, t * k, h, i,
+        p.w2.stride(0), p.w2.stride(1), p.s2.stride(0), p.s2.stride(1), w2.weight.stride(0),
+        w2.scale.stride(0), TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m,
+        BK=configs.block_k(i, c.block_k), IEEE=ieee, ASM=p.asm, num_warps=c.num_warps,
+        num_stages=c.num_stages,
+    )
+    return out
+
+
 @dataclass(frozen=True)
 class _Mlp:
     """Stacked SwiGLU MLP weights as the grouped kernels read them."""
@@ -682,6 +809,9 @@ def moe(
     xe = x2.to(layer.dtype)
     if xe.stride(-1) != 1:
         xe = xe.contiguous()
+    fused = None if batch_invariant else _fused_decode_tiles(x2.shape[0], layer)
+    if fused is not None:
+        return _decode_fused(xe, weights, ids, layer, *fused).reshape(shape)
     cfg = INVARIANT_CONFIG if batch_invariant else None
     y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit, cfg)
     shared = _shared_expert_invariant(xe, layer) if batch_invariant else _shared_expert(xe, layer)
@@ -696,6 +826,26 @@ def moe(
 
 def _is_fp8_block(w: Any) -> bool:
     return isinstance(w, PreparedLinear) and w.kind == "fp8" and w.groups == 1
+
+
+# fused decode path's down tile forced over the table's (configs.lookup_moe_decode_down): a TileConfig,
+# or False for the unfused path (benchmarks compare them in one process)
+DECODE_DOWN_OVERRIDE: configs.TileConfig | bool | None = None
+
+
+def _fused_decode_tiles(t: int, layer: Any) -> tuple[configs.TileConfig, configs.TileConfig] | None:
+    """(gate+up, down) tiles of `_decode_fused` for t tokens, or None where the unfused path runs: above
+    DECODE_ASSIGNMENTS, a shared expert that is not FP8 with 32x32 blocks, or no down tile in the table."""
+    shared = (layer.shared_w1, layer.shared_w3, layer.shared_w2)
+    if DECODE_DOWN_OVERRIDE is False or not 0 < t * layer.topk <= DECODE_ASSIGNMENTS:
+        return None
+    if not all(_is_fp8_block(w) for w in shared):
+        return None
+    p, device = layer.experts, layer.shared_w1.weight.device
+    down = DECODE_DOWN_OVERRIDE or configs.lookup_moe_decode_down(p.hidden, p.inter, device)
+    if down is None:
+        return None
+    return DECODE_OVERRIDE or configs.lookup_moe_decode(p.hidden, p.inter, device), down
 
 
 def _shared_expert(x: torch.Tensor, layer: Any) -> torch.Tensor:

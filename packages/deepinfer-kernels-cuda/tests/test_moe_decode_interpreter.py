@@ -1,0 +1,51 @@
+"""The fused MoE decode path (`moe._decode_fused`: the FP8 shared expert as one more assignment of the
+routed gate+up launch, the down projections and the combine in one launch) under Triton's CPU
+interpreter (float32, tiny shapes) against the reference op: CUDA-core and MMA tiles, FP4 and E4M3
+experts, image rows (bias_vl)."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+_SCRIPT = r"""
+import torch
+from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
+from deepinfer.ops.reference import linear as ref_linear, moe as ref_moe
+from deepinfer.ops.weights import MoEWeights
+from deepinfer_kernels_cuda import linear, moe
+from deepinfer_kernels_cuda.configs import TileConfig
+
+torch.manual_seed(0)
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+e, h, i, k = 8, 64, 64, 3
+def experts(rows, cols):
+    q = [quantize_fp4(torch.randn(rows, cols) * 0.1) for _ in range(e)]
+    return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
+w1, w3, w2 = experts(i, h), experts(i, h), experts(h, i)
+shared = [quantize_fp8(torch.randn(*shape) * 0.1) for shape in ((i, h), (i, h), (h, i))]
+common = dict(gate=torch.randn(e, h).bfloat16(), bias=torch.randn(e) * 0.1, bias_vl=torch.randn(e) * 0.1,
+              topk=k, route_scale=2.5, swiglu_limit=1.0, dtype=torch.float32)
+def layer(prep_e, prep_l):
+    return MoEWeights(experts=prep_e(*w1, *w3, *w2), shared_w1=prep_l("fp8", *shared[0]),
+                      shared_w3=prep_l("fp8", *shared[1]), shared_w2=prep_l("fp8", *shared[2]), **common)
+ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
+gemv = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(8, 1, 32, 1, 4, 1))  # 2 K steps of 32 in the down
+mma = (TileConfig(32, 16, 32, 1, 4, 1), TileConfig(16, 16, 64, 1, 4, 1))
+assert moe._fused_decode_tiles(1, layer(moe.prepare_experts, linear.prepare_linear)) is None  # no table
+for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True, 1, mma)):
+    ours = layer(lambda *w: moe.prepare_experts(*w, fp8=fp8), linear.prepare_linear)
+    x = torch.randn(t, h)
+    mask = torch.rand(t) < 0.5
+    moe.DECODE_OVERRIDE, moe.DECODE_DOWN_OVERRIDE = tiles
+    assert moe._fused_decode_tiles(t, ours) == tiles
+    got = moe.moe(x, ours, mask)
+    moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
+    assert rel(got, ref_moe.moe(x, ref, mask)) < 1e-5, (fp8, t, tiles)
+print("ok")
+"""
+
+
+def test_fused_decode_matches_reference_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_SCRIPT)
