@@ -246,6 +246,23 @@ def test_graph_greedy_tokens_match_eager_and_the_reference_backend(checkpoint: P
     assert len(graphed_rt.graphs.graphs) == 3
 
 
+@pytest.mark.gpu
+@gpu
+def test_gpu_captures_go_on_after_every_graph_of_the_pool_was_dropped(checkpoint: Path) -> None:
+    """profile_step's order: a batch-1 decode graph, then a larger bucket that grows the shared output
+    buffer (dropping the pool's only graph), then a new cache (dropping every graph) with an eager
+    prefill and captures at a larger batch and table width. With a bare pool handle the allocator
+    asserted at the second capture (use_count > 0) and every later step ran eagerly."""
+    graphed_rt, eager_rt = _cuda_runtimes(checkpoint, torch.float32, "exact")
+    for batch, blocks, order in ((4, 2, ([1], [1], [1, 2, 3, 4])), (8, 4, ([1, 2, 3, 4, 5, 6, 7, 8],))):
+        graphed, eager = Greedy(graphed_rt, batch, blocks), Greedy(eager_rt, batch, blocks)
+        for slots in order:
+            torch.testing.assert_close(graphed.decode(slots), eager.decode(slots), rtol=1e-3, atol=1e-3)
+        assert not graphed_rt.graphs.failed
+        assert set(graphed_rt.graphs.graphs) == {FixedShape(batch, 1, blocks, "last")}
+    assert graphed.tokens == eager.tokens
+
+
 # --- padded verification, draft graphs, capture ahead
 
 

@@ -20,9 +20,10 @@ buffer (the addresses the graph reads), copies the engine's device-side token id
 values, and replays. Prefill, steps with a segment wanting no logits and batches above the last bucket
 run eagerly, and so does every step after a capture that failed (logged as a warning).
 
-Memory: all graphs (decode, verification, draft) share one memory pool and, per output kind, one
-output buffer (grown on demand, which drops the graphs that wrote the old one: they are recaptured
-when next used); a replay's outputs are copied out at once, so graphs never need each other's memory.
+Memory: all graphs (decode, verification, draft) share one memory pool (owned by the recorder, so it
+outlives any graph) and, per output kind, one output buffer (grown on demand, which drops the graphs
+that wrote the old one: they are recaptured when next used); a replay's outputs are copied out at
+once, so graphs never need each other's memory.
 
 Why next to the model and not in the engine: what makes a step graphable is the model's metadata
 (padded entry counts, fixed indexer capacity, fixed table width) and the model's reserved padding
@@ -111,10 +112,17 @@ class CaptureStats:
 
 
 class CudaRecorder:
-    """Captures into CUDA graphs that share one memory pool (graphs never replay concurrently)."""
+    """Captures into CUDA graphs that share one memory pool (graphs never replay concurrently).
 
-    def __init__(self) -> None:
-        self.pool = torch.cuda.graph_pool_handle()
+    The recorder owns the pool (a MemPool holds one use of it): the caching allocator counts a pool's
+    users, and once every graph captured into a bare graph_pool_handle() is gone (a grown output
+    buffer or a new cache drops them) it refuses any further capture into that id with an internal
+    assert, which left every later step eager."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        with torch.cuda.device(device):
+            self.mempool = torch.cuda.MemPool()
+        self.pool = self.mempool.id
         self.compilations = TritonCompilations()
         self.stats = CaptureStats()
 

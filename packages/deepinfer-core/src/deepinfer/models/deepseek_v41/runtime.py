@@ -94,7 +94,7 @@ class DeepseekV41Runtime:
                 # expert parallelism exchanges row counts through the host: a step is not capturable
                 logger.info("CUDA graphs: off under expert parallelism, every step runs eagerly")
             else:
-                self.graph_recorder = CudaRecorder()
+                self.graph_recorder = CudaRecorder(self.device)
 
     # --- cache management (interface.CausalLM)
 
