@@ -83,6 +83,64 @@ def test_split_of_the_chosen_total_is_the_plan():
     assert 64 < plan.total_tokens < 64 * 6  # a real trade-off, not an edge
 
 
+def _host_and_device_inputs(seed: int) -> tuple[ConfidenceScheduler, torch.Tensor, list[int]]:
+    """A profiled scheduler, float32 conditional confidences [R, K] (NaN padding past each row's
+    count, near-ties: repeated values and neighbours one float32 step apart) and the counts."""
+    gen = torch.Generator().manual_seed(300 + seed)
+    requests, drafts = 1 + seed % 6, 1 + seed % 5
+    conf = torch.rand(requests, drafts, generator=gen)
+    conf[:, 0] = conf[0, 0]  # equal first products across requests
+    if requests > 1:
+        conf[1] = torch.nextafter(conf[0], torch.tensor(2.0))  # one float32 step above request 0
+    counts = torch.randint(0, drafts + 1, (requests,), generator=gen).tolist()
+    conf[torch.arange(drafts) >= torch.tensor(counts)[:, None]] = float("nan")
+    slope = float(torch.rand((), generator=gen)) * 0.3
+    scheduler = ConfidenceScheduler()
+    scheduler.profile(lambda tokens: 1.0 + slope * tokens, max_tokens=requests * (drafts + 1))
+    return scheduler, conf, counts
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_device_split_of_the_host_total_is_the_host_choice(seed):
+    # The asynchronous path: the host picks the total, the device splits it from the same confidences.
+    scheduler, conf, counts = _host_and_device_inputs(seed)
+    host = scheduler.choose_padded(conf, counts)
+    total = len(counts) + int(host.sum())
+    device = split_fixed_total(cumulative_confidence(conf), total, torch.tensor(counts))
+    assert device.tolist() == host.tolist()
+
+
+def test_device_split_ranks_float64_products_like_the_host():
+    # In float32 the two second products tie (0.38350561); in float64 request 1's is the larger.
+    conf = torch.tensor([[0.6808037757873535, 0.5633130073547363], [0.9559935331344604, 0.40115922689437866]])
+    step_ms = torch.tensor([1.0] * 6 + [100.0])  # best total: 5 tokens, i.e. three of the four drafts
+    host = schedule_verification(torch.cumprod(conf.double(), dim=1), step_ms)
+    assert host.num_drafts.tolist() == [1, 2]
+    assert split_fixed_total(cumulative_confidence(conf), host.total_tokens).tolist() == [1, 2]
+
+
+def test_split_reads_no_values_on_the_host():
+    # Meta tensors hold no data: any value read (a sync on a real device) would raise.
+    conf, counts = torch.empty(8, 5, device="meta"), torch.empty(8, dtype=torch.int64, device="meta")
+    split = split_fixed_total(cumulative_confidence(conf), 20, counts)
+    assert split.shape == (8,) and split.dtype == torch.int64
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_split_never_syncs_and_matches_the_host():
+    scheduler, conf, counts = _host_and_device_inputs(29)
+    host = scheduler.choose_padded(conf, counts)
+    conf_d, counts_d = conf.cuda(), torch.tensor(counts).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        split = split_fixed_total(cumulative_confidence(conf_d), len(counts) + int(host.sum()), counts_d)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert split.cpu().tolist() == host.tolist()
+
+
 def test_split_never_verifies_unproposed_drafts():
     cum_conf = torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.4, 0.3]])
     split = split_fixed_total(cum_conf, 2 + 6, max_drafts=torch.tensor([1, 2]))

@@ -15,9 +15,12 @@ over R*K + 1 candidates: exact, with no search over per-request choices.
 and every step pays for it). `split_fixed_total` is the device half for a step planned before the
 previous step's confidences reach the host: the host picks the total from the confidences it has (one
 step older) and the split is redone on the device from the newest ones (torch, fixed shapes, no host
-sync). The engine does not plan that way yet: a speculating step is planned once the previous step's
-verification is on the host (docs/performance.md, asynchronous speculation). `ConfidenceScheduler` is the
-engine-facing object: host lists in, the latency curve profiled and tracked inside.
+sync); given the host's total and the same confidences it reproduces the host's choice exactly. The
+engine does not plan that way yet: a speculating step's positions depend on the previous step's
+accepted counts, and the runtime builds step metadata from host positions, so a step is planned once
+the previous step's verification is on the host (docs/performance.md, asynchronous speculation).
+`ConfidenceScheduler` is the engine-facing object: host lists in, the latency curve profiled and
+tracked inside.
 """
 
 from __future__ import annotations
@@ -43,8 +46,15 @@ class VerifyPlan:
 
 
 def cumulative_confidence(confidence: torch.Tensor) -> torch.Tensor:
-    """Per-position acceptance estimates c_j [R, K] -> a_j = prod_{i <= j} c_i (nonincreasing in j)."""
-    return torch.cumprod(confidence, dim=-1)
+    """Per-position acceptance estimates c_j [R, K] -> a_j = prod_{i <= j} c_i (nonincreasing in j).
+
+    float64 products taken left to right, as the host scheduler's `np.cumprod` takes them (a device
+    scan may associate them differently), so host and device rank bitwise the same values."""
+    conf = confidence.double()
+    products = list(conf.unbind(-1))
+    for j in range(1, len(products)):
+        products[j] = products[j - 1] * products[j]
+    return torch.stack(products, dim=-1) if products else conf
 
 
 def _check_shape(cum_conf: np.ndarray | torch.Tensor, max_drafts: Sized | None) -> tuple[int, int]:
@@ -121,9 +131,11 @@ def split_fixed_total(
     """Split a step total chosen earlier among the requests by their newest confidences (device variant).
 
     Gives the `total_tokens - R` drafts with the largest cumulative confidence (fewer if fewer are
-    proposed), the same ranking as `schedule_verification`; fixed shapes and no host sync, so it runs
-    on the device inside an asynchronous step. cum_conf [R, K] and max_drafts [R] as there, on one
-    device; returns num_drafts [R] int64 there. Values are not checked (that would sync).
+    proposed), the same ranking as `schedule_verification` (float64 values, ties to the earlier
+    request and draft), so the split of the host's chosen total is the host's choice exactly; fixed
+    shapes and no host sync, so it runs on the device inside an asynchronous step. cum_conf [R, K] and
+    max_drafts [R] as there, on one device; returns num_drafts [R] int64 there. Values are not checked
+    (that would sync).
     """
     num_requests, max_k = _check_shape(cum_conf, max_drafts)
     if not num_requests <= total_tokens <= num_requests * (max_k + 1):
@@ -131,7 +143,7 @@ def split_fixed_total(
             f"total_tokens must be in [{num_requests}, {num_requests * (max_k + 1)}] for "
             f"R={num_requests} requests and K={max_k} drafts, got {total_tokens}"
         )
-    values = cum_conf.float()
+    values = cum_conf.double()
     if max_drafts is not None:
         proposed = torch.arange(max_k, device=cum_conf.device) < max_drafts[:, None]
         values = torch.where(proposed, values, -1.0)
