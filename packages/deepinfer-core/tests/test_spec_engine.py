@@ -410,6 +410,39 @@ def _added(engine, reqs, stream: bool = False):
     return engine
 
 
+class SlowCudaProposer(OracleProposer):
+    """The oracle's drafts and confidences produced on the GPU behind a long device-side spin."""
+
+    spin_cycles = 100_000_000  # ~50 ms at H200 clocks
+
+    def propose(self, batch: ProposeBatch) -> Proposal:
+        host = super().propose(batch)
+        ids, confidences = host.token_ids.cuda(), host.confidences.cuda()
+        torch.cuda._sleep(self.spin_cycles)
+        # outputs of kernels queued behind the spin: valid on the host only once it has ended
+        return Proposal(ids + 0, host.num_drafts, confidences=confidences * 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_step_is_handed_over_while_its_drafting_runs(make_engine, drain, speculators, monkeypatch):
+    # The worker returns once drafting is launched; the engine waits for the drafts after the commit.
+    speculators["slow_cuda"] = SlowCudaProposer
+    reqs = [(p, GREEDY) for p in prompts(3)]
+    plain, _ = run(make_engine, drain, reqs)
+    spec, engine = run(make_engine, drain, reqs, speculator="slow_cuda", num_draft_tokens=K)
+    assert tokens(spec) == tokens(plain)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(SlowCudaProposer.spin_cycles)
+    end.record()
+    end.synchronize()
+    spin_s = start.elapsed_time(end) / 1e3
+    decode = [s.device_s for s in engine.stats.steps if s.num_tokens > s.num_seqs]
+    assert decode and max(decode) < spin_s / 2, (max(decode), spin_s)
+
+
 def test_history_view_reads_like_the_joined_list():
     from deepinfer.speculators.interface import History
 
