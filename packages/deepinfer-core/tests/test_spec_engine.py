@@ -425,7 +425,7 @@ class SlowCudaProposer(OracleProposer):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_step_is_handed_over_while_its_drafting_runs(make_engine, drain, speculators, monkeypatch):
+def test_a_step_is_handed_over_while_its_drafting_runs(make_engine, drain, speculators):
     # The worker returns once drafting is launched; the engine waits for the drafts after the commit.
     speculators["slow_cuda"] = SlowCudaProposer
     reqs = [(p, GREEDY) for p in prompts(3)]
