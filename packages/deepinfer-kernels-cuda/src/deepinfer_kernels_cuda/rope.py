@@ -1,28 +1,42 @@
 """Interleaved RoPE: one pass that copies the leading channels and rotates the trailing 2P.
 
 A row is viewed as D/2 channel pairs; pairs before the rotary part get the identity rotation
-(cos 1, sin 0, exact in float32), so one code path writes the whole row. cos/sin come from torch
-(the same functions torch.polar uses in the reference), the complex multiply runs in float32.
+(cos 1, sin 0, exact in float32), so one code path writes the whole row. cos/sin are libdevice's
+cosf/sinf of the float32 angle, computed in the kernel (one launch per call instead of three): the
+CUDA math library's accurate functions, which torch's cos/sin (and so torch.polar in the reference)
+also call (tl.cos/tl.sin may lower to approximations that are poor at large angles; the interpreter
+has no libdevice and uses numpy's); the complex multiply runs in float32.
 """
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _cos_sin(angle, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        c, s = libdevice.cos(angle), libdevice.sin(angle)
+    else:
+        c, s = tl.cos(angle), tl.sin(angle)
+    return c, s
 
 
 # row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
 @triton.jit(do_not_specialize=["rows"])
 def _rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, out_ptr, rows, pairs, first_rot, x_stride_n, x_stride_r,
-    SIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    x_ptr, angle_ptr, out_ptr, rows, pairs, first_rot, x_stride_n, x_stride_r,
+    SIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):
     n = tl.program_id(0)
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     p = tl.arange(0, BLOCK_P)
     rot = p - first_rot
     has_rot = (rot >= 0) & (p < pairs)
-    c = tl.load(cos_ptr + n * (pairs - first_rot) + rot, mask=has_rot, other=1.0)
-    s = SIGN * tl.load(sin_ptr + n * (pairs - first_rot) + rot, mask=has_rot, other=0.0)
+    angle = tl.load(angle_ptr + n * (pairs - first_rot) + rot, mask=has_rot, other=0.0)  # cos 1, sin 0
+    c, s = _cos_sin(angle, LIBDEVICE)
+    s = SIGN * s
     mask = (r < rows)[:, None] & (p < pairs)[None, :]
     offs = n.to(tl.int64) * x_stride_n + r[:, None].to(tl.int64) * x_stride_r + 2 * p[None, :]
     a = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -47,13 +61,13 @@ def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = Fals
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
     rows, pairs = x3.shape[1], d // 2
-    angles = angles.float()
+    angles = angles.float().contiguous()
     block_p = triton.next_power_of_2(pairs)
     block_r = max(1, min(triton.next_power_of_2(rows), 4096 // block_p))
     grid = (n, triton.cdiv(rows, block_r))
     _rope_kernel[grid](
-        x3, angles.cos().contiguous(), angles.sin().contiguous(), out, rows, pairs, pairs - rot_pairs,
+        x3, angles, out, rows, pairs, pairs - rot_pairs,
         x3.stride(0), x3.stride(1), SIGN=-1.0 if inverse else 1.0, BLOCK_R=block_r, BLOCK_P=block_p,
-        num_warps=4,
+        LIBDEVICE=x.is_cuda, num_warps=4,
     )
     return out

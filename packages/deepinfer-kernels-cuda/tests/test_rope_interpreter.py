@@ -1,0 +1,36 @@
+"""Interleaved RoPE under Triton's CPU interpreter against the reference op: cos/sin computed in the
+kernel from the angles (large YaRN-scale angles included), forward and inverse, rows split over
+programs, untouched leading channels, strided input. The interpreter must be switched on before triton
+is imported, hence a subprocess."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+_SCRIPT = r"""
+import torch
+from deepinfer.ops.reference.rotary import rope_interleaved as ref_rope
+from deepinfer_kernels_cuda.rope import rope_interleaved
+
+g = torch.Generator().manual_seed(0)
+# (x shape, rotated pairs): MQA heads, a single row, partial rotation, rows over several programs
+cases = [((3, 4, 64), 32), ((2, 40), 8), ((5, 24), 12), ((1, 130, 32), 16), ((4, 2, 3, 16), 4)]
+for shape, pairs in cases:
+    x = torch.randn(shape, generator=g)
+    # positions up to 1M times frequencies down to 1e-4
+    angles = torch.rand(shape[0], pairs, generator=g) * torch.logspace(6, -4, pairs)
+    for inverse in (False, True):
+        got = rope_interleaved(x, angles, inverse=inverse)
+        want = ref_rope(x, angles, inverse=inverse)
+        keep = shape[-1] - 2 * pairs
+        assert torch.equal(got[..., :keep], x[..., :keep]), shape
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+wide = torch.randn(3, 4, 80, generator=g)[..., :64]  # rows of a wider buffer
+angles = torch.rand(3, 32, generator=g) * 100
+torch.testing.assert_close(rope_interleaved(wide, angles), ref_rope(wide, angles), atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+
+
+def test_rope_matches_reference_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_SCRIPT)
