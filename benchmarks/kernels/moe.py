@@ -9,10 +9,11 @@ fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the 
 BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the table's;
 `-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes; `-uBN_BM_BK_WARPS_STAGES` the
 fused decode path (shared expert in the routed launches, combine in the down kernel) with this down tile
-(`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile), `-u0` the unfused decode path. A
-variant that does not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped
-tile below, or one whose rows per block are not within half to twice the mean assignments per expert) is
-skipped there. `--profile`: GPU time per kernel of every variant timed.
+(`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile), `-u0` the unfused decode path; `-r`
+the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS. A variant that does
+not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped tile below, or one
+whose rows per block are not within half to twice the mean assignments per expert) is skipped there.
+`--profile`: GPU time per kernel of every variant timed.
 Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
 
 from __future__ import annotations
@@ -69,16 +70,18 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
 
 
 def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWeights, bool, object, object,
-                                                                            object]:
-    """(weights, batch_invariant, decode override, grouped tile, fused-decode down override) of a layout
-    name (module docstring)."""
+                                                                            object, int | None]:
+    """(weights, batch_invariant, decode override, grouped tile, fused-decode down override, router GEMV
+    tokens) of a layout name (module docstring)."""
     base, *flags = layout.split("-")
     if base not in ("fp4", "fp8"):
         raise ValueError(f"layout {layout!r}: expected fp4 or fp8 with suffixes")
     weights = fp8 if base == "fp8" else fp4
-    decode = grouped = down = None
+    decode = grouped = down = router = None
     for flag in flags:
-        if flag == "ops":
+        if flag in ("r", "r0"):
+            router = 10 if flag == "r" else 0
+        elif flag == "ops":
             weights = replace(weights, experts=replace(weights.experts, asm=False))
         elif flag == "u0":
             down = False
@@ -93,7 +96,7 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
                 down = tile
         elif flag != "inv":
             raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
-    return weights, "inv" in flags, decode, grouped, down
+    return weights, "inv" in flags, decode, grouped, down, router
 
 
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
@@ -103,7 +106,7 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
     rows = []
     for t in tokens:
         for layout in layouts:
-            weights, inv, decode, grouped, down = variant(layout, ours, fp8)
+            weights, inv, decode, grouped, down, router = variant(layout, ours, fp8)
             decoding = t * dims["topk"] <= moe.DECODE_ASSIGNMENTS
             mean = t * dims["topk"] / dims["experts"]
             if ((decode is not None or down is not None) and not decoding) or (grouped is not None and (
@@ -111,6 +114,8 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 continue
             moe.DECODE_OVERRIDE = decode
             moe.DECODE_DOWN_OVERRIDE = down
+            router_tokens = moe.ROUTER_GEMV_TOKENS
+            moe.ROUTER_GEMV_TOKENS = router_tokens if router is None else router
             lookup = moe.configs.lookup_moe
             if grouped is not None:
                 moe.configs.lookup_moe = partial(_fixed, grouped)
@@ -123,6 +128,7 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 continue
             finally:
                 moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
+                moe.ROUTER_GEMV_TOKENS = router_tokens
                 moe.configs.lookup_moe = lookup
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 

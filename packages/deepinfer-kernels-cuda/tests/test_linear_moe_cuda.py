@@ -238,6 +238,17 @@ def test_moe_fused_decode_matches_reference(cuda_ops, ref_ops, poison, monkeypat
         assert _rel_err(cuda_ops.moe(x, ours), want) <= TOL[torch.bfloat16], (up, down)
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 10])
+def test_router_gemv_matches_float32_product(monkeypatch, tokens):
+    from deepinfer_kernels_cuda import moe
+
+    monkeypatch.setattr(moe, "ROUTER_GEMV_TOKENS", 10)
+    x = torch.randn(tokens, 5120, device="cuda", dtype=torch.bfloat16)
+    gate = torch.randn(384, 5120, device="cuda", dtype=torch.bfloat16)
+    want = x.double() @ gate.double().T
+    assert torch.allclose(moe.router_logits(x, gate).double(), want, rtol=1e-5, atol=1e-3)
+
+
 def test_route_matches_reference(cuda_ops, ref_ops):
     from deepinfer.ops.reference import moe as ref_moe
     from deepinfer_kernels_cuda import moe

@@ -1,7 +1,7 @@
 """The fused MoE decode path (`moe._decode_fused`: the FP8 shared expert as one more assignment of the
 routed gate+up launch, the down projections and the combine in one launch) under Triton's CPU
 interpreter (float32, tiny shapes) against the reference op: CUDA-core and MMA tiles, FP4 and E4M3
-experts, image rows (bias_vl)."""
+experts, image rows (bias_vl); and the router's CUDA-core GEMV for few tokens."""
 
 import pytest
 
@@ -43,6 +43,11 @@ for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True,
     got = moe.moe(x, ours, mask)
     moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
     assert rel(got, ref_moe.moe(x, ref, mask)) < 1e-5, (fp8, t, tiles)
+moe.ROUTER_GEMV_TOKENS = 16  # the router's CUDA-core GEMV: BF16 and float32 inputs, ragged token counts
+for t, dtype in ((1, torch.bfloat16), (3, torch.float32), (9, torch.bfloat16)):
+    x = torch.randn(t, h).to(dtype)
+    got = moe.router_logits(x, common["gate"])
+    assert torch.allclose(got, x.float() @ common["gate"].float().T, rtol=1e-5, atol=1e-5), (t, dtype)
 print("ok")
 """
 

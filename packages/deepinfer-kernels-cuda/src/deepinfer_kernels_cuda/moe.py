@@ -773,13 +773,50 @@ def _router_kernel(x_ptr, g_ptr, out_ptr, T, E, H, stride_xm, stride_ge,
     tl.store(out_ptr + offs_m[:, None] * E + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
+# tokens up to which the router runs `_router_gemv_kernel` instead of cuBLAS (0: never; the H200 run of
+# 2026-12-02 00:48 took 6.4 us in cuBLAS's split-K GEMM + reduce for 3.9 MB at one token)
+ROUTER_GEMV_TOKENS = 0
+_ROUTER_GEMV_ROWS, _ROUTER_GEMV_ELEMS = 2, 2048  # experts per program; tokens x columns per K step
+
+
+@triton.jit
+def _router_gemv_kernel(x_ptr, g_ptr, out_ptr, T, E, H, stride_xm, stride_ge,
+                        BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+    """logits[:T, BE experts] on the CUDA cores: each program streams its experts' rows once for every
+    token (few), float32 products of the BF16 operands (exact) summed in float32."""
+    offs_e = tl.program_id(0) * BE + tl.arange(0, BE)
+    offs_t = tl.arange(0, BT)
+    e_mask = offs_e < E
+    t_mask = offs_t < T
+    acc = tl.zeros((BT, BE, BK), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        offs_k = tl.multiple_of(k0, BK) + tl.arange(0, BK)
+        g = tl.load(g_ptr + offs_e[:, None] * stride_ge + offs_k[None, :], mask=e_mask[:, None], other=0.0)
+        x = tl.load(x_ptr + offs_t[:, None] * stride_xm + offs_k[None, :], mask=t_mask[:, None], other=0.0)
+        acc += x.to(tl.float32)[:, None, :] * g.to(tl.float32)[None, :, :]
+    out = tl.sum(acc, axis=2)
+    tl.store(out_ptr + offs_t[:, None] * E + offs_e[None, :], out, mask=t_mask[:, None] & e_mask[None, :])
+
+
 def router_logits(x: torch.Tensor, gate: torch.Tensor, *, batch_invariant: bool = False) -> torch.Tensor:
-    """x gate^T in float32 (the reference's router precision). Batch-invariant: a fixed-tile Triton GEMM
-    (BF16 operands, or float32 ones in IEEE precision, float32 accumulation) instead of cuBLAS, whose
-    algorithm choice follows the row count."""
+    """x gate^T in float32 (the reference's router precision): cuBLAS, or for at most ROUTER_GEMV_TOKENS
+    tokens `_router_gemv_kernel`. Batch-invariant: a fixed-tile Triton GEMM (BF16 operands, or float32 ones
+    in IEEE precision, float32 accumulation) instead of cuBLAS, whose algorithm choice follows the row
+    count."""
+    t, h = x.shape
+    if not batch_invariant and 0 < t <= ROUTER_GEMV_TOKENS and h % GROUP == 0:
+        e = gate.shape[0]
+        out = torch.empty((t, e), dtype=torch.float32, device=x.device)
+        bt = triton.next_power_of_2(t)
+        bk = configs.block_k(h, max(GROUP, _ROUTER_GEMV_ELEMS // bt))
+        x, gate = (v if v.stride(-1) == 1 else v.contiguous() for v in (x, gate))
+        _router_gemv_kernel[(triton.cdiv(e, _ROUTER_GEMV_ROWS),)](
+            x, gate, out, t, e, h, x.stride(0), gate.stride(0), BT=bt, BE=_ROUTER_GEMV_ROWS, BK=bk,
+            num_warps=4,
+        )
+        return out
     if not batch_invariant:
         return mm_out(x, gate, torch.float32)
-    t, h = x.shape
     e = gate.shape[0]
     bf16 = x.dtype == gate.dtype == torch.bfloat16
     if not bf16:  # products of float32 (tiny test configs) in float32
