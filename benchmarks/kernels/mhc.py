@@ -1,12 +1,23 @@
-"""mHC kernels at Flash width (m 4, H 5120) against the reference op: time and achieved bandwidth.
+"""mHC kernels at Flash width (m 4, H 5120). First hc_coefficients side by side, graph-timed, with the
+largest deviation from the reference: the default, two launches at one row (the fused finish off),
+batch-invariant mode, and a baseline module's `hc_coefficients` (--baseline FILE, e.g. an earlier
+mhc.py); then every op against the reference op: time and achieved bandwidth.
 
-    python benchmarks/kernels/mhc.py [--out table.md]
+    python benchmarks/kernels/mhc.py [--tokens 1,64,2048] [--baseline FILE] [--out table.md]
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import runpy
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
-from common import OP_COLUMNS, Case, copy_bandwidth_gbs, emit, op_rows, parse_args
+from common import OP_COLUMNS, Case, backends, copy_bandwidth_gbs, emit, graph_ms, input_sets, op_rows
+
+from deepinfer_kernels_cuda import mhc
 
 M, H, ITERS, EPS = 4, 5120, 20, 1e-6
 
@@ -26,23 +37,62 @@ def stream_args(t: int, with_comb: bool) -> tuple:
     return y, streams, pre_or_post, torch.rand(t, M, M, device="cuda")
 
 
+def coefficient_bytes(t: int) -> int:
+    return t * M * H * 2 + M * (M + 2) * M * H * 4 + t * M * (M + 2) * 4
+
+
 def cases(t: int) -> dict[str, Case]:
     """Op -> (op getter, input maker, bytes it must move: inputs read once, outputs written once)."""
     streams = t * M * H * 2
     return {
-        "hc_coefficients": (lambda o: o.hc_coefficients, lambda: coefficient_args(t),
-                            streams + M * (M + 2) * M * H * 4 + t * M * (M + 2) * 4),
+        "hc_coefficients": (lambda o: o.hc_coefficients, lambda: coefficient_args(t), coefficient_bytes(t)),
         "hc_collapse": (lambda o: o.hc_collapse, lambda: stream_args(t, False), streams + t * H * 2),
         "hc_expand": (lambda o: o.hc_expand, lambda: stream_args(t, True), t * H * 2 + 2 * streams),
     }
 
 
+def _two_launches(*args: object) -> tuple[torch.Tensor, ...]:
+    mhc.FUSE_ONE_ROW = False
+    try:
+        return mhc.hc_coefficients(*args)
+    finally:
+        mhc.FUSE_ONE_ROW = True
+
+
+def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[object]]:
+    """[variant, T, graph µs, max |error| vs the reference] for each hc_coefficients variant."""
+    ref = backends()[1].hc_coefficients
+    variants = {"default": mhc.hc_coefficients, "two launches": _two_launches,
+                "batch-invariant": functools.partial(mhc.hc_coefficients, batch_invariant=True)}
+    if baseline is not None:
+        variants["baseline"] = baseline
+    rows: list[list[object]] = []
+    for t in sizes:
+        sets = input_sets(lambda t=t: coefficient_args(t), coefficient_bytes(t))
+        want = ref(*sets[0])
+        for name, fn in variants.items():
+            if name == "two launches" and t != 1:
+                continue
+            err = max(float((a - b).abs().max()) for a, b in zip(fn(*sets[0]), want, strict=True))
+            rows.append([name, t, graph_ms(fn, sets) * 1e3, err])
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
-    out = parse_args(__doc__).out
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="also write the tables (markdown) here")
+    ap.add_argument("--tokens", default="1,64,2048")
+    ap.add_argument("--baseline", type=Path, help="a module file with hc_coefficients (an earlier mhc.py)")
+    args = ap.parse_args()
+    sizes = [int(t) for t in args.tokens.split(",")]
+    baseline = runpy.run_path(str(args.baseline))["hc_coefficients"] if args.baseline else None
+    emit("hc_coefficients variants (graph-timed)", ["variant", "T", "graph µs", "max abs error vs reference"],
+         variant_rows(sizes, baseline), args.out)
     copy = copy_bandwidth_gbs()
-    rows = op_rows(cases, (1, 64, 2048), copy)
+    rows = op_rows(cases, sizes, copy)
     emit(f"mHC, m={M}, H={H}, bf16 streams (copy bandwidth {copy:.0f} GB/s)", ["op", "T", *OP_COLUMNS], rows,
-         out)
+         args.out)
 
 
 if __name__ == "__main__":

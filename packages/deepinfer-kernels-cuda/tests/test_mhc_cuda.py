@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from deepinfer_kernels_cuda.mhc import hc_coefficients
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -17,18 +19,35 @@ def _streams(t: int, h: int, seed: int) -> torch.Tensor:
     return (torch.randn(t, M, h, generator=g) * 3).to(torch.bfloat16).cuda()
 
 
-@pytest.mark.parametrize("t,h", [(1, 128), (5, 128), (70, 128), (1, 5120), (33, 5120)])
-def test_hc_coefficients_match_reference(cuda_ops, ref_ops, poison, t, h):
+def _coefficient_args(t: int, h: int, dtype: torch.dtype = torch.bfloat16) -> tuple:
     g = torch.Generator().manual_seed(t * h)
-    streams = _streams(t, h, seed=t + h)
+    streams = _streams(t, h, seed=t + h).to(dtype)
     fn = (torch.randn(M * (M + 2), M * h, generator=g) * (M * h) ** -0.5).cuda()
     base = (torch.randn(M * (M + 2), generator=g) * 0.5).cuda()
     scale = (torch.rand(3, generator=g) + 0.5).cuda()
-    args = (streams, fn, base, scale, 20, 1e-6, 1e-6)
+    return streams, fn, base, scale, 20, 1e-6, 1e-6
+
+
+# bf16 streams (three bf16 products) at decode and prefill sizes; float32 streams (3xTF32)
+@pytest.mark.parametrize("t,h,dtype", [(1, 128, torch.bfloat16), (5, 128, torch.bfloat16),
+                                       (70, 128, torch.bfloat16), (1, 5120, torch.bfloat16),
+                                       (33, 5120, torch.bfloat16), (2048, 5120, torch.bfloat16),
+                                       (1, 5120, torch.float32), (70, 1000, torch.float32)])
+def test_hc_coefficients_match_reference(cuda_ops, ref_ops, poison, t, h, dtype):
+    args = _coefficient_args(t, h, dtype)
     got, want = cuda_ops.hc_coefficients(*args), ref_ops.hc_coefficients(*args)
     for name, a, b in zip(("pre", "post", "comb"), got, want, strict=True):
         assert a.shape == b.shape and a.dtype == torch.float32, name
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_invariant_hc_coefficients_are_bitwise_alone_and_in_batches():
+    streams, *rest = _coefficient_args(300, 5120)
+    alone = hc_coefficients(streams[:1], *rest, batch_invariant=True)
+    for rows in (2, 16, 17, 300):
+        batch = hc_coefficients(streams[:rows], *rest, batch_invariant=True)
+        for a, b in zip(alone, batch, strict=True):
+            assert torch.equal(a, b[:1]), rows
 
 
 @pytest.mark.parametrize("t,h", [(1, 128), (9, 5120), (64, 1000)])

@@ -1,85 +1,151 @@
 """mHC: fused coefficients (projection, RMS factor, sigmoids, Sinkhorn), collapse and expansion.
 
-`hc_coefficients` is a skinny product [T, m*H] x [m*H, m(m+2)] (K = 20480, N = 24 at Flash width):
-the first kernel splits K into fixed-size chunks (the split count depends on K only) and writes float32
-partial products and sums of squares; the second sums the chunks in order and finishes each row in
-registers: RMS factor, pre/post sigmoids and the 20 Sinkhorn iterations on the m x m matrix. The product
-runs on tensor cores in 3xTF32, which is float32-accurate (the reference is a float32 matmul). Its tile
-height follows T (16 rows up to 16, else 64) and the tensor-core instruction shape with it, so a row's
-last bits can change with the batch size; `batch_invariant` keeps 64 rows at every T.
+`hc_coefficients` is a skinny product [T, m*H] x [m*H, m(m+2)] (K = 20480, N = 24 at Flash width).
+The projection kernel splits K into chunks and writes float32 partial products and sums of squares; at
+few rows the chunks are small so that every SM reads a slice of the ~2 MB matrix at once (a decode step
+is latency-bound), at many rows they grow with the row count (fewer partials to write). The finish
+kernel takes one row per program: it sums the row's chunks as one tile (a tree whose shape depends on
+the chunk count only), then the RMS factor, pre/post sigmoids and the 20 Sinkhorn iterations on the
+m x m matrix, in registers. With one row the projection's last-arriving program runs the finish itself
+(an arrival counter), one launch instead of two. The product is float32-accurate (the reference is a
+float32 matmul): bf16 streams are exact bf16 operands and the matrix is split into three bf16 parts
+(hi + mid + lo carry all 24 bits) for three bf16 tensor-core products summed in float32; other dtypes
+run 3xTF32. The tile height follows T (16 rows up to 16, else 64) and the instruction shape with it, as
+do the chunk size and the fusion, so a row's last bits can change with the batch size; `batch_invariant`
+keeps 64 rows, 512-column chunks and two launches at every T.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-_K_CHUNK = 512  # columns of the projection per program in the first kernel (40 programs a row block at Flash)
 _BLOCK_K = 128
+_MIN_CHUNK = 256  # columns per program at few rows: 80 programs over K = 20480
+_INVARIANT_CHUNK = 512
+_TARGET_PROGRAMS = 512  # at many rows the chunk doubles until row blocks x chunks fit ~4 waves of programs
+FUSE_ONE_ROW = True  # one row, default mode: the projection kernel finishes it (one launch, not two)
+_counters: dict[torch.device, torch.Tensor] = {}
 
 
-# row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
-@triton.jit(do_not_specialize=["T"])
-def _hc_project_kernel(
-    x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, x_stride, fn_stride, n_out,
-    K_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+def _counter(device: torch.device) -> torch.Tensor | None:
+    """The fused kernel's arrival counter on `device` (zero between calls); None while a CUDA graph is
+    captured before it exists (a tensor allocated there belongs to the graph's memory pool)."""
+    count = _counters.get(device)
+    if count is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        count = _counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return count
+
+
+@triton.jit
+def _dot_bf16x3(x, w, acc):
+    """acc + x . w for bf16 x and float32 w [K, N], float32-accurate: w = hi + mid + lo in bf16 exactly
+    enough (each part carries the next 8 bits of the significand; the residues are exact in float32)."""
+    hi = w.to(tl.bfloat16)
+    rest = w - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    acc = tl.dot(x, lo, acc)
+    acc = tl.dot(x, mid, acc)
+    return tl.dot(x, hi, acc)
+
+
+@triton.jit
+def _chunk_sum(part_ptr, rows, live, col, scale):
+    """scale * sum over the row's chunks (a [S, ...] tile, reduced as one tree) of the partials at `col`
+    (read through L2: in the fused kernel they were written by other programs)."""
+    return tl.sum(tl.load(part_ptr + rows + col, mask=live, other=0.0, cache_modifier=".cg"), axis=0) * scale
+
+
+@triton.jit
+def _finish_row(
+    part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, T, K, splits, hc_eps, norm_eps,
+    ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """Row t's coefficients from its chunk partials: RMS factor, sigmoids, Sinkhorn."""
+    s = tl.arange(0, SPLITS)
+    live = s < splits
+    sq = tl.load(sq_ptr + s * T + t, mask=live, other=0.0, cache_modifier=".cg")
+    rms = tl.rsqrt(tl.sum(sq, axis=0) / K + norm_eps)
+    rows = (s * T + t) * BLOCK_N
+    i = tl.arange(0, M)
+    z_pre = tl.load(base_ptr + i) + _chunk_sum(
+        part_ptr, rows[:, None], live[:, None], i[None, :], rms * tl.load(scale_ptr))
+    tl.store(pre_ptr + t * M + i, tl.sigmoid(z_pre) + hc_eps)
+    z_post = tl.load(base_ptr + M + i) + _chunk_sum(
+        part_ptr, rows[:, None], live[:, None], M + i[None, :], rms * tl.load(scale_ptr + 1))
+    tl.store(post_ptr + t * M + i, 2 * tl.sigmoid(z_post))
+    # comb logits [i (in), j (out)]: row softmax, then alternate column / row normalisation
+    cell = i[:, None] * M + i[None, :]
+    z = tl.load(base_ptr + 2 * M + cell) + _chunk_sum(
+        part_ptr, rows[:, None, None], live[:, None, None], 2 * M + cell[None, :, :],
+        rms * tl.load(scale_ptr + 2))
+    e = tl.exp(z - tl.max(z, axis=1, keep_dims=True))
+    c = e / tl.sum(e, axis=1, keep_dims=True) + hc_eps
+    c = c / (tl.sum(c, axis=0, keep_dims=True) + hc_eps)
+    for _ in tl.static_range(ITERS - 1):
+        c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
+        c = c / (tl.sum(c, axis=0, keep_dims=True) + hc_eps)
+    tl.store(comb_ptr + t * (M * M) + cell, c)
+
+
+# row counts and chunk sizes are not specialised (== 1, multiple of 16): a new batch size compiles nothing
+@triton.jit(do_not_specialize=["T", "k_chunk", "splits"])
+def _hc_project_kernel(
+    x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, k_chunk, x_stride, fn_stride, n_out,
+    count_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, splits, hc_eps, norm_eps,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    FUSED: tl.constexpr, ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr,
+):
+    """Chunk partials of the projection; FUSED (one row): the program that stores the last chunk (a
+    counter, reset by it for the next call) finishes the row, saving the second launch."""
     pid_t, split = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     j = tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     sq = tl.zeros((BLOCK_T,), tl.float32)
-    for k0 in range(split * K_CHUNK, tl.minimum(split * K_CHUNK + K_CHUNK, K), BLOCK_K):
+    for k0 in range(split * k_chunk, tl.minimum(split * k_chunk + k_chunk, K), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
-                    mask=(t < T)[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-        w = tl.load(fn_ptr + j[:, None] * fn_stride + k[None, :],
-                    mask=(j < n_out)[:, None] & (k < K)[None, :], other=0.0)
-        sq += tl.sum(x * x, axis=1)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision="tf32x3")
+                    mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
+        w = tl.trans(tl.load(fn_ptr + j[:, None] * fn_stride + k[None, :],
+                             mask=(j < n_out)[:, None] & (k < K)[None, :], other=0.0))
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+        if x_ptr.dtype.element_ty == tl.bfloat16:
+            acc = _dot_bf16x3(x, w, acc)
+        else:
+            acc = tl.dot(xf, w, acc, input_precision="tf32x3")
     base = split.to(tl.int64) * T + t
     tl.store(part_ptr + base[:, None] * BLOCK_N + j[None, :], acc, mask=(t < T)[:, None])
     tl.store(sq_ptr + base, sq, mask=t < T)
+    if FUSED:
+        tl.debug_barrier()  # every thread's partials are stored before the counter's release
+        if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            _finish_row(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, 0, T, K, splits,
+                        hc_eps, norm_eps, ITERS, M, SPLITS, BLOCK_N)
+            tl.store(count_ptr, 0)
 
 
-@triton.jit
-def _load_mix(part_ptr, base_ptr, scale, rms, t, T, col, splits, BLOCK_N: tl.constexpr):
-    """z = base + (sum of the split partial products, in split order) * rms * scale at columns `col`."""
-    mix = tl.load(part_ptr + t * BLOCK_N + col, mask=t < T, other=0.0)
-    for s in range(1, splits):
-        mix += tl.load(part_ptr + (s * T + t) * BLOCK_N + col, mask=t < T, other=0.0)
-    return tl.load(base_ptr + col) + mix * rms * scale
-
-
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "splits"])
 def _hc_finish_kernel(
     part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
-    ITERS: tl.constexpr, M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    sq = tl.zeros((BLOCK_T,), tl.float32)
-    for s in range(splits):
-        sq += tl.load(sq_ptr + s * T + t, mask=t < T, other=0.0)
-    rms = tl.rsqrt(sq / K + norm_eps)
-    i = tl.arange(0, M)
-    t2, i2 = t[:, None], i[None, :]
-    mask2 = (t < T)[:, None]
-    z_pre = _load_mix(part_ptr, base_ptr, tl.load(scale_ptr), rms[:, None], t2, T, i2, splits, BLOCK_N)
-    tl.store(pre_ptr + t2 * M + i2, tl.sigmoid(z_pre) + hc_eps, mask=mask2)
-    z_post = _load_mix(part_ptr, base_ptr, tl.load(scale_ptr + 1), rms[:, None], t2, T, M + i2,
-                       splits, BLOCK_N)
-    tl.store(post_ptr + t2 * M + i2, 2 * tl.sigmoid(z_post), mask=mask2)
-    # comb logits [t, i (in), j (out)]: row softmax, then alternate column / row normalisation
-    t3, i3, j3 = t[:, None, None], i[None, :, None], i[None, None, :]
-    cell = i3 * M + j3
-    z = _load_mix(part_ptr, base_ptr, tl.load(scale_ptr + 2), rms[:, None, None], t3, T, 2 * M + cell,
-                  splits, BLOCK_N)
-    e = tl.exp(z - tl.max(z, axis=2, keep_dims=True))
-    c = e / tl.sum(e, axis=2, keep_dims=True) + hc_eps
-    c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
-    for _ in tl.static_range(ITERS - 1):
-        c = c / (tl.sum(c, axis=2, keep_dims=True) + hc_eps)
-        c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
-    tl.store(comb_ptr + t3 * (M * M) + cell, c, mask=(t < T)[:, None, None])
+    _finish_row(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
+                tl.program_id(0).to(tl.int64), T, K, splits, hc_eps, norm_eps, ITERS, M, SPLITS, BLOCK_N)
+
+
+def _chunk(k: int, row_blocks: int, batch_invariant: bool) -> int:
+    """Projection columns per program: fixed in invariant mode, else the smallest power of two from
+    _MIN_CHUNK whose program count (row blocks x chunks) stays within _TARGET_PROGRAMS."""
+    if batch_invariant:
+        return _INVARIANT_CHUNK
+    chunk = _MIN_CHUNK
+    while row_blocks * triton.cdiv(k, chunk) > _TARGET_PROGRAMS and chunk < k:
+        chunk *= 2
+    return chunk
 
 
 def hc_coefficients(
@@ -94,7 +160,8 @@ def hc_coefficients(
     batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pre [T, m], post [T, m], comb [T, m, m]) in float32 from streams [T, m, H]. `batch_invariant`:
-    one tile height for any T (the product's tensor-core instruction shape follows it)."""
+    one tile height and one chunk size for any T (the product's tensor-core instruction shape and the
+    order of the chunk sums follow them)."""
     t, m, h = streams.shape
     k, n_out = m * h, m * (m + 2)
     if fn.shape != (n_out, k) or base.shape != (n_out,) or scale.shape != (3,):
@@ -113,19 +180,24 @@ def hc_coefficients(
     comb = torch.empty(t, m, m, dtype=torch.float32, device=dev)
     if t == 0:
         return pre, post, comb
-    splits = triton.cdiv(k, _K_CHUNK)
+    block_t = 16 if t <= 16 and not batch_invariant else 64
+    row_blocks = triton.cdiv(t, block_t)
+    chunk = _chunk(k, row_blocks, batch_invariant)
+    splits = triton.cdiv(k, chunk)
     block_n = max(16, triton.next_power_of_2(n_out))
     part = torch.empty(splits, t, block_n, dtype=torch.float32, device=dev)
     sq = torch.empty(splits, t, dtype=torch.float32, device=dev)
-    block_t = 16 if t <= 16 and not batch_invariant else 64
-    _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
-        x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out,
-        K_CHUNK=_K_CHUNK, BLOCK_T=block_t, BLOCK_K=_BLOCK_K, BLOCK_N=block_n, num_warps=4, num_stages=3,
+    count = _counter(dev) if t == 1 and FUSE_ONE_ROW and not batch_invariant else None
+    finish = dict(ITERS=sinkhorn_iters, M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n)
+    _hc_project_kernel[(row_blocks, splits)](
+        x, fn, part, sq, t, k, chunk, x.stride(0), fn.stride(0), n_out,
+        sq if count is None else count, base, scale, pre, post, comb, splits, hc_eps, norm_eps,
+        BLOCK_T=block_t, BLOCK_K=_BLOCK_K, FUSED=count is not None, **finish, num_warps=4, num_stages=3,
     )
-    _hc_finish_kernel[(triton.cdiv(t, 32),)](
-        part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps,
-        ITERS=sinkhorn_iters, M=m, BLOCK_T=32, BLOCK_N=block_n, num_warps=4,
-    )
+    if count is None:
+        _hc_finish_kernel[(t,)](
+            part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, **finish, num_warps=1,
+        )
     return pre, post, comb
 
 
