@@ -24,7 +24,9 @@ ignore EOS, so each generates --max-tokens tokens; a warm-up generate at the sam
 Per-user tok/s = mean over requests of output tokens / (finish - arrival); throughput = all output
 tokens / wall time. "matched": the no-speculation curve over the batches (per-user speed vs
 throughput, interpolated in log space) read at this point's throughput (per-user speed-up) and at its
-per-user speed (throughput ratio); None outside that curve.
+per-user speed (throughput ratio); None outside that curve. A second table splits an engine step
+(`step_split`): wall ms, worker ms, engine CPU ms and, on CUDA, the step's GPU span (wall - span = the
+device's idle time between steps, e.g. the speculative hand-off).
 Engines past --budget-s are skipped (listed): none first, then each K of --ks in the order given.
 
 cost: random weights cannot show acceptance, so this measures what a speed-up at a given acceptance
@@ -127,11 +129,12 @@ def measure(llm: Any, batch: int, params: SamplingParams) -> dict[str, Any]:
     def counters() -> tuple[int, int, int]:
         return stats.spec_verify_steps, stats.spec_draft_tokens, stats.spec_accepted_tokens
 
-    before = counters()
+    before, first_step = counters(), len(stats.steps)
     start, cpu_start = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts(llm, batch), params, use_tqdm=False)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     steps, drafted, accepted = (now - b for now, b in zip(counters(), before, strict=True))
+    taken = list(stats.steps)[first_step:]
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     per_user = [len(o.outputs[0].token_ids) / (o.metrics.finish_time - o.metrics.arrival_time) for o in outs]
     return {
@@ -140,6 +143,27 @@ def measure(llm: Any, batch: int, params: SamplingParams) -> dict[str, Any]:
         "tok_per_cpu_s": round(tokens / cpu, 1),
         "mean_accepted_length": round(1 + accepted / steps, 3) if steps else None,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+        **step_split(taken, wall),
+    }
+
+
+def step_split(taken: list[Any], wall: float) -> dict[str, float | None]:
+    """Per engine step: wall ms, the worker's wall ms (plan to launch, and with a speculator up to the
+    verified tokens on the host and drafting launched), the engine thread's CPU ms (planning, commit,
+    outputs) and, on CUDA, the GPU span of the step (first to last queued work): wall - GPU span is
+    the device's idle time between steps."""
+    if not taken:
+        return {}
+    gpu = [s.gpu_s for s in taken if s.gpu_s is not None]
+
+    def mean_ms(values: list[float]) -> float:
+        return round(1e3 * statistics.mean(values), 3)
+
+    return {
+        "steps": len(taken), "step_ms": round(1e3 * wall / len(taken), 3),
+        "worker_ms": mean_ms([s.device_s for s in taken]),
+        "engine_cpu_ms": mean_ms([s.schedule_s + s.process_s for s in taken]),
+        "gpu_span_ms": mean_ms(gpu) if gpu else None,
     }
 
 
@@ -219,6 +243,9 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 ["batch", "speculator", "k", "schedule", "per_user_tok_s", "throughput_tok_s",
                  "mean_accepted_length", "acceptance_rate", "per_user_speedup",
                  "per_user_x_at_matched_throughput", "throughput_x_at_matched_per_user"]))
+    print(table(sorted(done, key=lambda r: (r["batch"], r["speculator"] != "none")),
+                ["batch", "speculator", "k", "schedule", "steps", "step_ms", "worker_ms", "engine_cpu_ms",
+                 "gpu_span_ms"]))
     return results
 
 
