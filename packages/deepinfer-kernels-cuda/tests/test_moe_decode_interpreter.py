@@ -8,6 +8,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 _SCRIPT = r"""
+from dataclasses import replace
 import torch
 from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear, moe as ref_moe
@@ -33,14 +34,21 @@ def layer(prep_e, prep_l):
 ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
 gemv = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(8, 1, 32, 1, 4, 1))  # 2 K steps of 32 in the down
 mma = (TileConfig(32, 16, 32, 1, 4, 1), TileConfig(16, 16, 64, 1, 4, 1))
+# down split_k > 1: a program per slot, the last to arrive combines (bitwise the per-token programs' sum)
+split = (TileConfig(32, 16, 32, 1, 4, 1), TileConfig(16, 1, 32, 4, 4, 1))
+split_mma = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(32, 16, 32, 4, 4, 1))
 assert moe._fused_decode_tiles(1, layer(moe.prepare_experts, linear.prepare_linear)) is None  # no table
-for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True, 1, mma)):
+for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True, 1, mma), (False, 3, split),
+                      (True, 2, split_mma)):
     ours = layer(lambda *w: moe.prepare_experts(*w, fp8=fp8), linear.prepare_linear)
     x = torch.randn(t, h)
     mask = torch.rand(t) < 0.5
     moe.DECODE_OVERRIDE, moe.DECODE_DOWN_OVERRIDE = tiles
     assert moe._fused_decode_tiles(t, ours) == tiles
     got = moe.moe(x, ours, mask)
+    if tiles[1].split_k > 1:
+        moe.DECODE_DOWN_OVERRIDE = replace(tiles[1], split_k=1)
+        assert torch.equal(got, moe.moe(x, ours, mask)), tiles
     moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
     assert rel(got, ref_moe.moe(x, ref, mask)) < 1e-5, (fp8, t, tiles)
 moe.ROUTER_GEMV_TOKENS = 16  # the router's CUDA-core GEMV: BF16 and float32 inputs, ragged token counts

@@ -567,15 +567,21 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, K, stride_wn, stride_sn,
 @triton.jit
 def _decode_gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, route_w_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, act_ptr,
-    A, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn, limit,
-    TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr,
+    count_ptr, A, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
+    limit, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+    BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, BLOCK_COUNT: tl.constexpr,
 ):
     """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
-    token a - A's shared expert (FP8, 32x32 block scales): both in one launch."""
+    token a - A's shared expert (FP8, 32x32 block scales): both in one launch. BLOCK_COUNT > 0: the
+    shared expert's first program of a token zeroes that token's n_count arrival counters of
+    `_decode_down_split_kernel` (the next launch)."""
     a = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = offs_n < inter
+    if BLOCK_COUNT > 0:
+        c = tl.arange(0, BLOCK_COUNT)
+        zeroed = tl.where((a >= A) & (tl.program_id(1) == 0), n_count, 0)
+        tl.store(count_ptr + (a - A) * n_count + c, tl.zeros((BLOCK_COUNT,), dtype=tl.int32), mask=c < zeroed)
     if a < A:
         expert = tl.load(ids_ptr + a).to(tl.int64)
         x_row = x_ptr + (a // TOPK).to(tl.int64) * stride_xm
@@ -625,12 +631,52 @@ def _decode_down_kernel(
     tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
 
 
+@triton.jit
+def _decode_down_split_kernel(
+    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, y_ptr, count_ptr, out_ptr,
+    A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
+    TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    IEEE: tl.constexpr, ASM: tl.constexpr,
+):
+    """`_decode_down_kernel` with one program per (assignment or shared expert, tile of H): each stores its
+    rounded rows, and the last of a token's TOPK + 1 to arrive (an arrival counter per token and tile,
+    zeroed by the gate+up launch) sums them in slot order, as `_decode_down_kernel` does (bitwise)."""
+    a = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_mask = offs_n < H
+    out_ty = out_ptr.dtype.element_ty
+    if a < A:
+        expert = tl.load(ids_ptr + a).to(tl.int64)
+        y = _one_row_dot(act_ptr + a.to(tl.int64) * inter, w2_ptr + expert * stride_we,
+                         s2_ptr + expert * stride_se, offs_n, n_mask, inter, stride_wn, stride_sn,
+                         EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+        t = a // TOPK
+    else:
+        y = _one_row_dot(act_ptr + a.to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, inter,
+                         shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+        t = a - A
+    tl.store(y_ptr + a.to(tl.int64) * H + offs_n, y.to(out_ty), mask=n_mask)
+    tl.debug_barrier()  # every thread's rows are stored before the counter's release
+    if tl.atomic_add(count_ptr + t * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") == TOPK:
+        routed = tl.zeros((BN,), dtype=tl.float32)
+        for j in range(TOPK):
+            row = y_ptr + (t * TOPK + j).to(tl.int64) * H
+            routed += tl.load(row + offs_n, mask=n_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        shared = tl.load(y_ptr + (A + t).to(tl.int64) * H + offs_n, mask=n_mask, other=0.0,
+                         cache_modifier=".cg")
+        out = routed.to(out_ty).to(tl.float32) + shared.to(tl.float32)
+        tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
+
+
 def _decode_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, layer: Any,
                   up_cfg: configs.TileConfig, down_cfg: configs.TileConfig) -> torch.Tensor:
     """The MoE output [T, H] of few tokens in two launches after the routing: gate+up of every
     assignment and of each token's FP8 shared expert (`_decode_gate_up_kernel`), then the down
-    projections with the combine (`_decode_down_kernel`). Tiles: BM 1 = CUDA-core products (BN must
-    divide 32: the shared expert's block scales), BM >= 16 = MMA with one live column."""
+    projections with the combine: one program per (token, tile) looping over its slots
+    (`_decode_down_kernel`), or with the down tile's split_k > 1 one program per (slot, tile) and the last
+    to arrive combining (`_decode_down_split_kernel`). Tiles: BM 1 = CUDA-core products (BN must divide
+    32: the shared expert's block scales), BM >= 16 = MMA with one live column."""
     t, k = ids.shape
     p, w1, w3, w2 = layer.experts, layer.shared_w1, layer.shared_w3, layer.shared_w2
     i, h = p.inter, p.hidden
@@ -638,24 +684,35 @@ def _decode_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, lay
         if c.block_m == 1 and GROUP % c.block_n:
             raise ValueError(f"fused MoE decode: CUDA-core tile block_n {c.block_n} must divide {GROUP}")
     ieee = x.dtype == torch.float32
+    split = down_cfg.split_k > 1
+    down_tiles = triton.cdiv(h, down_cfg.block_n)
     act = torch.empty((t * k + t, i), dtype=x.dtype, device=x.device)
+    count = torch.empty((t * down_tiles if split else 1,), dtype=torch.int32, device=x.device)
     c = up_cfg
     _decode_gate_up_kernel[(t * k + t, triton.cdiv(i, c.block_n))](
         x, p.w1, p.s1, p.w3, p.s3, ids.reshape(-1), weights.reshape(-1), w1.weight, w1.scale, w3.weight,
-        w3.scale, act, t * k, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1), p.s1.stride(0),
-        p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit),
+        w3.scale, act, count, t * k, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1), p.s1.stride(0),
+        p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit), down_tiles,
         TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(h, c.block_k), IEEE=ieee,
-        ASM=p.asm, num_warps=c.num_warps, num_stages=c.num_stages,
+        ASM=p.asm, BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0, num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
-    _decode_down_kernel[(t, triton.cdiv(h, c.block_n))](
-        act, p.w2, p.s2, ids.reshape(-1), w2.weight, w2.scale, out, t * k, h, i,
-        p.w2.stride(0), p.w2.stride(1), p.s2.stride(0), p.s2.stride(1), w2.weight.stride(0),
-        w2.scale.stride(0), TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m,
-        BK=configs.block_k(i, c.block_k), IEEE=ieee, ASM=p.asm, num_warps=c.num_warps,
-        num_stages=c.num_stages,
-    )
+    strides = (p.w2.stride(0), p.w2.stride(1), p.s2.stride(0), p.s2.stride(1), w2.weight.stride(0),
+               w2.scale.stride(0))
+    meta = dict(TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(i, c.block_k),
+                IEEE=ieee, ASM=p.asm, num_warps=c.num_warps, num_stages=c.num_stages)
+    if split:
+        y = torch.empty((t * k + t, h), dtype=x.dtype, device=x.device)
+        _decode_down_split_kernel[(t * k + t, down_tiles)](
+            act, p.w2, p.s2, ids.reshape(-1), w2.weight, w2.scale, y, count, out, t * k, h, i, *strides,
+            **meta,
+        )
+    else:
+        _decode_down_kernel[(t, down_tiles)](
+            act, p.w2, p.s2, ids.reshape(-1), w2.weight, w2.scale, out, t * k, h, i, *strides, **meta,
+        )
     return out
 
 
