@@ -230,12 +230,20 @@ def test_moe_fused_decode_matches_reference(cuda_ops, ref_ops, poison, monkeypat
     x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16)
     want = ref_ops.moe(x, ref)
     gemv, mma = configs.TileConfig(16, 1, 256, 1, 4, 3), configs.TileConfig(64, 16, 128, 1, 4, 4)
+    def split(c: configs.TileConfig) -> configs.TileConfig:
+        return dataclasses.replace(c, split_k=5)
+
     for up, down in ((gemv, gemv), (mma, mma), (configs.TileConfig(32, 16, 256, 1, 4, 3), gemv),
-                     (configs.TileConfig(8, 1, 512, 1, 4, 2), configs.TileConfig(16, 16, 128, 1, 4, 3))):
+                     (configs.TileConfig(8, 1, 512, 1, 4, 2), configs.TileConfig(16, 16, 128, 1, 4, 3)),
+                     (mma, split(mma)), (gemv, split(gemv))):
         monkeypatch.setattr(moe, "DECODE_OVERRIDE", up)
         monkeypatch.setattr(moe, "DECODE_DOWN_OVERRIDE", down)
         assert moe._fused_decode_tiles(tokens, ours) == (up, down)
-        assert _rel_err(cuda_ops.moe(x, ours), want) <= TOL[torch.bfloat16], (up, down)
+        got = cuda_ops.moe(x, ours)
+        assert _rel_err(got, want) <= TOL[torch.bfloat16], (up, down)
+        if down.split_k > 1:  # a program per slot, the last to arrive combines: the per-token sum, bitwise
+            monkeypatch.setattr(moe, "DECODE_DOWN_OVERRIDE", dataclasses.replace(down, split_k=1))
+            assert torch.equal(got, cuda_ops.moe(x, ours)), down
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 10])
