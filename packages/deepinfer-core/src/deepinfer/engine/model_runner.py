@@ -86,9 +86,8 @@ class PendingDrafts:
     """
 
     def __init__(self, proposal: Proposal, todo: list[Verified]) -> None:
-        tensors = [proposal.token_ids] if proposal.confidences is None else [proposal.token_ids,
-                                                                                 proposal.confidences]
-        self._host = HostCopy(*tensors)
+        confidences = [] if proposal.confidences is None else [proposal.confidences]
+        self._host = HostCopy(proposal.token_ids, *confidences)
         self._rows = list(zip(todo, proposal.num_drafts, strict=True))
         for i, (v, n) in enumerate(self._rows):
             v.next_probs = None if proposal.probs is None else proposal.probs[i, :n]
