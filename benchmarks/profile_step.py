@@ -104,8 +104,10 @@ class Kernel:
 def kernels(prof: profile, cuda: bool) -> list[Kernel]:
     """Device kernels (CPU run: top-level aten ops) with the family of the ranges around their launch."""
     events = list(prof.events())
+    # the host side of our ranges; CUPTI also records each as a GPU user annotation (device CUDA,
+    # GPU clock), which is no kernel and whose span would mislabel launches of other ops
     ranges = [(e.time_range.start, e.time_range.end, e.name[len(PREFIX):])
-              for e in events if e.name.startswith(PREFIX)]
+              for e in events if e.name.startswith(PREFIX) and e.device_type == DeviceType.CPU]
     ranges.sort()
 
     def fam(t: float, name: str) -> str:
@@ -122,7 +124,7 @@ def kernels(prof: profile, cuda: bool) -> list[Kernel]:
     launches = {e.id: e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("cu")}
     out = []
     for e in events:
-        if e.device_type != DeviceType.CUDA:
+        if e.device_type != DeviceType.CUDA or e.name.startswith(PREFIX):
             continue
         launch = launches.get(e.id)
         graph = launch.id if launch is not None and "GraphLaunch" in launch.name else None
