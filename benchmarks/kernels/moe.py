@@ -9,7 +9,8 @@ fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the 
 BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the table's;
 `-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes; `-uBN_BM_BK_WARPS_STAGES` the
 fused decode path (shared expert in the routed launches, combine in the down kernel) with this down tile
-(`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile), `-u0` the unfused decode path; `-r`
+(`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile; a sixth number > 1: one program per
+slot, the last to arrive combining), `-u0` the unfused decode path; `-r`
 the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS. A variant that does
 not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped tile below, or one
 whose rows per block are not within half to twice the mean assignments per expert) is skipped there.
@@ -86,8 +87,8 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
         elif flag == "u0":
             down = False
         elif flag[0] in "dgu":
-            bn, bm, bk, warps, stages = map(int, flag[1:].split("_"))
-            tile = TileConfig(bn, bm, bk, 1, warps, stages)
+            bn, bm, bk, warps, stages, *split = map(int, flag[1:].split("_"))
+            tile = TileConfig(bn, bm, bk, split[0] if split else 1, warps, stages)
             if flag[0] == "d":
                 decode = tile
             elif flag[0] == "g":
