@@ -5,8 +5,8 @@ The projection kernel splits K into chunks and writes float32 partial products a
 few rows the chunks are small so that every SM reads a slice of the ~2 MB matrix at once (a decode step
 is latency-bound), at many rows they grow with the row count (fewer partials to write). The finish
 kernel takes one row per program: it sums the row's chunks as one tile (a tree whose shape depends on
-the chunk count only), then the RMS factor, pre/post sigmoids and the 20 Sinkhorn iterations on the
-m x m matrix, in registers. With one row the projection's last-arriving program runs the finish itself
+K only), then the RMS factor, pre/post sigmoids and the 20 Sinkhorn iterations on the m x m matrix, in
+registers. With one row the projection's last-arriving program runs the finish itself
 (an arrival counter), one launch instead of two. The product is float32-accurate (the reference is a
 float32 matmul): bf16 streams are exact bf16 operands and the matrix is split into three bf16 parts
 (hi + mid + lo carry all 24 bits) for three bf16 tensor-core products summed in float32; other dtypes
@@ -188,7 +188,9 @@ def hc_coefficients(
     part = torch.empty(splits, t, block_n, dtype=torch.float32, device=dev)
     sq = torch.empty(splits, t, dtype=torch.float32, device=dev)
     count = _counter(dev) if t == 1 and FUSE_ONE_ROW and not batch_invariant else None
-    finish = dict(ITERS=sinkhorn_iters, M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n)
+    # the finish tile holds the most chunks any T can take (chunks >= _MIN_CHUNK): one specialisation per K
+    most = triton.next_power_of_2(triton.cdiv(k, _MIN_CHUNK))
+    finish = dict(ITERS=sinkhorn_iters, M=m, SPLITS=most, BLOCK_N=block_n)
     _hc_project_kernel[(row_blocks, splits)](
         x, fn, part, sq, t, k, chunk, x.stride(0), fn.stride(0), n_out,
         sq if count is None else count, base, scale, pre, post, comb, splits, hc_eps, norm_eps,
