@@ -41,6 +41,16 @@ def test_hc_coefficients_match_reference(cuda_ops, ref_ops, poison, t, h, dtype)
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_one_row_calls_back_to_back_match_reference(ref_ops):
+    """One row takes the fused finish (the last chunk's program, found by an arrival counter): 64 calls
+    queued without a sync, each checked, catch a counter left non-zero or partials read too early."""
+    streams, *rest = _coefficient_args(64, 5120)
+    got = zip(*[hc_coefficients(streams[i : i + 1], *rest) for i in range(64)], strict=True)
+    want = ref_ops.hc_coefficients(streams, *rest)
+    for name, a, b in zip(("pre", "post", "comb"), got, want, strict=True):
+        torch.testing.assert_close(torch.cat(a), b, atol=2e-5, rtol=2e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_invariant_hc_coefficients_are_bitwise_alone_and_in_batches():
     streams, *rest = _coefficient_args(300, 5120)
     alone = hc_coefficients(streams[:1], *rest, batch_invariant=True)
