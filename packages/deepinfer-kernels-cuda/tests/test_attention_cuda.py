@@ -2,11 +2,14 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from deepinfer.cache.codecs import Codec
 from deepinfer.ops.reference.cache_quant import QUANT_OPS
 from deepinfer_kernels_cuda import attention
 from deepinfer_kernels_cuda.attention import sparse_attention_paged
+from deepinfer_kernels_cuda.cache_quant import FORMATS, decode_rows
 
 pytestmark = [
     pytest.mark.gpu,
@@ -114,6 +117,37 @@ def test_decode_variants_match_reference(cuda_ops, ref_ops, poison, monkeypatch,
         want = ref_ops.sparse_attention_paged(*ref_args, **kwargs)
         assert (got.float() - want.float()).norm() / want.float().norm() < 5e-3, t
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@triton.jit
+def _decode_kernel(ptr, out_ptr, row_bytes, D, FMT: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+                   ASM: tl.constexpr):
+    r = tl.arange(0, ROWS)
+    x = decode_rows(ptr, r.to(tl.int64) * row_bytes, r >= 0, 0, D, FMT, BLOCK_C, tl.bfloat16, ASM)
+    tl.store(out_ptr + r[:, None] * BLOCK_C + tl.arange(0, BLOCK_C)[None, :], x)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_packed_cache_decode_is_exact(fmt):
+    """The packed PTX decodes give the float path's bits for every code and a range of scales (E4M3
+    subnormal elements and NVFP4 scales included)."""
+    rows, dim = 64, 512
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 256, (rows, dim // 2 if fmt == "nvfp4" else dim), generator=g, dtype=torch.uint8)
+    if fmt == "fp8":
+        codes[:, :256] = torch.arange(256, dtype=torch.uint8)  # every E4M3 byte, NaN (0x7F, 0xFF) aside
+        codes[(codes & 0x7F) == 0x7F] = 0x7E
+        scales = torch.randint(90, 160, (rows, dim // 32), generator=g, dtype=torch.uint8)
+    else:
+        scales = torch.randint(1, 127, (rows, dim // 16), generator=g, dtype=torch.uint8)  # positive E4M3
+        scales[0, :7] = torch.arange(1, 8, dtype=torch.uint8)  # subnormal scales
+    data = torch.cat((codes, scales), dim=1).cuda()
+    out = {}
+    for asm in (False, True):
+        out[asm] = torch.empty(rows, dim, dtype=torch.bfloat16, device="cuda")
+        _decode_kernel[(1,)](data, out[asm], data.shape[1], dim, FMT=FORMATS[fmt], ROWS=rows, BLOCK_C=dim,
+                             ASM=asm, num_warps=8)
+    assert torch.equal(out[True].view(torch.int16), out[False].view(torch.int16))
 
 
 @pytest.mark.parametrize("fmt", [("fp8", "nvfp4"), ("raw", "raw")])

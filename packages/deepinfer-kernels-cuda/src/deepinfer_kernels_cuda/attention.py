@@ -4,15 +4,17 @@ One kernel serves both ops. A query row's keys are two segments: "window" keys, 
 of cache rows (or, past the ring, into this step's freshly encoded rows), then optionally
 "compressed" entries found through the sequence's block table in a paged pool. Each segment has its
 own storage format (raw, FP8 + UE8M0/32, NVFP4 + E4M3/16, MXFP4 + UE8M0/32), decoded in registers to
-the compute dtype (exact: every format's value times its power-of-two or E4M3 scale fits BF16).
+the compute dtype (exact: every format's value times its power-of-two or E4M3 scale fits BF16), on
+CUDA by packed PTX decodes for FP8 and NVFP4 (`cache_quant.decode_rows`).
 `sparse_attention_sink` is the case of a raw ring that is the whole gathered buffer.
 
 One program takes one query row with all its heads (a [heads, D] tile: each cache row is read once
 for every head) over a range of its keys, with an online softmax in float32 and tensor-core
 products (probabilities rounded to the compute dtype for the P.V product, as flash attention does).
 Work is spread over the chip two ways:
-* the value channels are cut into DV blocks (each program still needs all D channels for the
-  scores; its DV block of the same rows is then re-read from L1/L2, not from HBM);
+* the value channels can be cut in two halves, one per program (each program still needs all D
+  channels for the scores: it decodes its half and the other one, the other program reads the same
+  rows from L2): half the float32 accumulator per program;
 * for few query rows (decode), the keys are split into ranges whose partial results (normalised
   output and log-sum-exp) a second kernel merges together with the sink.
 Prefill (many rows) runs one range per row and applies the sink in the first kernel.
@@ -50,112 +52,100 @@ _QUANT_OPS = SimpleNamespace(fp8_quantize=cache_quant.fp8_quantize, nvfp4_quanti
 
 @dataclass(frozen=True)
 class Tiles:
-    dv_block: int  # value channels per program: bounds the [heads, DV] float32 accumulator
+    halves: bool  # two programs per row and key range, each with half the value channels (see _attend)
     block_n: int  # keys per step
     num_warps: int
     num_stages: int
     programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
-    lazy_rescale: bool = False  # rescale the accumulator only when a running maximum grew (same bits)
+    asm: bool = True  # FP8 / NVFP4 rows decoded by packed PTX (CUDA, BF16), else float32 Triton ops
 
 
-# Decode tiles by name, so that one GPU run compares them (benchmarks/kernels/attention.py). A program
-# holds a [64 heads, 512] float32 accumulator: 128 registers a thread at 8 warps, half the register
-# file, so one program runs per SM and the grid is cut to one wave. "v1", the best of the 2026-12-01
-# sweep (ctx 64k B 1/64/128: 16.9/60/95 µs), loads 64-key tiles unpipelined into registers and spills
-# ~700 bytes a thread (sm_90 compile). "v2" takes 16-key tiles loaded 3 deep ahead (asynchronous copies
-# to shared memory): no spill on raw caches, ~290 bytes with FP8/NVFP4 decoding; "v3" 32-key tiles
-# (spills 200 / 590 bytes, rescales the accumulator half as often); "v4" (16 keys, 4 deep) and "v5"
-# (as v3) rescale the accumulator only when a running maximum grew.
+# Decode tiles by name, so that one GPU run compares them (benchmarks/kernels/attention.py). "v1" is
+# the default measured on the H200 (2026-12-01 23:05: ctx 64k B 1/64/128 bf16 16/60/97 µs, release
+# 41/116/177 µs): all 512 value channels in one program ([64, 512] float32 accumulator, 128 registers a
+# thread at 8 warps: one program per SM, so a tile's loads and its products never overlap), 64-key
+# tiles, release rows decoded with float32 arithmetic; at 8 warps Triton lays the [64, n] scores on both
+# warpgroups alike (each computes all of them). Not yet timed: "v1p", v1 with the packed decodes; "h*w4",
+# value halves with one warpgroup (no duplicated scores; the two halves' programs each compute them), two
+# programs per SM, 32- or 16-key tiles, "s3": bf16 rows copied 3 deep ahead into shared memory.
+# sm_90 compiles with Triton 3.6 (registers / spill bytes a thread, bf16 | release): v1 255/8 | 255/808,
+# v1p - | 255/776, h32w4 255/0 | 255/392, h16w4 225/0 | 255/216, h16w4s3 218/0 | 255/232.
 DECODE_VARIANTS = {
-    "v1": Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1, programs_per_sm=1.0),
-    "v2": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=3, programs_per_sm=1.0),
-    "v3": Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0),
-    "v4": Tiles(dv_block=512, block_n=16, num_warps=8, num_stages=4, programs_per_sm=1.0, lazy_rescale=True),
-    "v5": Tiles(dv_block=512, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0, lazy_rescale=True),
+    "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, asm=False),
+    "v1p": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
+    "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
+    "h16w4": Tiles(halves=True, block_n=16, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
+    "h16w4s3": Tiles(halves=True, block_n=16, num_warps=4, num_stages=3, programs_per_sm=2,
+                     min_split_keys=32),
 }
 DECODE_TILES = DECODE_VARIANTS["v1"]
-PREFILL_TILES = Tiles(dv_block=512, block_n=64, num_warps=8, num_stages=1)
-# batch-invariant mode (not yet measured on a GPU): keys per split, a multiple of block_n (a Flash decode
-# row, 128 window keys + 512 compressed, makes 5 splits whatever the batch); DV blocks of 256 so that
-# FOLD's running numerator fits in registers next to the split's accumulator
+PREFILL_TILES = Tiles(halves=False, block_n=64, num_warps=8, num_stages=1)
+# batch-invariant mode: keys per split, a multiple of block_n (a Flash decode row, 128 window keys + 512
+# compressed, makes 5 splits whatever the batch); value halves so that FOLD's running numerator fits in
+# registers next to the split's accumulator
 INVARIANT_SPLIT_KEYS = 128
-INVARIANT_TILES = Tiles(dv_block=256, block_n=64, num_warps=8, num_stages=1)
+INVARIANT_TILES = Tiles(halves=True, block_n=64, num_warps=8, num_stages=1)
 _FOLD_HEADS = 16  # heads per program of _fold_kernel
 
 
 @triton.jit
-def _attend(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, LAZY: tl.constexpr):
-    """One online-softmax step over a block of keys k (= values v; `valid` ones only). LAZY: the
-    accumulator is rescaled only when a head's running maximum grew (else every factor is exactly 1)."""
-    logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    logits = tl.where(valid[None, :], logits, -float("inf"))
+def _attend(q, q2, rows, valid, dvb, D, m_i, l_i, acc, scale_log2, FMT: tl.constexpr, HALVES: tl.constexpr,
+            BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
+            ASM: tl.constexpr):
+    """One online-softmax step over the key rows at pointers `rows` (`valid` ones only; K = V). HALVES:
+    the program's value half (q's columns of it) and the other half (q2's) are decoded once each and
+    the scores are the sum of the two products."""
+    if HALVES:
+        v = decode_rows(rows, 0, valid, dvb * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
+        k2 = decode_rows(rows, 0, valid, (1 - dvb) * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
+        logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+        logits = tl.dot(q2, tl.trans(k2), logits, input_precision=PRECISION)
+    else:
+        v = decode_rows(rows, 0, valid, 0, D, FMT, BLOCK_D, TY, ASM)
+        logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+    logits = tl.where(valid[None, :], logits * scale_log2, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(logits - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if LAZY:
-        if tl.min(alpha, axis=0) < 1.0:
-            acc = acc * alpha[:, None]
-    else:
-        acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
-def _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, col0, D, FMT: tl.constexpr,
-                 HAS_CURRENT: tl.constexpr, BLOCK_C: tl.constexpr, ty: tl.constexpr):
-    """Window keys: ring rows, plus (two masked loads, each contiguous) this step's encoded rows."""
-    x = decode_rows(ring_ptr, ring_off, in_ring, col0, D, FMT, BLOCK_C, ty)
-    if HAS_CURRENT:
-        x += decode_rows(cur_ptr, cur_off, is_cur, col0, D, FMT, BLOCK_C, ty)
-    return x
-
-
-@triton.jit
-def _keys(q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
+def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
           cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
           bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
-          HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
+          HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, HALVES: tl.constexpr, BLOCK_H: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-          TY: tl.constexpr, LAZY: tl.constexpr):
-    """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries)."""
+          TY: tl.constexpr, ASM: tl.constexpr):
+    """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries).
+    Key ids in int32 (fewer registers), byte offsets in int64."""
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
     win_hi = tl.minimum(hi, W)
     for start in range(lo, win_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        r = tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int64)
+        r = tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int32)
         in_ring = (r >= 0) & (r < ring_rows)
         rr = tl.where(in_ring, r, 0)
-        ring_off = (rr // ring_len) * ring_s0 + (rr % ring_len) * ring_s1
-        is_cur = r >= ring_rows
-        cur_off = tl.where(is_cur, r - ring_rows, 0) * cur_stride
-        k = _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, 0, D, RING_FMT, HAS_CURRENT,
-                         BLOCK_D, TY)
-        if DV_BLOCKS == 1:
-            v = k
-        else:
-            v = _window_rows(ring_ptr, ring_off, in_ring, cur_ptr, cur_off, is_cur, dvb * BLOCK_DV, D,
-                             RING_FMT, HAS_CURRENT, BLOCK_DV, TY)
-        m_i, l_i, acc = _attend(q, k, v, r >= 0, m_i, l_i, acc, scale_log2, PRECISION, LAZY)
+        rows = ring_ptr + ((rr // ring_len).to(tl.int64) * ring_s0 + (rr % ring_len).to(tl.int64) * ring_s1)
+        if HAS_CURRENT:  # this step's encoded rows past the ring: one load through per-row pointers
+            rows = tl.where(in_ring, rows, cur_ptr + tl.maximum(r - ring_rows, 0).to(tl.int64) * cur_stride)
+        m_i, l_i, acc = _attend(q, q2, rows, r >= 0, dvb, D, m_i, l_i, acc, scale_log2, RING_FMT, HALVES,
+                                BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
     if HAS_POOL:
         seq = tl.load(seg_ptr + t).to(tl.int64)
         for start in range(tl.maximum(lo, W), hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
-            j = tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1)
-            j = j.to(tl.int64)
+            j = tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1).to(tl.int32)
             jj = tl.where(j >= 0, j, 0)
             block = tl.load(bt_ptr + seq * bt_stride + jj // per_block, mask=j >= 0, other=0).to(tl.int64)
-            off = block * pool_s0 + (jj % per_block) * pool_s1
-            k = decode_rows(pool_ptr, off, j >= 0, 0, D, POOL_FMT, BLOCK_D, TY)
-            if DV_BLOCKS == 1:
-                v = k
-            else:
-                v = decode_rows(pool_ptr, off, j >= 0, dvb * BLOCK_DV, D, POOL_FMT, BLOCK_DV, TY)
-            m_i, l_i, acc = _attend(q, k, v, j >= 0, m_i, l_i, acc, scale_log2, PRECISION, LAZY)
+            rows = pool_ptr + (block * pool_s0 + (jj % per_block) * pool_s1)
+            m_i, l_i, acc = _attend(q, q2, rows, j >= 0, dvb, D, m_i, l_i, acc, scale_log2, POOL_FMT, HALVES,
+                                    BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
     return m_i, l_i, acc
 
 
@@ -196,18 +186,21 @@ def _attention_kernel(
     win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr, cur_stride,
     topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr,
     RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
-    SPLIT: tl.constexpr, FOLD: tl.constexpr, DV_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
+    SPLIT: tl.constexpr, FOLD: tl.constexpr, HALVES: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-    TY: tl.constexpr, LAZY: tl.constexpr,
+    TY: tl.constexpr, ASM: tl.constexpr,
 ):
     t = tl.program_id(0)
-    hb, dvb = tl.program_id(2) // DV_BLOCKS, tl.program_id(2) % DV_BLOCKS
+    hb, dvb = tl.program_id(2) // (2 if HALVES else 1), tl.program_id(2) % (2 if HALVES else 1)
     h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
     dv = dvb * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    d2 = (1 - dvb) * BLOCK_DV + tl.arange(0, BLOCK_DV)  # HALVES: the other half's columns
     hmask = h < heads
-    q = tl.load(q_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + d[None, :],
-                mask=hmask[:, None] & (d < D)[None, :], other=0.0).to(TY)
+    q_at = q_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h
+    q = tl.load(q_at + dv[None, :], mask=hmask[:, None] & (dv < D)[None, :], other=0.0).to(TY)
+    q2 = q
+    if HALVES:
+        q2 = tl.load(q_at + d2[None, :], mask=hmask[:, None] & (d2 < D)[None, :], other=0.0).to(TY)
     omask = hmask[:, None] & (dv < D)[None, :]
     out_at = out_ptr + t.to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + dv[None, :]
     sink = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
@@ -216,10 +209,10 @@ def _attention_kernel(
         for s in range(n_splits):
             lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
             m_i, l_i, acc = _keys(
-                q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
+                q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
                 cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
                 bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL,
-                DV_BLOCKS, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, LAZY)
+                HALVES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
             lse, o = _normalise(m_i, l_i, acc)
             top, den, num = _fold(top, den, num, lse, o)
         tl.store(out_at, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
@@ -227,15 +220,15 @@ def _attention_kernel(
         s = tl.program_id(1)
         lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
         m_i, l_i, acc = _keys(
-            q, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr,
-            cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride,
-            seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL, DV_BLOCKS, BLOCK_H,
-            BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, LAZY)
+            q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
+            cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
+            bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL, HALVES,
+            BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
         if SPLIT:
             row = (t * n_splits + s).to(tl.int64) * heads + h
             lse, o = _normalise(m_i, l_i, acc)
             tl.store(part_ptr + row[:, None] * D + dv[None, :], o, mask=omask)
-            tl.store(lse_ptr + row, lse, mask=hmask)  # every DV block computes the same value
+            tl.store(lse_ptr + row, lse, mask=hmask)  # every value half computes the same value
         else:
             top = tl.maximum(m_i, sink)
             a = tl.exp2(m_i - top)
@@ -309,7 +302,7 @@ def _attention(
     block_d = max(16, triton.next_power_of_2(d))
     sms = _sm_count(q.device)
     row_programs = t * triton.cdiv(heads, block_h)
-    few_rows = row_programs * triton.cdiv(block_d, PREFILL_TILES.dv_block) < sms
+    few_rows = row_programs * (2 if PREFILL_TILES.halves else 1) < sms
     if batch_invariant:  # each segment in fixed chunks from its own start: splits set by the row's keys
         tiles, keys_per_split = INVARIANT_TILES, INVARIANT_SPLIT_KEYS
         win_splits, pool_base = triton.cdiv(w, keys_per_split), w
@@ -319,14 +312,14 @@ def _attention(
         tiles, splits, win_splits, pool_base, fold = PREFILL_TILES, 1, 0, 0, False
         if few_rows:  # split the keys
             tiles = DECODE_TILES
-            programs = row_programs * triton.cdiv(block_d, tiles.dv_block)
+            programs = row_programs * (2 if tiles.halves else 1)
             wanted = max(1, int(tiles.programs_per_sm * sms) // programs)  # no partial last wave
             splits = min(wanted, triton.cdiv(k, tiles.min_split_keys))
         keys_per_split = triton.cdiv(max(1, triton.cdiv(k, tiles.block_n)), max(1, splits)) * tiles.block_n
         splits = max(1, triton.cdiv(k, keys_per_split))
         split = splits > 1
-    block_dv = min(block_d, tiles.dv_block)
-    dv_blocks = block_d // block_dv
+    halves = tiles.halves and block_d >= 64  # halves of whole scale groups (32 columns)
+    block_dv = block_d // 2 if halves else block_d
     if split:
         part = torch.empty(t, splits, heads, d, dtype=torch.float32, device=q.device)
         lse = torch.empty(t, splits, heads, dtype=torch.float32, device=q.device)
@@ -343,7 +336,7 @@ def _attention(
     ty = tl.float32 if fp32 else ty
     # invariant mode: no contraction into FMAs, so FOLD and _fold_kernel round every step alike
     exact = {"enable_fp_fusion": False} if batch_invariant else {}
-    grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * dv_blocks)
+    grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * (2 if halves else 1))
     _attention_kernel[grid](
         q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
         q.stride(0), q.stride(1),
@@ -352,9 +345,10 @@ def _attention(
         pool.data, pool.stride0, pool.stride1, pool.data.shape[1], block_tables, block_tables.stride(0),
         row_seg,
         RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
-        FOLD=fold, DV_BLOCKS=dv_blocks,
+        FOLD=fold, HALVES=halves,
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty, LAZY=tiles.lazy_rescale,
+        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty,
+        ASM=tiles.asm and q.device.type == "cuda" and ty == tl.bfloat16,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **exact,
     )
     if split and batch_invariant:

@@ -217,40 +217,129 @@ def _scale_groups(x, s, G: tl.constexpr):
     return tl.reshape(grouped, (x.shape[0], x.shape[1]))
 
 
+# Packed decodes for `decode_rows` (CUDA only; the interpreter runs the float path, which gives the same
+# values): four bytes per asm instance ($2 or $4: b0..b3, b0 lowest; factors as two BF16x2, for (b0, b1) and
+# (b2, b3)); every step exact, so the bits equal the float path's.
+# E4M3: sign to BF16 bit 15, the 7 exponent and mantissa bits to bits 4-10 read as value * 2^-120 (E4M3
+# subnormals land on BF16 subnormals), then times 2^120 (0x7B80) and the group scale. Out: (b0, b1), (b2, b3).
+_E4M3_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 z, m0, c, x, t, u;
+mov.b32 z, 0;
+mov.b32 m0, 0x80008000;
+mov.b32 c, 0x7B807B80;
+prmt.b32 x, $2, z, 0x1404;
+shr.b32 t, x, 4;
+and.b32 t, t, 0x07F007F0;
+and.b32 u, x, 0x80008000;
+or.b32 t, t, u;
+fma.rn.bf16x2 t, t, c, m0;
+fma.rn.bf16x2 $0, t, $3, m0;
+prmt.b32 x, $2, z, 0x3424;
+shr.b32 t, x, 4;
+and.b32 t, t, 0x07F007F0;
+and.b32 u, x, 0x80008000;
+or.b32 t, t, u;
+fma.rn.bf16x2 t, t, c, m0;
+fma.rn.bf16x2 $1, t, $4, m0;
+}
+""")
+
+# E2M1 pairs: a nibble's 3 magnitude bits to BF16 bits 6-8 and its sign to bit 15 read as value * 2^-126
+# (code 1 is the subnormal 2^-127), then times 2^126 (0x7E80) and the group scale. The shifts of a nibble
+# pair are one multiply (their products do not overlap). Out: low nibbles (b0, b1), (b2, b3), then high.
+_E2M1_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 z, m0, c, x01, x23, t;
+mov.b32 z, 0;
+mov.b32 m0, 0x80008000;
+mov.b32 c, 0x7E807E80;
+prmt.b32 x01, $4, z, 0x4140;
+prmt.b32 x23, $4, z, 0x4342;
+and.b32 t, x01, 0x000F000F;
+mul.lo.u32 t, t, 4160;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 t, t, c, m0;
+fma.rn.bf16x2 $0, t, $5, m0;
+and.b32 t, x23, 0x000F000F;
+mul.lo.u32 t, t, 4160;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 t, t, c, m0;
+fma.rn.bf16x2 $1, t, $6, m0;
+and.b32 t, x01, 0x00F000F0;
+mul.lo.u32 t, t, 260;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 t, t, c, m0;
+fma.rn.bf16x2 $2, t, $5, m0;
+and.b32 t, x23, 0x00F000F0;
+mul.lo.u32 t, t, 260;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 t, t, c, m0;
+fma.rn.bf16x2 $3, t, $6, m0;
+}
+""")
+
+
 @triton.jit
-def decode_rows(ptr, rows, valid, col0, D, FMT: tl.constexpr, BLOCK_C: tl.constexpr, ty: tl.constexpr):
-    """Columns [col0, col0 + BLOCK_C) of the cache rows at offsets `rows` [R] from `ptr`, in dtype `ty`
-    (0 where not `valid`). Whole-row tiles keep the loads contiguous (16-byte vectors); group scales
-    are loaded once per group and broadcast in registers.
+def _packed_groups(codes, scale, G: tl.constexpr, PER_BYTE: tl.constexpr):
+    """codes [R, C / PER_BYTE] uint8 of groups of G values, scale [R, C / G] as BF16 -> [R, C] BF16."""
+    R: tl.constexpr = codes.shape[0]
+    C: tl.constexpr = codes.shape[1] * PER_BYTE
+    b = tl.reshape(codes, (R, C // G, G // PER_BYTE))
+    f = tl.broadcast_to(scale[:, :, None], (R, C // G, G // PER_BYTE))
+    if PER_BYTE == 1:
+        out = tl.inline_asm_elementwise(_E4M3_BF16X2_ASM, "=r,=r,r,r,r", [b, f], dtype=tl.bfloat16,
+                                        is_pure=True, pack=4)
+    else:
+        lo, hi = tl.inline_asm_elementwise(_E2M1_BF16X2_ASM, "=r,=r,=r,=r,r,r,r", [b, f],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        out = tl.interleave(lo, hi)
+    return tl.reshape(out, (R, C))
+
+
+@triton.jit
+def decode_rows(ptr, rows, valid, col0, D, FMT: tl.constexpr, BLOCK_C: tl.constexpr, ty: tl.constexpr,
+                ASM: tl.constexpr = False):
+    """Columns [col0, col0 + BLOCK_C) of the cache rows starting at `ptr + rows` [R] (a base pointer and
+    offsets, or row pointers and 0), in dtype `ty` (0 where not `valid`). Whole-row tiles keep the loads
+    contiguous (16-byte vectors); group scales are loaded once per group and broadcast in registers.
 
     FMT 0: raw (ptr points at the storage dtype, offsets in elements); 1: FP8 E4M3 bytes then UE8M0
     per 32; 2: packed E2M1 (even element in the low nibble) then E4M3 per 16; 3: packed E2M1 then
-    UE8M0 per 32 (offsets in bytes). BLOCK_C is a multiple of the group.
+    UE8M0 per 32 (offsets in bytes). BLOCK_C is a multiple of the group. ASM (CUDA, FMT 1 and 2, ty
+    BF16): the packed decodes above instead of float32 arithmetic, same values.
     """
-    r = rows[:, None]
+    r = (ptr + rows)[:, None]
     if FMT == 0:
         c = col0 + tl.arange(0, BLOCK_C)
-        out = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0.0).to(ty)
+        out = tl.load(r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0.0).to(ty)
     elif FMT == 1:
         c = col0 + tl.arange(0, BLOCK_C)
-        x = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0)
-        x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        x = tl.load(r + c[None, :], mask=valid[:, None] & (c < D)[None, :], other=0)
         g = col0 // 32 + tl.arange(0, BLOCK_C // 32)
-        s = tl.load(ptr + r + D + g[None, :], mask=valid[:, None] & (g < D // 32)[None, :], other=127)
-        out = _scale_groups(x, ue8m0_value(s.to(tl.int32)), 32).to(ty)
+        s = ue8m0_value(tl.load(r + D + g[None, :], mask=valid[:, None] & (g < D // 32)[None, :], other=127)
+                        .to(tl.int32))
+        if ASM:
+            out = _packed_groups(x, s.to(tl.bfloat16), 32, 1)
+        else:
+            out = _scale_groups(x.to(tl.float8e4nv, bitcast=True).to(tl.float32), s, 32).to(ty)
     else:
         c = col0 // 2 + tl.arange(0, BLOCK_C // 2)
-        b = tl.load(ptr + r + c[None, :], mask=valid[:, None] & (c < D // 2)[None, :], other=0).to(tl.int32)
-        x = tl.reshape(tl.join(e2m1_decode(b & 0xF), e2m1_decode(b >> 4)), (rows.shape[0], BLOCK_C))
+        b = tl.load(r + c[None, :], mask=valid[:, None] & (c < D // 2)[None, :], other=0)
         if FMT == 2:
             g = col0 // 16 + tl.arange(0, BLOCK_C // 16)
-            s = tl.load(ptr + r + D // 2 + g[None, :], mask=valid[:, None] & (g < D // 16)[None, :], other=0)
-            out = _scale_groups(x, s.to(tl.float8e4nv, bitcast=True).to(tl.float32), 16).to(ty)
+            s = tl.load(r + D // 2 + g[None, :], mask=valid[:, None] & (g < D // 16)[None, :], other=0)
+            s = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             g = col0 // 32 + tl.arange(0, BLOCK_C // 32)
-            gmask = valid[:, None] & (g < D // 32)[None, :]
-            s = tl.load(ptr + r + D // 2 + g[None, :], mask=gmask, other=127)
-            out = _scale_groups(x, ue8m0_value(s.to(tl.int32)), 32).to(ty)
+            s = tl.load(r + D // 2 + g[None, :], mask=valid[:, None] & (g < D // 32)[None, :], other=127)
+            s = ue8m0_value(s.to(tl.int32))
+        if ASM and FMT == 2:
+            out = _packed_groups(b, s.to(tl.bfloat16), 16, 2)
+        else:
+            b = b.to(tl.int32)
+            x = tl.reshape(tl.join(e2m1_decode(b & 0xF), e2m1_decode(b >> 4)), (r.shape[0], BLOCK_C))
+            out = _scale_groups(x, s, 16 if FMT == 2 else 32).to(ty)
     return out
 
 
