@@ -20,7 +20,7 @@ import torch
 from deepinfer.config import LayerSpec, TextConfig
 from deepinfer.models.deepseek_v41.compressor import Compressor
 from deepinfer.models.deepseek_v41.indexer import Indexer
-from deepinfer.models.deepseek_v41.linear import make_linear
+from deepinfer.models.deepseek_v41.linear import make_fused_linear, make_linear
 from deepinfer.models.deepseek_v41.rope import Rope
 from deepinfer.models.deepseek_v41.step_state import StepState
 from deepinfer.models.deepseek_v41.weights import Weights
@@ -44,10 +44,18 @@ class Attention:
         h, d, groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.cfg, self.spec, self.ops, self.dtype = cfg, spec, ops, dtype
         self.heads, self.dim, self.window, self.eps = h, d, cfg.sliding_window, cfg.rms_norm_eps
-        self.wq_a = make_linear(w, "wq_a", ops, dtype, (cfg.q_lora_rank, cfg.hidden_size))
+        # wq_a and wkv read the same input: one stacked weight, one launch (the parts serve DSpark's
+        # separate query / key projections)
+        self.w_in = make_fused_linear(
+            w, [("wq_a", (cfg.q_lora_rank, cfg.hidden_size)), ("wkv", (d, cfg.hidden_size))], ops, dtype
+        )
+        self.wq_a, self.wkv = self.w_in.parts
         self.q_norm = w.get("q_norm.weight", (cfg.q_lora_rank,))
-        self.wq_b = make_linear(w, "wq_b", ops, dtype, (h * d, cfg.q_lora_rank))
-        self.wkv = make_linear(w, "wkv", ops, dtype, (d, cfg.hidden_size))
+        q_up = [("wq_b", (h * d, cfg.q_lora_rank))]
+        if spec.owns_indexer_query:  # the indexer's query projection reads the same latent
+            q_up.append(("indexer.wq_b", (cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank)))
+        self.w_q_up = make_fused_linear(w, q_up, ops, dtype)
+        self.wq_b = self.w_q_up.parts[0]
         self.kv_norm = w.get("kv_norm.weight", (d,))
         # grouped: output group g (o_lora_rank rows) reads only head group g's h/groups*d channels
         self.wo_a = make_linear(w, "wo_a", ops, dtype, (groups * cfg.o_lora_rank, h // groups * d), groups)
@@ -66,15 +74,18 @@ class Attention:
         if x.shape[0] != rows.count:
             raise ValueError(f"layer {spec.index}: {x.shape[0]} input rows, the step computes {rows.count}")
         angles = self.rope.angles(rows.positions)
-        q_latent, q = self.query(x, angles)
-        kv = self.window_kv(x, angles)
+        q_a, kv_a = self.w_in(x)
+        q_latent = self.ops.rms_norm(q_a, self.q_norm, self.eps)
+        q_heads, *index_q = self.w_q_up(q_latent)
+        q = self._rotate_queries(q_heads, angles)
+        kv = self._window_kv(kv_a, angles)
         ring = step.cache.window(spec.index)
         compressed = {}
         if spec.compress_ratio:
             if self.compressor is not None:
                 self._compress(x, step)
             if spec.owns_indexer_query:
-                self.indexer.select(q_latent, x, angles, rows, step)
+                self.indexer.select(index_q[0], x, angles, rows, step)
             step.check_stream(spec)
             pool = step.cache.compressed_kv(spec.kv_source)
             compressed = {"pool": pool.data, "pool_codec": pool.codec, "topk": step.selection(spec),
@@ -89,12 +100,17 @@ class Attention:
     def query(self, x: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(query latent c [n, q_lora_rank], rotated queries [n, heads, head_dim])."""
         q_latent = self.ops.rms_norm(self.wq_a(x), self.q_norm, self.eps)
-        q = self.ops.rope_interleaved(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), angles)
-        return q_latent, q
+        return q_latent, self._rotate_queries(self.wq_b(q_latent), angles)
 
     def window_kv(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Sliding-window key (= value) [n, head_dim], rotated, before the cache codec."""
-        return self.ops.rope_interleaved(self.ops.rms_norm(self.wkv(x), self.kv_norm, self.eps), angles)
+        return self._window_kv(self.wkv(x), angles)
+
+    def _rotate_queries(self, q: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        return self.ops.rope_interleaved(q.unflatten(-1, (self.heads, self.dim)), angles)
+
+    def _window_kv(self, kv_a: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        return self.ops.rope_interleaved(self.ops.rms_norm(kv_a, self.kv_norm, self.eps), angles)
 
     def project_output(self, o: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Attention output [n, heads, head_dim] -> [n, H]: undo RoPE, grouped wo_a, then wo_b."""

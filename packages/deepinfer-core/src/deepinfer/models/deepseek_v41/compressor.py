@@ -12,7 +12,7 @@ import torch
 
 from deepinfer.cache import Ring
 from deepinfer.config import LayerSpec, TextConfig
-from deepinfer.models.deepseek_v41.linear import make_linear
+from deepinfer.models.deepseek_v41.linear import make_fused_linear, make_linear
 from deepinfer.models.deepseek_v41.metadata import Compression
 from deepinfer.models.deepseek_v41.weights import Weights
 from deepinfer.ops import Ops
@@ -22,10 +22,13 @@ class Compressor:
     def __init__(self, cfg: TextConfig, spec: LayerSpec, weights: Weights, ops: Ops, dtype: torch.dtype):
         self.ratio, self.ops, self.dtype, self.eps = spec.compress_ratio, ops, dtype, cfg.rms_norm_eps
         shape = (cfg.head_dim, cfg.hidden_size)
-        # pooling runs in float32 (the release stores these weights unquantised); ratio 1 in the model dtype
-        proj_dtype = torch.float32 if self.ratio > 1 else dtype
-        self.wkv = make_linear(weights, "wkv", ops, proj_dtype, shape)
-        self.wgate = make_linear(weights, "wgate", ops, torch.float32, shape) if self.ratio > 1 else None
+        # pooling runs in float32 (the release stores these weights unquantised), on gate and value
+        # projected together (one stacked weight); ratio 1 projects in the model dtype
+        if self.ratio > 1:
+            self.gate_kv = make_fused_linear(weights, [("wgate", shape), ("wkv", shape)], ops, torch.float32,
+                                             operand_dtype=dtype, with_parts=False)
+        else:
+            self.wkv = make_linear(weights, "wkv", ops, dtype, shape)
         self.norm = weights.get("norm.weight", (cfg.head_dim,))
 
     def __call__(self, x: torch.Tensor, new: Compression, state: Ring | None) -> torch.Tensor:
@@ -35,7 +38,7 @@ class Compressor:
         """
         if self.ratio == 1:
             return self.ops.rms_norm(self.wkv(x), self.norm, self.eps)
-        gate_value = torch.cat((self.wgate(x), self.wkv(x)), dim=-1)  # [T, 2D] float32
+        gate_value = self.gate_kv.stacked(x)  # [T, 2D] float32
         pooled = self.ops.compressor_update(
             gate_value, state.data, new.sources, new.state_dest, new.state_src
         )

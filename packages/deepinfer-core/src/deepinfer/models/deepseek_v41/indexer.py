@@ -14,7 +14,10 @@ from deepinfer.ops import Ops
 
 
 class Indexer:
-    """Index keys (index-K sources) and/or the per-token selection (index sources) of one layer."""
+    """Index keys (index-K sources) and/or the per-token selection (index sources) of one layer.
+
+    The query projection `indexer.wq_b` reads the attention's query latent: the attention stacks it with
+    its own `wq_b` (one launch) and hands the projected queries to `select`."""
 
     def __init__(self, cfg: TextConfig, spec: LayerSpec, weights: Weights, ops: Ops, dtype: torch.dtype):
         self.spec, self.ops, self.dtype, self.eps = spec, ops, dtype, cfg.rms_norm_eps
@@ -24,7 +27,6 @@ class Indexer:
             self.wk = make_linear(weights, "wk", ops, dtype, (self.dim, cfg.head_dim))
             self.k_norm = weights.get("k_norm.weight", (self.dim,))
         if spec.owns_indexer_query:
-            self.wq_b = make_linear(weights, "wq_b", ops, dtype, (self.heads * self.dim, cfg.q_lora_rank))
             shape = (self.heads, cfg.hidden_size)
             self.weights_proj = make_linear(weights, "weights_proj", ops, dtype, shape)
             self.weight_scale = (self.dim * self.heads) ** -0.5
@@ -35,11 +37,13 @@ class Indexer:
         return self.ops.rope_interleaved(k, angles)
 
     def select(
-        self, q_latent: torch.Tensor, x: torch.Tensor, angles: torch.Tensor, rows: RowSet, step: StepState
+        self, q: torch.Tensor, x: torch.Tensor, angles: torch.Tensor, rows: RowSet, step: StepState
     ) -> None:
-        """Score every visible entry for each row, publish top-k (and candidate blocks) on `step`."""
+        """Score every visible entry for each row, publish top-k (and candidate blocks) on `step`.
+
+        q: the projected queries [T, heads * dim] (indexer.wq_b of the query latent), before RoPE."""
         spec, ratio = self.spec, self.spec.compress_ratio
-        q = self.ops.rope_interleaved(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), angles)
+        q = self.ops.rope_interleaved(q.unflatten(-1, (self.heads, self.dim)), angles)
         if step.cache.precision == "release":  # indexer queries cross the same MXFP4 boundary as the keys
             _, q = Codec("mxfp4", self.dim, self.dtype).round_trip(q.flatten(0, 1), self.ops)
             q = q.unflatten(0, (-1, self.heads))

@@ -127,7 +127,7 @@ class DeepseekV41Model:
         self.cfg, self.ops, self.dtype = cfg, ops, dtype
         self.embed = w.get("embed.weight", (cfg.vocab_size, h))
         self.norm = w.get("norm.weight", (h,))
-        self.head = make_linear(w, "head", ops, torch.float32, (cfg.vocab_size, h))
+        self.head = make_linear(w, "head", ops, torch.float32, (cfg.vocab_size, h), operand_dtype=dtype)
         backbone = cfg.layers[: cfg.num_hidden_layers]
         self.blocks = [Block.load(w.sub(f"{s.prefix}."), cfg, s, attention, ops, dtype) for s in backbone]
         self.hasher = None
@@ -172,5 +172,6 @@ class DeepseekV41Model:
         return ModelOutput(hidden, torch.cat(targets, dim=-1) if targets else None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head in float32 (the head is stored F32 or BF16)."""
+        """LM head, float32 logits (the head is stored F32 or BF16; kernel backends may hold an F32 head
+        in BF16 for BF16 models, as the official engine: `prepare_linear`'s operand_dtype)."""
         return self.head(hidden)

@@ -32,10 +32,16 @@ class ReferenceLinear:
 
 
 def prepare_linear(
-    kind: LinearKind, weight: torch.Tensor, scale: torch.Tensor | None, groups: int = 1
+    kind: LinearKind,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    groups: int = 1,
+    operand_dtype: torch.dtype | None = None,
 ) -> ReferenceLinear:
     """Checkpoint tensors of one linear -> its prepared form. `groups > 1`: the rows split into `groups`
-    equal blocks and block g multiplies input chunk g (the grouped o-projection)."""
+    equal blocks and block g multiplies input chunk g (the grouped o-projection). `operand_dtype`: the
+    dtype of the inputs it will multiply, which a backend may store a wider dense weight in; the
+    reference keeps the checkpoint's storage (F32 heads multiply in F32, as NeMo's)."""
     if kind not in ("fp8", "fp4", "dense"):
         raise ValueError(f"prepare_linear: kind {kind!r}, expected 'fp8', 'fp4' or 'dense'")
     if weight.ndim != 2:
