@@ -9,9 +9,11 @@ so outputs are identical in both modes.
 
 With a speculator (`EngineConfig.speculator`) a step emits several tokens per sequence, appended
 one by one with the stop rules. Planning step N+1 needs step N's verification (how many drafts were
-accepted: the next segment's position; the next drafts), so async scheduling overlaps less: step N
-is committed first (tokens appended with the token-level stops: EOS, stop ids, length, grammar;
-the next drafts), step N+1 is planned and launched, and only then does step N's text-level work run
+accepted: the next segment's position) but not its drafting (only how many drafts follow: their ids
+stay on the device for the forward; a confidence schedule does wait for their confidences), so async
+scheduling overlaps less than plain decoding: step N is committed first
+(tokens appended with the token-level stops: EOS, stop ids, length, grammar; the next drafts), step
+N+1 is planned and launched, and only then does step N's text-level work run
 (incremental detokenization and stop strings, outputs, stats) while step N+1 computes. A stop string
 found then truncates the sequence and discards its step N+1 row, as async discards rows planned past
 a stop. Outputs are identical to synchronous steps.
@@ -431,8 +433,6 @@ class LLMEngine:
         """Counters, the cache position after verification, the next drafts of each sequence, and the
         step's time for the verification scheduler's latency curve (decode steps only)."""
         assert result.verified is not None
-        if result.drafts is not None:  # after the tokens' commit, which overlapped the drafting
-            result.drafts.fill()
         for v in result.verified:
             seq, spec = v.seq, v.seq.spec
             if spec is None or not v.tokens:  # discarded: it ended before this step was committed
@@ -444,14 +444,15 @@ class LLMEngine:
                 self.stats.count_accepted_positions(v.num_accepted)
                 spec.num_drafts += v.num_drafts
                 spec.num_accepted += v.num_accepted
-                if spec.confidences is not None:
-                    spec.confidence_sum += sum(spec.confidences[:v.num_drafts])
+                # the drafts just verified (their host copy landed when verification read it)
+                if spec.next is not None and (confidences := spec.next.confidences()) is not None:
+                    spec.confidence_sum += sum(confidences[:v.num_drafts])
                     spec.num_estimated += v.num_drafts
             if seq.status is SeqStatus.FINISHED:
                 continue
             # rejected rows are rolled back: the cache holds everything before the newest token
             seq.num_computed = len(seq.token_ids) - 1
-            spec.drafts, spec.probs, spec.confidences = v.next_drafts, v.next_probs, v.next_confidences
+            spec.next = v.next
         timing = self.scheduler.verify_scheduler
         if timing is not None and all(s.sample_seqs and len(s.token_ids) == s.num_drafts + 1
                                       for s in sched.segments):

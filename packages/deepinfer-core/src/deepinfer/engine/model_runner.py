@@ -11,9 +11,11 @@ fork copies also run here, in step order, so they never race a step that still u
 With a speculator every sampled row goes through exact verification instead of the plain sampler (a
 row without drafts samples identically), and after it the proposer drafts the next tokens of every
 speculating sequence that just sampled. The engine plans a speculative step only once the step
-before it has returned, so its segments hold host token ids; the step returns once drafting is
-launched (its drafts reach the host behind it, `PendingDrafts`). Finished sequences are released to
-the proposer here, before a step, so that a release never races a step drafting for that sequence.
+before it has returned, so its segments hold host token ids except for the drafts: a step returns
+once drafting is launched, and the next one feeds its drafts' ids to the forward from the proposal
+(`ProposedDrafts`, on the device) and reads their host copy only for verification, after launching
+the forward. Finished sequences are released to the proposer here, before a step, so that a release
+never races a step drafting for that sequence.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -34,7 +36,6 @@ from deepinfer.models.interface import CausalLM, ForwardBatch, SequenceSegment
 from deepinfer.ops import get_ops
 from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import (
-    HostCopy,
     PendingLogprobs,
     SampleOutput,
     Sampler,
@@ -42,7 +43,8 @@ from deepinfer.sampling.sampler import (
     TokenLogprob,
     to_device,
 )
-from deepinfer.speculators.interface import History, Proposal, ProposeBatch, Proposer, ProposeRequest
+from deepinfer.speculators.drafts import NextDrafts, ProposedDrafts
+from deepinfer.speculators.interface import History, ProposeBatch, Proposer, ProposeRequest
 from deepinfer.speculators.verify import verify
 from deepinfer.structured.manager import StructuredManager
 
@@ -72,32 +74,7 @@ class Verified:
     logprobs: list[TokenLogprob | None]
     num_drafts: int
     num_accepted: int
-    next_drafts: list[int] = field(default_factory=list)  # filled by `PendingDrafts.fill`
-    next_probs: torch.Tensor | None = None  # [len(next_drafts), V] on the device
-    next_confidences: list[float] | None = None
-
-
-class PendingDrafts:
-    """A proposal's draft ids and confidences on their way to the host.
-
-    The copies are queued behind the drafting (`HostCopy`), so the worker hands the step over as soon
-    as drafting is launched; the engine commits the step's tokens while the device still drafts and
-    waits only when it needs the drafts (`fill`, before planning the next step).
-    """
-
-    def __init__(self, proposal: Proposal, todo: list[Verified]) -> None:
-        confidences = [] if proposal.confidences is None else [proposal.confidences]
-        self._host = HostCopy(proposal.token_ids, *confidences)
-        self._rows = list(zip(todo, proposal.num_drafts, strict=True))
-        for i, (v, n) in enumerate(self._rows):
-            v.next_probs = None if proposal.probs is None else proposal.probs[i, :n]
-
-    def fill(self) -> None:
-        """Wait for the copies and set each sequence's next drafts and confidences."""
-        ids, *confidences = (t.tolist() for t in self._host.get())
-        for i, (v, n) in enumerate(self._rows):
-            v.next_drafts = ids[i][:n]
-            v.next_confidences = confidences[0][i][:n] if confidences else None
+    next: NextDrafts | None = None  # its drafts for the step after (None: it drafts nothing)
 
 
 @dataclass
@@ -110,7 +87,6 @@ class StepResult:
     num_tokens: int
     num_seqs: int
     verified: list[Verified] | None = None  # speculative steps: replaces sample_seqs / samples
-    drafts: PendingDrafts | None = None  # speculative steps: the next drafts of `verified`, if any
     # CUDA: events recorded on the step's stream at its start and end (GPU time, read a step later)
     gpu: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
@@ -182,9 +158,9 @@ class ModelRunner:
         prompt_lp = [self._prompt_logprobs(out.logits, offsets[i], segments[i], s)
                      for i, s in enumerate(sched.segments) if s.prompt_logprobs is not None]
         if self.proposer is not None:
-            verified, drafts = self._speculate(out.logits, offsets, sched)
+            verified = self._speculate(out.logits, offsets, sched)
             return StepResult([], None, prompt_lp, start, time.perf_counter(), sched.num_tokens,
-                              len(sched.segments), verified, drafts, self._events(gpu_start))
+                              len(sched.segments), verified, self._events(gpu_start))
         rows, sample_rows, sample_seqs = [], [], []
         for i, s in enumerate(sched.segments):
             if s.sample_seqs:
@@ -218,21 +194,49 @@ class ModelRunner:
         return None if start is None or end is None else (start, end)
 
     def _input_ids(self, sched: SchedulerOutput) -> torch.Tensor | None:
-        """Device ids with the placeholders filled from the previous step's sampled tokens, on the
-        device; None when every token is known on the host (then the lists are the values)."""
-        flat, dst, src = [], [], []
+        """Ids on the model's device with the stand-ins filled there: `PLACEHOLDER` from the previous
+        step's sampled tokens, `DRAFT` from the proposal the drafts came from; None when every token
+        is known on the host (then the lists are the values). Drafts proposed off the model's device
+        (a host lookup) are written into the segment lists instead, which the forward shares."""
+        device = self._device
+        flat: list[int] = []
+        # (source tensor, destinations, flat source indices): the previous samples, then per proposal
+        fills: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
         for s in sched.segments:
-            if s.token_ids[-1] == PLACEHOLDER:
-                dst.append(len(flat) + len(s.token_ids) - 1)
+            ids = s.token_ids
+            if ids[-1] == PLACEHOLDER:
+                assert self._prev is not None, "a placeholder without a previous step"
+                _, dst, src = fills.setdefault(id(self._prev), (self._prev.tokens, [], []))
+                dst.append(len(flat) + len(ids) - 1)
                 src.append(self._prev_row[s.seq.seq_id])
-            flat.extend(s.token_ids)
-        if not dst:
+            if s.num_drafts:
+                drafts, k = s.drafts, s.num_drafts
+                assert drafts is not None, "drafts to verify without their proposal"
+                table = drafts.proposal.token_ids
+                if table.device != device:
+                    ids[-k:] = drafts.tokens()[:k]
+                else:
+                    _, dst, src = fills.setdefault(id(drafts.proposal), (table.reshape(-1), [], []))
+                    dst += range(len(flat) + len(ids) - k, len(flat) + len(ids))
+                    src += range(drafts.row * table.shape[1], drafts.row * table.shape[1] + k)
+            flat.extend(ids)
+        if not fills:
             return None
-        assert self._prev is not None, "a placeholder without a previous step"
-        prev = self._prev.tokens
-        ids = to_device(flat, prev.device)
-        ids[to_device(dst, prev.device)] = prev[to_device(src, prev.device)]
-        return ids
+        out = to_device(flat, device)
+        for source, dst, src in fills.values():
+            out[to_device(dst, device)] = source[to_device(src, device)]
+        return out
+
+    @property
+    def _device(self) -> torch.device:
+        """Where the model takes its inputs (a model without a `device` attribute: the CPU), with its
+        index, as tensors report theirs."""
+        device = getattr(self.model, "device", None)
+        if not isinstance(device, torch.device):
+            return torch.device("cpu")
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return device
 
     def _sample_row(self, seq: Sequence, position: int, drafts: Seq[int] = ()) -> SampleRow:
         """The row deciding `position`; `drafts`: draft tokens just before it (verification rows)."""
@@ -280,25 +284,25 @@ class ModelRunner:
             self.model.reset_slot(s.slot)
         return ms
 
-    def _speculate(self, logits: torch.Tensor, offsets: list[int], sched: SchedulerOutput
-                   ) -> tuple[list[Verified], PendingDrafts | None]:
+    def _speculate(self, logits: torch.Tensor, offsets: list[int], sched: SchedulerOutput) -> list[Verified]:
         """Verify every sampled row, then launch drafting after each speculating sequence's new tokens."""
-        items: list[tuple[Sequence, ScheduledSegment]] = []  # one per sampled sequence
+        items: list[tuple[Sequence, ScheduledSegment, list[int]]] = []  # per sampled sequence: its drafts
         rows, sample_rows, drafts = [], [], []
         probs: list[tuple[torch.Tensor | None, list[int]]] = []  # per verified run: (draft probs, drafts)
         for i, s in enumerate(sched.segments):
             k = s.num_drafts
             first = offsets[i + 1] - 1 - k
             pos0 = s.start_pos + len(s.token_ids) - k  # the position row `first` decides
-            ds = s.token_ids[len(s.token_ids) - k:]
+            # the drafts' host copy: waited for only now, with this step's forward already queued
+            ds = s.drafts.tokens()[:k] if s.drafts is not None and k else []
             for seq in s.sample_seqs:
-                items.append((seq, s))
+                items.append((seq, s, ds))
                 rows += range(first, first + k + 1)
                 sample_rows += [self._sample_row(seq, pos0 + j, ds[:j]) for j in range(k + 1)]
                 drafts += [*ds, -1]
                 if k:
-                    held = None if seq.spec is None or seq.spec.probs is None else seq.spec.probs[:k]
-                    probs.append((held, ds))
+                    held = s.drafts.probs  # type: ignore[union-attr]
+                    probs.append((None if held is None else held[:k], ds))
         picked = self._constrain(logits.index_select(0, to_device(rows, logits.device)), items)
         draft_probs = None
         if any(p is not None for p, _ in probs):  # deterministic runs among them: one-hot
@@ -309,14 +313,15 @@ class ModelRunner:
         tokens, accepted = torch.stack([out.tokens, out.accepted.long()]).tolist()  # one device copy
         logprobs = out.logprobs.get()
         verified, r = [], 0
-        for seq, s in items:
+        for seq, s, _ in items:
             k = s.num_drafts
             n = next((j for j in range(k) if not accepted[r + j]), k)
             verified.append(Verified(seq, tokens[r:r + n + 1], logprobs[r:r + n + 1], k, n))
             if seq.request.params.structured_outputs is not None:
                 self._settle_grammar(seq, s.start_pos + len(s.token_ids) - k, verified[-1].tokens)
             r += k + 1
-        return verified, self._propose(verified, logits.device)
+        self._propose(verified, logits.device)
+        return verified
 
     def _settle_grammar(self, seq: Sequence, position: int, emitted: list[int]) -> None:
         """Commit the grammar state through an emitted run that ends the sequence by EOS after an
@@ -329,26 +334,25 @@ class ModelRunner:
         for j in range(1, last + 1):
             self.structured.fill([seq], [position + j], lambda _, t=emitted[j - 1]: t)
 
-    def _constrain(self, logits: torch.Tensor, items: list[tuple[Sequence, ScheduledSegment]]
+    def _constrain(self, logits: torch.Tensor, items: list[tuple[Sequence, ScheduledSegment, list[int]]]
                    ) -> torch.Tensor:
         """Structured output: each verification row masked by the grammar state after the drafts
         before it (the target distribution a plain decode would sample from)."""
-        if not any(seq.request.params.structured_outputs is not None for seq, _ in items):
+        if not any(seq.request.params.structured_outputs is not None for seq, _, _ in items):
             return logits
         masks = []
-        for seq, s in items:
-            k = s.num_drafts
-            drafts = s.token_ids[len(s.token_ids) - k:]
-            masks.append(self.structured.draft_rows(seq, s.start_pos + len(s.token_ids) - k, drafts,
-                                                    _no_token_in_flight))
+        for seq, s, drafts in items:
+            position = s.start_pos + len(s.token_ids) - s.num_drafts
+            masks.append(self.structured.draft_rows(seq, position, drafts, _no_token_in_flight))
         mask = torch.from_numpy(np.concatenate(masks))
         if logits.device.type == "cuda":  # pinned: queued behind the forward instead of waiting for it
             mask = mask.pin_memory()
         mask = mask.to(logits.device, non_blocking=True)
         return (self.sampler.ops or get_ops(device=logits.device)).apply_token_bitmask(logits, mask)
 
-    def _propose(self, verified: list[Verified], device: torch.device) -> PendingDrafts | None:
-        """Ask the proposer for the drafts after each speculating sequence's newest token."""
+    def _propose(self, verified: list[Verified], device: torch.device) -> None:
+        """Ask the proposer for the drafts after each speculating sequence's newest token (launched:
+        their ids and confidences reach the host behind the drafting)."""
         assert self.proposer is not None
         todo, requests = [], []
         for v in verified:
@@ -363,6 +367,8 @@ class ModelRunner:
             requests.append(ProposeRequest(seq.seq_id, seq.slot, len(context) - 1, context, params,
                                            seq.seed, room))
         if not requests:
-            return None
+            return
         sampled = to_device([r.token_ids[-1] for r in requests], device)
-        return PendingDrafts(self.proposer.propose(ProposeBatch(requests, sampled)), todo)
+        proposal = ProposedDrafts(self.proposer.propose(ProposeBatch(requests, sampled)))
+        for v, drafts in zip(todo, proposal.rows(), strict=True):
+            v.next = drafts

@@ -12,8 +12,10 @@ last token may not be known yet: its segment then ends in `PLACEHOLDER`, which t
 replaces by that step's sampled token. `num_computed` and `num_inflight` count such tokens ahead.
 
 A speculating decode (its sequence holds drafts; planned once the step before has returned) runs
-[newest token, d_1..d_k] with logits for every row; k is capped by the token budget, the room left
-before the sequence's limit and, with a verification scheduler, by that scheduler's choice.
+[newest token, d_1..d_k] with logits for every row, the drafts as `DRAFT` stand-ins (the model runner
+feeds their ids from the proposal, so planning needs only their count); k is capped by the token
+budget, the room left before the sequence's limit and, with a verification scheduler, by that
+scheduler's choice.
 `num_computed` counts all k + 1 rows; the engine corrects it to the accepted length after
 verification (rejected rows are simply overwritten by the next segment).
 """
@@ -30,11 +32,13 @@ from deepinfer.engine.cache_manager import CacheManager
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.models.interface import LogitsWanted
+from deepinfer.speculators.drafts import NextDrafts
 from deepinfer.speculators.interface import VerifyScheduler
 
 logger = logging.getLogger(__name__)
 
 PLACEHOLDER = -1  # "the token this sequence sampled in the previous step"
+DRAFT = -2  # "a draft of `ScheduledSegment.drafts`": the model runner feeds its id from the proposal
 
 
 @dataclass(slots=True)
@@ -48,6 +52,7 @@ class ScheduledSegment:
     sample_seqs: list[Sequence]  # the last row is sampled once for each (several: n > 1 forks)
     prompt_logprobs: int | None = None  # top-k for the prompt tokens this chunk predicts
     num_drafts: int = 0  # the last num_drafts tokens are drafts to verify (one sample sequence)
+    drafts: NextDrafts | None = None  # where those drafts come from (their ids: DRAFT in token_ids)
 
 
 @dataclass
@@ -131,19 +136,23 @@ class Scheduler:
         """The verification scheduler's choice per speculating sequence that has confidences."""
         if self.verify_scheduler is None:
             return {}
-        seqs = [s for s in self.running if s.spec is not None and s.spec.drafts and s.spec.confidences]
+        seqs, confidences = [], []
+        for s in self.running:  # waits for the confidences of the step just committed
+            if s.spec is not None and s.spec.next is not None and (c := s.spec.next.confidences()):
+                seqs.append(s)
+                confidences.append(c)
         if not seqs:
             return {}
-        counts = self.verify_scheduler.choose([s.spec.confidences for s in seqs])  # type: ignore[union-attr]
+        counts = self.verify_scheduler.choose(confidences)
         return {s.seq_id: c for s, c in zip(seqs, counts, strict=True)}
 
     @staticmethod
     def _num_drafts(seq: Sequence, budget: int, verify: dict[int, int]) -> int:
         """Drafts to verify in a decode of `seq`: what it holds, within the budget and its limit."""
-        if seq.spec is None or not seq.spec.drafts or seq.num_inflight:
+        if seq.spec is None or seq.spec.next is None or seq.num_inflight:
             return 0
         room = seq.limit - len(seq.token_ids) - 1  # a step emits up to k + 1 tokens
-        held = len(seq.spec.drafts)
+        held = seq.spec.next.count
         return max(0, min(held, verify.get(seq.seq_id, held), room, budget - 1))
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
@@ -178,7 +187,7 @@ class Scheduler:
         if len(ids) < n - num_drafts:  # the last token is being sampled by the step in flight
             ids.append(PLACEHOLDER)
         if num_drafts:
-            ids += seq.spec.drafts[:num_drafts]  # type: ignore[union-attr]
+            ids += [DRAFT] * num_drafts  # their ids need not be on the host yet
         seq.num_computed += n
         sampling = seq.num_computed - num_drafts == known + seq.num_inflight
         req = seq.request
@@ -190,7 +199,8 @@ class Scheduler:
                                 else "last" if sampling else "none")
         # the block list is shared, not copied: the cache manager only appends to it or replaces it
         seg = ScheduledSegment(seq, seq.slot, seq.blocks, start, ids, logits, [],
-                               req.params.prompt_logprobs if want_prompt_lp else None, num_drafts)
+                               req.params.prompt_logprobs if want_prompt_lp else None, num_drafts,
+                               seq.spec.next if num_drafts else None)  # type: ignore[union-attr]
         if sampling:
             self._sample(seg, seq)
             if self.can_fork and seq.index == 0 and req.params.n > 1:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from deepinfer.sampling.detokenizer import IncrementalDetokenizer
 from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import TokenLogprob
+from deepinfer.speculators.drafts import NextDrafts
 
 
 class FinishReason(enum.StrEnum):
@@ -52,16 +51,14 @@ class SpecState:
     """Speculative decoding of one sequence: the drafts for the tokens after its newest one, and
     counters of what verification did with earlier drafts."""
 
-    drafts: list[int] = field(default_factory=list)
-    probs: torch.Tensor | None = None  # [len(drafts), V] draft distributions on the device; None: one-hot
-    confidences: list[float] | None = None  # P(draft j accepted | earlier ones accepted), if estimated
+    next: NextDrafts | None = None  # ids, distributions and confidences of its current drafts
     num_drafts: int = 0  # drafts verified so far
     num_accepted: int = 0  # of those, accepted
     confidence_sum: float = 0.0  # summed estimates of the verified drafts that had one
     num_estimated: int = 0
 
     def clear(self) -> None:
-        self.drafts, self.probs, self.confidences = [], None, None
+        self.next = None
 
 
 @dataclass(eq=False)
