@@ -216,7 +216,9 @@ class ModelRunner:
                 if table.device != device:
                     ids[-k:] = drafts.tokens()[:k]
                 else:
-                    _, dst, src = fills.setdefault(id(drafts.proposal), (table.reshape(-1), [], []))
+                    if id(drafts.proposal) not in fills:
+                        fills[id(drafts.proposal)] = table.reshape(-1), [], []
+                    _, dst, src = fills[id(drafts.proposal)]
                     dst += range(len(flat) + len(ids) - k, len(flat) + len(ids))
                     src += range(drafts.row * table.shape[1], drafts.row * table.shape[1] + k)
             flat.extend(ids)
