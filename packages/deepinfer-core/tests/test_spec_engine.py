@@ -412,6 +412,22 @@ def _added(engine, reqs, stream: bool = False):
     return engine
 
 
+def test_drafts_made_off_the_model_device_reach_it_in_the_lists(make_engine, drain, speculators):
+    # A host lookup's drafts are written into the segment lists, not gathered on the model's device.
+    class ElsewhereToyLM(ToyLM):
+        device = torch.device("meta")  # the oracle's drafts are CPU tensors: not on this device
+
+    model = ElsewhereToyLM()
+    model.max_backtrack = K
+    reqs = [(p, GREEDY) for p in prompts(4)]
+    plain, _ = run(make_engine, drain, reqs)
+    engine = make_engine(model=model, speculator="oracle", num_draft_tokens=K)
+    for i, (ids, params) in enumerate(reqs):
+        engine.add_request(ids, params, request_id=f"r{i}")
+    assert tokens(drain(engine)) == tokens(plain)
+    assert engine.stats.spec_accepted_tokens > 0 and model.device_id_batches == 0
+
+
 class SlowCudaProposer(OracleProposer):
     """The oracle's drafts and confidences produced on the GPU behind a long device-side spin."""
 
