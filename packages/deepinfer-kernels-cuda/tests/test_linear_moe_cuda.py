@@ -221,14 +221,16 @@ def test_moe_decode_paths_match_reference(cuda_ops, ref_ops, monkeypatch, tokens
 
 @pytest.mark.parametrize("tokens", [1, 5, 10])
 def test_moe_fused_decode_matches_reference(cuda_ops, ref_ops, poison, monkeypatch, tokens):
-    """The fused decode path (shared expert in the routed launches, combine in the down kernel) at
-    CUDA-core and MMA tiles, and mixed, against the reference; it must not fall back to the unfused one."""
+    """The fused decode path (routing and the shared expert in the routed gate+up launch, combine in the
+    down launch) at CUDA-core and MMA tiles, and mixed, against the reference; it must not fall back to
+    the unfused one."""
     from deepinfer_kernels_cuda import configs, moe
 
     torch.manual_seed(tokens)
     ours, ref = _moe_layers(cuda_ops, ref_ops, 32, 256, 128, 4, torch.bfloat16)
     x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16)
-    want = ref_ops.moe(x, ref)
+    mask = torch.rand(tokens, device="cuda") < 0.5  # image rows: bias_vl in the in-kernel routing
+    want = ref_ops.moe(x, ref, mask)
     gemv, mma = configs.TileConfig(16, 1, 256, 1, 4, 3), configs.TileConfig(64, 16, 128, 1, 4, 4)
     def split(c: configs.TileConfig) -> configs.TileConfig:
         return dataclasses.replace(c, split_k=5)
@@ -239,11 +241,11 @@ def test_moe_fused_decode_matches_reference(cuda_ops, ref_ops, poison, monkeypat
         monkeypatch.setattr(moe, "DECODE_OVERRIDE", up)
         monkeypatch.setattr(moe, "DECODE_DOWN_OVERRIDE", down)
         assert moe._fused_decode_tiles(tokens, ours) == (up, down)
-        got = cuda_ops.moe(x, ours)
+        got = cuda_ops.moe(x, ours, mask)
         assert _rel_err(got, want) <= TOL[torch.bfloat16], (up, down)
         if down.split_k > 1:  # a program per slot, the last to arrive combines: the per-token sum, bitwise
             monkeypatch.setattr(moe, "DECODE_DOWN_OVERRIDE", dataclasses.replace(down, split_k=1))
-            assert torch.equal(got, cuda_ops.moe(x, ours)), down
+            assert torch.equal(got, cuda_ops.moe(x, ours, mask)), down
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 10])

@@ -1,7 +1,7 @@
-"""The fused MoE decode path (`moe._decode_fused`: the FP8 shared expert as one more assignment of the
-routed gate+up launch, the down projections and the combine in one launch) under Triton's CPU
-interpreter (float32, tiny shapes) against the reference op: CUDA-core and MMA tiles, FP4 and E4M3
-experts, image rows (bias_vl); and the router's CUDA-core GEMV for few tokens."""
+"""The fused MoE decode path (`moe._decode_fused`: the routing and the FP8 shared expert, as one more
+assignment, in the routed gate+up launch; the down projections and the combine in one launch) under
+Triton's CPU interpreter (float32, tiny shapes) against the reference op: CUDA-core and MMA tiles, FP4
+and E4M3 experts, image rows (bias_vl); and the router's CUDA-core GEMV for few tokens."""
 
 import pytest
 
@@ -20,7 +20,7 @@ torch.manual_seed(0)
 def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
-e, h, i, k = 8, 64, 64, 3
+e, h, i, k = 8, 64, 96, 3  # I 96: a 64-row gate+up tile is ragged (masked rows)
 def experts(rows, cols):
     q = [quantize_fp4(torch.randn(rows, cols) * 0.1) for _ in range(e)]
     return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
@@ -33,7 +33,7 @@ def layer(prep_e, prep_l):
                       shared_w3=prep_l("fp8", *shared[1]), shared_w2=prep_l("fp8", *shared[2]), **common)
 ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
 gemv = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(8, 1, 32, 1, 4, 1))  # 2 K steps of 32 in the down
-mma = (TileConfig(32, 16, 32, 1, 4, 1), TileConfig(16, 16, 64, 1, 4, 1))
+mma = (TileConfig(64, 16, 32, 1, 4, 1), TileConfig(16, 16, 32, 1, 4, 1))
 # down split_k > 1: a program per slot, the last to arrive combines (bitwise the per-token programs' sum)
 split = (TileConfig(32, 16, 32, 1, 4, 1), TileConfig(16, 1, 32, 4, 4, 1))
 split_mma = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(32, 16, 32, 4, 4, 1))

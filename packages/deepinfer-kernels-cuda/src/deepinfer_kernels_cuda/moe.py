@@ -135,12 +135,11 @@ def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False,
 
 
 @triton.jit
-def _route_kernel(
-    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, w_out_ptr, id_out_ptr,
-    E, route_scale,
+def _route_token(
+    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
     HAS_MASK: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    """Token t's (weights, expert ids) [BLOCK_K] (slots past TOPK: 0) from its float32 logits."""
     e = tl.arange(0, BLOCK_E)
     valid = e < E
     logit = tl.load(logits_ptr + t * E + e, mask=valid, other=0.0)
@@ -165,7 +164,19 @@ def _route_kernel(
         picked_w = tl.where(slot == j, w, picked_w)
         picked_id = tl.where(slot == j, idx, picked_id)
         sel = tl.where(e == idx, float("-inf"), sel)
-    picked_w = picked_w / (tl.sum(picked_w, axis=0) + 1e-20) * route_scale
+    return picked_w / (tl.sum(picked_w, axis=0) + 1e-20) * route_scale, picked_id
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, w_out_ptr, id_out_ptr,
+    E, route_scale,
+    HAS_MASK: tl.constexpr, TOPK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    t = tl.program_id(0)
+    picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
+                                       HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
+    slot = tl.arange(0, BLOCK_K)
     keep = slot < TOPK
     tl.store(w_out_ptr + t * TOPK + slot, picked_w, mask=keep)
     tl.store(id_out_ptr + t * TOPK + slot, picked_id, mask=keep)
@@ -324,6 +335,7 @@ def _gate_up_kernel(
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
     BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False,
+    EVEN_N: tl.constexpr = False,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -333,7 +345,7 @@ def _gate_up_kernel(
     valid = assign >= 0
     token = tl.where(valid, assign // TOPK, 0)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    n_mask = offs_n < inter
+    n_mask = (offs_n < inter) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     w1_e = w1_ptr + expert.to(tl.int64) * stride_we
     w3_e = w3_ptr + expert.to(tl.int64) * stride_we
     s1_e = s1_ptr + expert.to(tl.int64) * stride_se
@@ -361,7 +373,7 @@ def _down_kernel(
     act_ptr, w2_ptr, s2_ptr, row_assign_ptr, block_expert_ptr, y_ptr,
     H, inter, stride_we, stride_wn, stride_se, stride_sn,
     W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False,
+    IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False, EVEN_N: tl.constexpr = False,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -370,7 +382,7 @@ def _down_kernel(
         return
     valid = assign >= 0
     offs_n = pid_n * BN + tl.arange(0, BN)
-    n_mask = offs_n < H
+    n_mask = (offs_n < H) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     w2_e = w2_ptr + expert.to(tl.int64) * stride_we
     s2_e = s2_ptr + expert.to(tl.int64) * stride_se
     acc = tl.zeros((BN, BM), dtype=tl.float32)
@@ -566,31 +578,44 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, K, stride_wn, stride_sn,
 
 @triton.jit
 def _decode_gate_up_kernel(
-    x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, route_w_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, act_ptr,
-    count_ptr, A, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
-    limit, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, BLOCK_COUNT: tl.constexpr,
+    x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, act_ptr,
+    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, ids_ptr, route_w_ptr, count_ptr,
+    A, E, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
+    limit, route_scale, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr,
+    BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_COUNT: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):
     """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
-    token a - A's shared expert (FP8, 32x32 block scales): both in one launch. BLOCK_COUNT > 0: the
-    shared expert's first program of a token zeroes that token's n_count arrival counters of
-    `_decode_down_split_kernel` (the next launch)."""
+    token a - A's shared expert (FP8, 32x32 block scales): both in one launch, each program routing its
+    token itself (`_route_token`, the same selection in every program) instead of a routing launch.
+    The shared expert's first program of a token stores the token's expert ids and routing weights for
+    the down launch and, BLOCK_COUNT > 0, zeroes its n_count arrival counters of
+    `_decode_down_split_kernel`."""
     a = tl.program_id(0)
+    first = (a >= A) & (tl.program_id(1) == 0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    n_mask = offs_n < inter
+    n_mask = (offs_n < inter) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
+    t = tl.where(a < A, a // TOPK, a - A)
+    picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
+                                       HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
+    slot = tl.arange(0, BLOCK_K)
+    mine = slot == a - t * TOPK
+    rw = tl.where(a < A, tl.sum(tl.where(mine, picked_w, 0.0), axis=0), 1.0)  # shared expert: 1 (exact)
+    stored = tl.where(first, TOPK, 0)
+    tl.store(ids_ptr + t * TOPK + slot, picked_id, mask=slot < stored)
+    tl.store(route_w_ptr + t * TOPK + slot, picked_w, mask=slot < stored)
     if BLOCK_COUNT > 0:
         c = tl.arange(0, BLOCK_COUNT)
-        zeroed = tl.where((a >= A) & (tl.program_id(1) == 0), n_count, 0)
-        tl.store(count_ptr + (a - A) * n_count + c, tl.zeros((BLOCK_COUNT,), dtype=tl.int32), mask=c < zeroed)
+        zeroed = tl.where(first, n_count, 0)
+        tl.store(count_ptr + t * n_count + c, tl.zeros((BLOCK_COUNT,), dtype=tl.int32), mask=c < zeroed)
+    x_row = x_ptr + t.to(tl.int64) * stride_xm
     if a < A:
-        expert = tl.load(ids_ptr + a).to(tl.int64)
-        x_row = x_ptr + (a // TOPK).to(tl.int64) * stride_xm
+        expert = tl.sum(tl.where(mine, picked_id, 0), axis=0).to(tl.int64)
         gate = _one_row_dot(x_row, w1_ptr + expert * stride_we, s1_ptr + expert * stride_se, offs_n, n_mask,
                             H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         up = _one_row_dot(x_row, w3_ptr + expert * stride_we, s3_ptr + expert * stride_se, offs_n, n_mask,
                           H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
     else:
-        x_row = x_ptr + (a - A).to(tl.int64) * stride_xm
         gate = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, H, shared_wn, shared_sn, True, GROUP_TL,
                             BN, BM, BK, IEEE, False)
         up = _one_row_dot(x_row, sw3_ptr, ss3_ptr, offs_n, n_mask, H, shared_wn, shared_sn, True, GROUP_TL,
@@ -598,7 +623,6 @@ def _decode_gate_up_kernel(
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(gate.to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(up.to(out_ty).to(tl.float32), -limit), limit)
-    rw = tl.load(route_w_ptr + a, mask=a < A, other=1.0)  # the shared expert's weight: 1 (exact)
     act = gate / (1.0 + tl.exp(-gate)) * up * rw
     tl.store(act_ptr + a.to(tl.int64) * inter + offs_n, act.to(out_ty), mask=n_mask)
 
@@ -608,14 +632,14 @@ def _decode_down_kernel(
     act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, out_ptr,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):
     """out[t] = (sum over slots of round(expert W2 act)) rounded, plus round(shared W2 act), rounded: the
     down projections of token t's TOPK assignments and its shared expert and `_combine_kernel`'s sum
     in one program per (token, tile of H), slots in order (deterministic, no atomics)."""
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    n_mask = offs_n < H
+    n_mask = (offs_n < H) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     out_ty = out_ptr.dtype.element_ty
     routed = tl.zeros((BN,), dtype=tl.float32)
     for j in range(TOPK):
@@ -636,7 +660,7 @@ def _decode_down_split_kernel(
     act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, y_ptr, count_ptr, out_ptr,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):
     """`_decode_down_kernel` with one program per (assignment or shared expert, tile of H): each stores its
     rounded rows, and the last of a token's TOPK + 1 to arrive (an arrival counter per token and tile,
@@ -644,7 +668,7 @@ def _decode_down_split_kernel(
     a = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    n_mask = offs_n < H
+    n_mask = (offs_n < H) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     out_ty = out_ptr.dtype.element_ty
     if a < A:
         expert = tl.load(ids_ptr + a).to(tl.int64)
@@ -669,15 +693,16 @@ def _decode_down_split_kernel(
         tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
 
 
-def _decode_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, layer: Any,
+def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tensor | None, layer: Any,
                   up_cfg: configs.TileConfig, down_cfg: configs.TileConfig) -> torch.Tensor:
-    """The MoE output [T, H] of few tokens in two launches after the routing: gate+up of every
-    assignment and of each token's FP8 shared expert (`_decode_gate_up_kernel`), then the down
+    """The MoE output [T, H] of few tokens from the router logits in two launches: routing, gate+up of
+    every assignment and of each token's FP8 shared expert (`_decode_gate_up_kernel`), then the down
     projections with the combine: one program per (token, tile) looping over its slots
     (`_decode_down_kernel`), or with the down tile's split_k > 1 one program per (slot, tile) and the last
     to arrive combining (`_decode_down_split_kernel`). Tiles: BM 1 = CUDA-core products (BN must divide
     32: the shared expert's block scales), BM >= 16 = MMA with one live column."""
-    t, k = ids.shape
+    t, e = logits.shape
+    k = layer.topk
     p, w1, w3, w2 = layer.experts, layer.shared_w1, layer.shared_w3, layer.shared_w2
     i, h = p.inter, p.hidden
     for c in (up_cfg, down_cfg):
@@ -687,31 +712,36 @@ def _decode_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, lay
     split = down_cfg.split_k > 1
     down_tiles = triton.cdiv(h, down_cfg.block_n)
     act = torch.empty((t * k + t, i), dtype=x.dtype, device=x.device)
+    ids = torch.empty((t * k,), dtype=torch.int32, device=x.device)
+    weights = torch.empty((t * k,), dtype=torch.float32, device=x.device)
     count = torch.empty((t * down_tiles if split else 1,), dtype=torch.int32, device=x.device)
     c = up_cfg
     _decode_gate_up_kernel[(t * k + t, triton.cdiv(i, c.block_n))](
-        x, p.w1, p.s1, p.w3, p.s3, ids.reshape(-1), weights.reshape(-1), w1.weight, w1.scale, w3.weight,
-        w3.scale, act, count, t * k, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1), p.s1.stride(0),
-        p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit), down_tiles,
-        TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(h, c.block_k), IEEE=ieee,
-        ASM=p.asm, BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0, num_warps=c.num_warps,
-        num_stages=c.num_stages,
+        x, p.w1, p.s1, p.w3, p.s3, w1.weight, w1.scale, w3.weight, w3.scale, act,
+        logits.contiguous(), layer.bias, layer.bias_vl, ids if image_mask is None else image_mask, ids,
+        weights, count, t * k, e, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1), p.s1.stride(0),
+        p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit),
+        float(layer.route_scale), down_tiles, TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m,
+        BK=configs.block_k(h, c.block_k),
+        IEEE=ieee, ASM=p.asm, HAS_MASK=image_mask is not None, BLOCK_E=triton.next_power_of_2(e),
+        BLOCK_K=triton.next_power_of_2(k), BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0,
+        EVEN_N=i % c.block_n == 0, num_warps=c.num_warps, num_stages=c.num_stages,
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
     strides = (p.w2.stride(0), p.w2.stride(1), p.s2.stride(0), p.s2.stride(1), w2.weight.stride(0),
                w2.scale.stride(0))
     meta = dict(TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(i, c.block_k),
-                IEEE=ieee, ASM=p.asm, num_warps=c.num_warps, num_stages=c.num_stages)
+                IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, num_warps=c.num_warps,
+                num_stages=c.num_stages)
     if split:
         y = torch.empty((t * k + t, h), dtype=x.dtype, device=x.device)
         _decode_down_split_kernel[(t * k + t, down_tiles)](
-            act, p.w2, p.s2, ids.reshape(-1), w2.weight, w2.scale, y, count, out, t * k, h, i, *strides,
-            **meta,
+            act, p.w2, p.s2, ids, w2.weight, w2.scale, y, count, out, t * k, h, i, *strides, **meta,
         )
     else:
         _decode_down_kernel[(t, down_tiles)](
-            act, p.w2, p.s2, ids.reshape(-1), w2.weight, w2.scale, out, t * k, h, i, *strides, **meta,
+            act, p.w2, p.s2, ids, w2.weight, w2.scale, out, t * k, h, i, *strides, **meta,
         )
     return out
 
@@ -761,8 +791,8 @@ def _grouped_mlp(
         x, mlp.w1, mlp.s1, mlp.w3, mlp.s3, row_assign, block_expert, weights.reshape(-1), act,
         inter, h, x.stride(0), we, wn, se, sn, float(swiglu_limit),
         TOPK=k, W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
-        BK=configs.block_k(h, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        BK=configs.block_k(h, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
+        EVEN_N=inter % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
     we, wn, se, sn = mlp.strides(mlp.w2, mlp.s2)
@@ -770,7 +800,7 @@ def _grouped_mlp(
         act, mlp.w2, mlp.s2, row_assign, block_expert, y, h, inter, we, wn, se, sn,
         W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
         BK=configs.block_k(inter, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EVEN_N=h % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 
@@ -898,14 +928,14 @@ def moe(
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     mask = image_mask.reshape(-1) if image_mask is not None else None
-    weights, ids = route(router_logits(x2, layer.gate, batch_invariant=batch_invariant), layer.bias,
-                         layer.bias_vl, mask, layer.topk, layer.route_scale)
+    logits = router_logits(x2, layer.gate, batch_invariant=batch_invariant)
     xe = x2.to(layer.dtype)
     if xe.stride(-1) != 1:
         xe = xe.contiguous()
     fused = None if batch_invariant else _fused_decode_tiles(x2.shape[0], layer)
     if fused is not None:
-        return _decode_fused(xe, weights, ids, layer, *fused).reshape(shape)
+        return _decode_fused(xe, logits, mask, layer, *fused).reshape(shape)
+    weights, ids = route(logits, layer.bias, layer.bias_vl, mask, layer.topk, layer.route_scale)
     cfg = INVARIANT_CONFIG if batch_invariant else None
     y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit, cfg)
     shared = _shared_expert_invariant(xe, layer) if batch_invariant else _shared_expert(xe, layer)
