@@ -1,7 +1,7 @@
 """mHC kernels at Flash width (m 4, H 5120). First hc_coefficients side by side, graph-timed, with the
-largest deviation from the reference: the default, two launches at one row (the fused finish off),
-batch-invariant mode, and a baseline module's `hc_coefficients` (--baseline FILE, e.g. an earlier
-mhc.py); then every op against the reference op: time and achieved bandwidth.
+largest deviation from the reference: the default, batch-invariant mode and a baseline module's
+`hc_coefficients` (--baseline FILE, e.g. an earlier mhc.py); then every op against the reference op:
+time and achieved bandwidth.
 
     python benchmarks/kernels/mhc.py [--tokens 1,64,2048] [--baseline FILE] [--out table.md]
 """
@@ -51,18 +51,10 @@ def cases(t: int) -> dict[str, Case]:
     }
 
 
-def _two_launches(*args: object) -> tuple[torch.Tensor, ...]:
-    mhc.FUSE_ONE_ROW = False
-    try:
-        return mhc.hc_coefficients(*args)
-    finally:
-        mhc.FUSE_ONE_ROW = True
-
-
 def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[object]]:
     """[variant, T, graph µs, max |error| vs the reference] for each hc_coefficients variant."""
     ref = backends()[1].hc_coefficients
-    variants = {"default": mhc.hc_coefficients, "two launches": _two_launches,
+    variants = {"default": mhc.hc_coefficients,
                 "batch-invariant": functools.partial(mhc.hc_coefficients, batch_invariant=True)}
     if baseline is not None:
         variants["baseline"] = baseline
@@ -71,8 +63,6 @@ def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[objec
         sets = input_sets(lambda t=t: coefficient_args(t), coefficient_bytes(t))
         want = ref(*sets[0])
         for name, fn in variants.items():
-            if name == "two launches" and t != 1:
-                continue
             err = max(float((a - b).abs().max()) for a, b in zip(fn(*sets[0]), want, strict=True))
             rows.append([name, t, graph_ms(fn, sets) * 1e3, err])
             print(rows[-1], flush=True)

@@ -1,8 +1,7 @@
 """mHC coefficients under Triton's CPU interpreter against the reference op (float32 streams: the
 interpreter's bf16 cast and dot are wrong, so the bf16 path is checked on the GPU only): row counts that
 take one or several row blocks and projection chunks (a ragged last chunk), default and invariant mode;
-in invariant mode a row's coefficients bitwise the same alone and in a batch of 70; one row (fused
-finish) twice in a row with its arrival counter back at zero."""
+in invariant mode a row's coefficients bitwise the same alone and in a batch of 70."""
 
 import pytest
 
@@ -15,7 +14,7 @@ from deepinfer_kernels_cuda import mhc as ker
 
 g = torch.Generator().manual_seed(0)
 m = 4
-for t, h in ((1, 160), (3, 100), (70, 160)):  # K 640 / 400: 2-3 chunks, ragged tails; one row fused
+for t, h in ((1, 160), (20, 100), (70, 160)):  # K 640 / 400: 2-3 chunks, ragged tails; 16- and 64-row tiles
     streams = torch.randn(t, m, h, generator=g) * 3
     fn = torch.randn(m * (m + 2), m * h, generator=g) * (m * h) ** -0.5
     base = torch.randn(m * (m + 2), generator=g) * 0.5
@@ -29,11 +28,6 @@ for t, h in ((1, 160), (3, 100), (70, 160)):  # K 640 / 400: 2-3 chunks, ragged 
 alone = ker.hc_coefficients(streams[:1], *args[1:], batch_invariant=True)
 for a, b in zip(alone, got, strict=True):
     assert torch.equal(a, b[:1])
-fused = [ker.hc_coefficients(streams[:1], *args[1:]) for _ in range(2)]
-assert ker._counters[streams.device].item() == 0  # the last program reset it
-for a, b, c in zip(*fused, ker.hc_coefficients(streams[:2], *args[1:]), strict=True):
-    assert torch.equal(a, b)
-    torch.testing.assert_close(a, c[:1], atol=2e-5, rtol=2e-5)
 print("ok")
 """
 
@@ -41,7 +35,7 @@ print("ok")
 def test_chunks_spread_a_decode_step_and_bound_a_prefill():
     k = 4 * 5120
     assert mhc._chunk(k, 1, False) == 256  # batch 1: 80 programs read the 2 MB matrix at once
-    assert mhc._chunk(k, 32, False) == 2048  # 2048 tokens: 32 row blocks x 10 chunks
+    assert mhc._chunk(k, 32, False) == 512  # 2048 tokens: 32 row blocks x 40 chunks
     assert mhc._chunk(k, 1, True) == mhc._chunk(k, 32, True)  # invariant: one order of chunk sums
 
 

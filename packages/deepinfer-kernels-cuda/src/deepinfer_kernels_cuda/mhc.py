@@ -6,13 +6,12 @@ few rows the chunks are small so that every SM reads a slice of the ~2 MB matrix
 is latency-bound), at many rows they grow with the row count (fewer partials to write). The finish
 kernel takes one row per program: it sums the row's chunks as one tile (a tree whose shape depends on
 K only), then the RMS factor, pre/post sigmoids and the 20 Sinkhorn iterations on the m x m matrix, in
-registers. With one row the projection's last-arriving program runs the finish itself
-(an arrival counter), one launch instead of two. The product is float32-accurate (the reference is a
-float32 matmul): bf16 streams are exact bf16 operands and the matrix is split into three bf16 parts
-(hi + mid + lo carry all 24 bits) for three bf16 tensor-core products summed in float32; other dtypes
-run 3xTF32. The tile height follows T (16 rows up to 16, else 64) and the instruction shape with it, as
-do the chunk size and the fusion, so a row's last bits can change with the batch size; `batch_invariant`
-keeps 64 rows, 512-column chunks and two launches at every T.
+registers. The product is float32-accurate (the reference is a float32 matmul). 16-row tiles (up to 64
+rows) take bf16 streams as exact bf16 operands and split the matrix into three bf16 parts (hi + mid + lo
+carry all 24 bits): three bf16 products summed in float32. 64-row tiles, and other stream dtypes, run
+3xTF32: on the H200 the bf16 split in 64-row (wgmma) tiles took 2.5x the time of 3xTF32 (401 vs 159 us
+at 2048 rows, same tiles and chunks). Tile height and chunk size follow T, so a row's last
+bits can change with the batch size; `batch_invariant` keeps 64 rows and 512-column chunks at every T.
 """
 
 import torch
@@ -22,20 +21,8 @@ import triton.language as tl
 _BLOCK_K = 128
 _MIN_CHUNK = 256  # columns per program at few rows: 80 programs over K = 20480
 _INVARIANT_CHUNK = 512
-_TARGET_PROGRAMS = 512  # at many rows the chunk doubles until row blocks x chunks fit ~4 waves of programs
-FUSE_ONE_ROW = True  # one row, default mode: the projection kernel finishes it (one launch, not two)
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _counter(device: torch.device) -> torch.Tensor | None:
-    """The fused kernel's arrival counter on `device` (zero between calls); None while a CUDA graph is
-    captured before it exists (a tensor allocated there belongs to the graph's memory pool)."""
-    count = _counters.get(device)
-    if count is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        count = _counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return count
+_SMALL_TILE_ROWS = 64  # up to this many rows: 16-row tiles (mma.sync, bf16 split), else 64 (3xTF32)
+_TARGET_PROGRAMS = 1280  # at many rows the chunk doubles until row blocks x chunks fit (2048 rows: 512)
 
 
 @triton.jit
@@ -53,21 +40,48 @@ def _dot_bf16x3(x, w, acc):
 
 @triton.jit
 def _chunk_sum(part_ptr, rows, live, col, scale):
-    """scale * sum over the row's chunks (a [S, ...] tile, reduced as one tree) of the partials at `col`
-    (read through L2: in the fused kernel they were written by other programs)."""
-    return tl.sum(tl.load(part_ptr + rows + col, mask=live, other=0.0, cache_modifier=".cg"), axis=0) * scale
+    """scale * sum over the row's chunks (a [S, ...] tile, reduced as one tree) of the partials at `col`."""
+    return tl.sum(tl.load(part_ptr + rows + col, mask=live, other=0.0), axis=0) * scale
 
 
-@triton.jit
-def _finish_row(
-    part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, T, K, splits, hc_eps, norm_eps,
+# row counts and chunk sizes are not specialised (== 1, multiple of 16): a new batch size compiles nothing
+@triton.jit(do_not_specialize=["T", "k_chunk"])
+def _hc_project_kernel(
+    x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, k_chunk, x_stride, fn_stride, n_out,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BF16_SPLIT: tl.constexpr,
+):
+    pid_t, split = tl.program_id(0), tl.program_id(1)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    j = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    sq = tl.zeros((BLOCK_T,), tl.float32)
+    for k0 in range(split * k_chunk, tl.minimum(split * k_chunk + k_chunk, K), BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
+                    mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
+        w = tl.trans(tl.load(fn_ptr + j[:, None] * fn_stride + k[None, :],
+                             mask=(j < n_out)[:, None] & (k < K)[None, :], other=0.0))
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+        if BF16_SPLIT:
+            acc = _dot_bf16x3(x, w, acc)
+        else:
+            acc = tl.dot(xf, w, acc, input_precision="tf32x3")
+    base = split.to(tl.int64) * T + t
+    tl.store(part_ptr + base[:, None] * BLOCK_N + j[None, :], acc, mask=(t < T)[:, None])
+    tl.store(sq_ptr + base, sq, mask=t < T)
+
+
+@triton.jit(do_not_specialize=["T", "splits"])
+def _hc_finish_kernel(
+    part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
     ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Row t's coefficients from its chunk partials: RMS factor, sigmoids, Sinkhorn."""
+    """Row t = program id from its chunk partials: RMS factor, sigmoids, Sinkhorn."""
+    t = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, SPLITS)
     live = s < splits
-    sq = tl.load(sq_ptr + s * T + t, mask=live, other=0.0, cache_modifier=".cg")
-    rms = tl.rsqrt(tl.sum(sq, axis=0) / K + norm_eps)
+    rms = tl.rsqrt(tl.sum(tl.load(sq_ptr + s * T + t, mask=live, other=0.0), axis=0) / K + norm_eps)
     rows = (s * T + t) * BLOCK_N
     i = tl.arange(0, M)
     z_pre = tl.load(base_ptr + i) + _chunk_sum(
@@ -88,53 +102,6 @@ def _finish_row(
         c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
         c = c / (tl.sum(c, axis=0, keep_dims=True) + hc_eps)
     tl.store(comb_ptr + t * (M * M) + cell, c)
-
-
-# row counts and chunk sizes are not specialised (== 1, multiple of 16): a new batch size compiles nothing
-@triton.jit(do_not_specialize=["T", "k_chunk", "splits"])
-def _hc_project_kernel(
-    x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, k_chunk, x_stride, fn_stride, n_out,
-    count_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, splits, hc_eps, norm_eps,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    FUSED: tl.constexpr, ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr,
-):
-    """Chunk partials of the projection; FUSED (one row): the program that stores the last chunk (a
-    counter, reset by it for the next call) finishes the row, saving the second launch."""
-    pid_t, split = tl.program_id(0), tl.program_id(1)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    j = tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
-    sq = tl.zeros((BLOCK_T,), tl.float32)
-    for k0 in range(split * k_chunk, tl.minimum(split * k_chunk + k_chunk, K), BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
-                    mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
-        w = tl.trans(tl.load(fn_ptr + j[:, None] * fn_stride + k[None, :],
-                             mask=(j < n_out)[:, None] & (k < K)[None, :], other=0.0))
-        xf = x.to(tl.float32)
-        sq += tl.sum(xf * xf, axis=1)
-        if x_ptr.dtype.element_ty == tl.bfloat16:
-            acc = _dot_bf16x3(x, w, acc)
-        else:
-            acc = tl.dot(xf, w, acc, input_precision="tf32x3")
-    base = split.to(tl.int64) * T + t
-    tl.store(part_ptr + base[:, None] * BLOCK_N + j[None, :], acc, mask=(t < T)[:, None])
-    tl.store(sq_ptr + base, sq, mask=t < T)
-    if FUSED:
-        tl.debug_barrier()  # every thread's partials are stored before the counter's release
-        if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            _finish_row(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, 0, T, K, splits,
-                        hc_eps, norm_eps, ITERS, M, SPLITS, BLOCK_N)
-            tl.store(count_ptr, 0)
-
-
-@triton.jit(do_not_specialize=["T", "splits"])
-def _hc_finish_kernel(
-    part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
-    ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    _finish_row(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
-                tl.program_id(0).to(tl.int64), T, K, splits, hc_eps, norm_eps, ITERS, M, SPLITS, BLOCK_N)
 
 
 def _chunk(k: int, row_blocks: int, batch_invariant: bool) -> int:
@@ -180,26 +147,22 @@ def hc_coefficients(
     comb = torch.empty(t, m, m, dtype=torch.float32, device=dev)
     if t == 0:
         return pre, post, comb
-    block_t = 16 if t <= 16 and not batch_invariant else 64
+    block_t = 16 if t <= _SMALL_TILE_ROWS and not batch_invariant else 64
     row_blocks = triton.cdiv(t, block_t)
     chunk = _chunk(k, row_blocks, batch_invariant)
     splits = triton.cdiv(k, chunk)
     block_n = max(16, triton.next_power_of_2(n_out))
     part = torch.empty(splits, t, block_n, dtype=torch.float32, device=dev)
     sq = torch.empty(splits, t, dtype=torch.float32, device=dev)
-    count = _counter(dev) if t == 1 and FUSE_ONE_ROW and not batch_invariant else None
-    # the finish tile holds the most chunks any T can take (chunks >= _MIN_CHUNK): one specialisation per K
-    most = triton.next_power_of_2(triton.cdiv(k, _MIN_CHUNK))
-    finish = dict(ITERS=sinkhorn_iters, M=m, SPLITS=most, BLOCK_N=block_n)
     _hc_project_kernel[(row_blocks, splits)](
-        x, fn, part, sq, t, k, chunk, x.stride(0), fn.stride(0), n_out,
-        sq if count is None else count, base, scale, pre, post, comb, splits, hc_eps, norm_eps,
-        BLOCK_T=block_t, BLOCK_K=_BLOCK_K, FUSED=count is not None, **finish, num_warps=4, num_stages=3,
+        x, fn, part, sq, t, k, chunk, x.stride(0), fn.stride(0), n_out, BLOCK_T=block_t, BLOCK_K=_BLOCK_K,
+        BLOCK_N=block_n, BF16_SPLIT=block_t == 16 and x.dtype == torch.bfloat16, num_warps=4, num_stages=3,
     )
-    if count is None:
-        _hc_finish_kernel[(t,)](
-            part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, **finish, num_warps=1,
-        )
+    # the finish tile holds the most chunks any T can take (chunks >= _MIN_CHUNK): one specialisation per K
+    _hc_finish_kernel[(t,)](
+        part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters, M=m,
+        SPLITS=triton.next_power_of_2(triton.cdiv(k, _MIN_CHUNK)), BLOCK_N=block_n, num_warps=1,
+    )
     return pre, post, comb
 
 
