@@ -1,6 +1,7 @@
 """Interleaved RoPE under Triton's CPU interpreter against the reference op: cos/sin computed in the
 kernel from the angles (large YaRN-scale angles included), forward and inverse, rows split over
-programs, untouched leading channels, strided input. The interpreter must be switched on before triton
+programs, untouched leading channels, strided input; RMSNorm + RoPE in one pass equal to the two
+kernels one after the other. The interpreter must be switched on before triton
 is imported, hence a subprocess."""
 
 import pytest
@@ -9,8 +10,9 @@ pytestmark = pytest.mark.slow
 
 _SCRIPT = r"""
 import torch
-from deepinfer.ops.reference.rotary import rope_interleaved as ref_rope
-from deepinfer_kernels_cuda.rope import rope_interleaved
+from deepinfer.ops.reference.rotary import rms_norm_rope as ref_norm_rope, rope_interleaved as ref_rope
+from deepinfer_kernels_cuda.norm import rms_norm
+from deepinfer_kernels_cuda.rope import rms_norm_rope, rope_interleaved
 
 g = torch.Generator().manual_seed(0)
 # (x shape, rotated pairs): MQA heads, a single row, partial rotation, rows over several programs
@@ -28,6 +30,20 @@ for shape, pairs in cases:
 wide = torch.randn(3, 4, 80, generator=g)[..., :64]  # rows of a wider buffer
 angles = torch.rand(3, 32, generator=g) * 100
 torch.testing.assert_close(rope_interleaved(wide, angles), ref_rope(wide, angles), atol=1e-5, rtol=1e-5)
+
+# RMSNorm + RoPE in one pass: the values of norm.py's kernel then the rope kernel, close to the reference
+for (n, d, pairs), dtype in zip([(3, 64, 32), (5, 128, 32), (1, 24, 4), (2, 20, 10)],
+                                [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]):
+    x = (torch.randn(n, d + 8, generator=g) * 3)[:, :d].to(dtype)  # rows of a wider buffer
+    w = torch.rand(d, generator=g).to(dtype) + 0.5
+    angles = torch.rand(n, pairs, generator=g) * torch.logspace(6, -4, pairs)
+    got = rms_norm_rope(x, w, 1e-6, angles)
+    assert got.dtype == dtype and got.shape == (n, d)
+    assert torch.equal(got, rope_interleaved(rms_norm(x, w, 1e-6), angles)), (n, d)
+    want = ref_norm_rope(x, w, 1e-6, angles)
+    tol = 1e-5 if dtype == torch.float32 else 2**-6  # the interpreter's bf16 cast truncates
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+assert rms_norm_rope(x[:0], w, 1e-6, angles[:0]).shape == (0, d)
 print("ok")
 """
 

@@ -16,7 +16,7 @@ class CudaBackend(Backend):
     # one program per row (or per group of a row) with launch configs chosen from the row length only;
     # kernels whose configs depend on the number of rows take `batch_invariant` instead
     row_wise = frozenset({
-        "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "indexer_topk",
+        "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "rms_norm_rope", "indexer_topk",
         "fp8_quantize", "fp8_dequantize", "nvfp4_quantize", "nvfp4_dequantize", "mxfp4_quantize",
         "mxfp4_dequantize", "prepare_linear", "prepare_experts", "cache_write", "compressor_update",
         "engram_hash", "engram_lookup", "engram_gate",
@@ -48,6 +48,7 @@ class CudaBackend(Backend):
             "hc_collapse": mhc.hc_collapse,
             "hc_expand": mhc.hc_expand,
             "rope_interleaved": rope.rope_interleaved,
+            "rms_norm_rope": rope.rms_norm_rope,
             "indexer_logits": indexer.indexer_logits,
             "indexer_topk": indexer.indexer_topk,
             "sparse_attention_sink": attention.sparse_attention_sink,

@@ -6,6 +6,9 @@ cosf/sinf of the float32 angle, computed in the kernel (one launch per call inst
 CUDA math library's accurate functions, which torch's cos/sin (and so torch.polar in the reference)
 also call (tl.cos/tl.sin may lower to approximations that are poor at large angles; the interpreter
 has no libdevice and uses numpy's); the complex multiply runs in float32.
+
+`rms_norm_rope` puts norm.py's RMSNorm in front of the rotation in the same program (the key
+projections' epilogue: one launch instead of two, the same values as the two ops).
 """
 
 import torch
@@ -69,5 +72,50 @@ def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = Fals
         x3, angles, out, rows, pairs, pairs - rot_pairs,
         x3.stride(0), x3.stride(1), SIGN=-1.0 if inverse else 1.0, BLOCK_R=block_r, BLOCK_P=block_p,
         LIBDEVICE=x.is_cuda, num_warps=4,
+    )
+    return out
+
+
+@triton.jit
+def _rms_norm_rope_kernel(
+    x_ptr, w_ptr, angle_ptr, out_ptr, n_cols, first_rot, x_stride, eps,
+    BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    # the norm exactly as norm.py's kernel computes it (same tile, same reduction), rounded to the output
+    # dtype as the separate op's result would be, then rotated as _rope_kernel does
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    y = (x * inv_rms * w).to(out_ptr.dtype.element_ty).to(tl.float32)
+    a, b = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
+    p = tl.arange(0, BLOCK // 2)
+    rot = p - first_rot
+    has_rot = (rot >= 0) & (2 * p < n_cols)
+    angle = tl.load(angle_ptr + row * (n_cols // 2 - first_rot) + rot, mask=has_rot, other=0.0)
+    c, s = _cos_sin(angle, LIBDEVICE)
+    out = tl.reshape(tl.join(a * c - b * s, a * s + b * c), (BLOCK,))
+    tl.store(out_ptr + row * n_cols + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, angles: torch.Tensor) -> torch.Tensor:
+    """rope_interleaved(rms_norm(x, weight, eps), angles) for rows x [N, D] in one pass (one program per
+    row, launch config from D only: row-wise)."""
+    if x.ndim != 2 or x.shape[-1] % 2 or angles.ndim != 2 or angles.shape[0] != x.shape[0] \
+            or 2 * angles.shape[-1] > x.shape[-1] or weight.shape != x.shape[-1:]:
+        raise ValueError(f"rms_norm_rope: x {tuple(x.shape)} (rows of even width), weight "
+                         f"{tuple(weight.shape)}, angles {tuple(angles.shape)} do not fit")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    d = x.shape[-1]
+    block = triton.next_power_of_2(d)
+    _rms_norm_rope_kernel[(x.shape[0],)](
+        x, weight, angles.float().contiguous(), out, d, d // 2 - angles.shape[-1], x.stride(0), eps,
+        BLOCK=block, LIBDEVICE=x.is_cuda, num_warps=min(max(block // 256, 1), 16),
     )
     return out

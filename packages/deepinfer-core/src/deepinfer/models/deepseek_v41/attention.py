@@ -110,7 +110,7 @@ class Attention:
         return self.ops.rope_interleaved(q.unflatten(-1, (self.heads, self.dim)), angles)
 
     def _window_kv(self, kv_a: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-        return self.ops.rope_interleaved(self.ops.rms_norm(kv_a, self.kv_norm, self.eps), angles)
+        return self.ops.rms_norm_rope(kv_a, self.kv_norm, self.eps, angles)
 
     def project_output(self, o: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Attention output [n, heads, head_dim] -> [n, H]: undo RoPE, grouped wo_a, then wo_b."""

@@ -33,8 +33,7 @@ class Indexer:
 
     def keys(self, latent: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Pre-RoPE compressed latents [m, head_dim] -> index keys [m, index_head_dim], not yet quantised."""
-        k = self.ops.rms_norm(self.wk(latent), self.k_norm, self.eps)
-        return self.ops.rope_interleaved(k, angles)
+        return self.ops.rms_norm_rope(self.wk(latent), self.k_norm, self.eps, angles)
 
     def select(
         self, q: torch.Tensor, x: torch.Tensor, angles: torch.Tensor, rows: RowSet, step: StepState

@@ -28,6 +28,7 @@ REFERENCE_OPS: dict[str, Callable] = {
     "engram_lookup": engram.engram_lookup,
     "engram_gate": engram.engram_gate,
     "rope_interleaved": rotary.rope_interleaved,
+    "rms_norm_rope": rotary.rms_norm_rope,
     "sparse_attention_sink": attention.sparse_attention_sink,
     "indexer_logits": indexer.indexer_logits,
     "sparse_attention_paged": attention.sparse_attention_paged,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.ops.reference.norm import rms_norm
+
 
 def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """Rotate pairs (2i, 2i+1) of the last 2*P channels of x [N, ..., D] by angles [N, P] (float32).
@@ -21,3 +23,9 @@ def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = Fals
         phase = phase.conj()
     rotated = torch.view_as_real(pairs * phase).flatten(-2).to(x.dtype)
     return torch.cat((x[..., :-rot], rotated), dim=-1)
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, angles: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of rows x [N, D] (output in x's dtype), then interleaved RoPE by angles [N, P] on the
+    result: the key projections' epilogue, one op so that a backend can do both in one pass."""
+    return rope_interleaved(rms_norm(x, weight, eps), angles)
