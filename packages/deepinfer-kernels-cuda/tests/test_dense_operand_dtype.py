@@ -33,7 +33,8 @@ def test_bf16_head_gives_float32_logits_of_the_rounded_weight(n, m, batch_invari
     got = linear.linear(x, prepared, torch.float32, batch_invariant=batch_invariant)
     assert got.dtype == torch.float32 and got.shape == (m, n)
     want = x.double() @ w.bfloat16().double().T  # BF16 products are exact: only summation order differs
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # float32 sums of 5120 products of logits ~1.4: rounding ~1e-5 (H200: 3.5e-5 at most over 8M logits)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
     # against the reference's float32 weight: the BF16 rounding of the weight, ~2^-9 relative per weight
     exact = x.double() @ w.double().T
     assert (got.double() - exact).abs().max() < 2e-2 * exact.abs().max()
