@@ -431,7 +431,7 @@ def test_drafts_made_off_the_model_device_reach_it_in_the_lists(make_engine, dra
 class SlowCudaProposer(OracleProposer):
     """The oracle's drafts and confidences produced on the GPU behind a long device-side spin."""
 
-    spin_cycles = 100_000_000  # ~50 ms at H200 clocks
+    spin_cycles = 400_000_000  # ~200 ms at H200 clocks: far beyond first-use kernel loads
     spun: torch.cuda.Event | None = None  # recorded after the latest spin
 
     def propose(self, batch: ProposeBatch) -> Proposal:

@@ -149,9 +149,10 @@ def split_fixed_total(
         values = torch.where(proposed, values, -1.0)
     values = values.reshape(-1)
     order = torch.sort(values, descending=True, stable=True).indices
-    chosen = torch.zeros(values.numel(), dtype=torch.int64, device=values.device)
-    chosen[order[: total_tokens - num_requests]] = 1
-    return (chosen * (values >= 0)).view(num_requests, max_k).sum(dim=1)
+    # each draft's place in that ranking (`chosen[order[:n]] = 1` synchronised in CUDA sync-debug mode)
+    rank = torch.argsort(order)
+    chosen = (rank < total_tokens - num_requests) & (values >= 0)
+    return chosen.view(num_requests, max_k).sum(dim=1)
 
 
 def expected_tokens_per_ms(
