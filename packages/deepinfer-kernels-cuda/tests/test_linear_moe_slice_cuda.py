@@ -16,10 +16,11 @@ of 4 layers), 0.012-0.014 on the others, prefill 0.029 with 3 of 36 rows flipped
 * identical inputs per op (teacher forcing: every op runs both backends on the reference forward's
   inputs, the reference output drives the model): each op within its conformance tolerance, at the
   shapes and paths the model really takes. Float outputs: relative Frobenius error <= 1e-2 in BF16
-  (summation order plus one-ulp rounding flips), <= 1e-5 for the float32 LM head; index outputs (indexer
-  top-k): rows whose selected set differs <= 2%; MoE: rows whose top-6 differs on the same input <= 2%
-  (exact near-ties only), every other row within the BF16 bound. A kernel bug at a Flash shape shows
-  here as one op's error instead of a drift through the layers.
+  (summation order plus one-ulp rounding flips), <= 3e-3 for the LM head (the cuda backend holds the
+  F32 head in BF16 for a BF16 model, as the official engine: ~1.1e-3 from rounding the weight); index
+  outputs (indexer top-k): rows whose selected set differs <= 2%; MoE: rows whose top-6 differs on the
+  same input <= 2% (exact near-ties only), every other row within the BF16 bound. A kernel bug at a
+  Flash shape shows here as one op's error instead of a drift through the layers.
 * free runs (each backend runs the whole forward, eagerly: the decisions are copied to the host; the
   graph path is checked by test_cuda_graphs): per step, the error on the causally clean rows (before
   the first row whose routing or indexer top-k flipped in any layer; causal attention keeps a flip out
@@ -42,7 +43,8 @@ pytestmark = [
 ]
 
 SLICE_TOL = 3e-2
-OP_TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
+OP_TOL = {torch.bfloat16: 1e-2}
+HEAD_TOL = 3e-3  # the F32 head held in BF16: each weight rounded by <= 2^-9 (rms ~1.1e-3 of the logits)
 FLIP_SHARE = 0.02  # same inputs: rows whose top-k may differ (exact near-ties)
 FREE_FLIP_SHARE = 0.1  # free runs: (row, layer) pairs whose top-6 may differ (noise-driven near-ties)
 
@@ -73,8 +75,8 @@ def test_flash_slice_ops_match_reference_on_identical_inputs(sd, flash):
             assert row["router_flipped_rows"] <= FLIP_SHARE * row["rows"], row
         if op.startswith("indexer_topk"):
             bound = FLIP_SHARE if op.endswith("[0]") else OP_TOL[torch.bfloat16]
-        elif op.startswith("linear dense") and "(129280,)" in op:  # the float32 LM head
-            bound = OP_TOL[torch.float32]
+        elif op.startswith("linear dense") and "(129280,)" in op:  # the LM head
+            bound = HEAD_TOL
         else:
             bound = OP_TOL[torch.bfloat16]
         assert row["max_rel"] <= bound, row
