@@ -1,4 +1,4 @@
-"""Conformance cases of the attention-side ops: sink attention and interleaved RoPE."""
+"""Conformance cases of the attention-side ops: sink attention, interleaved RoPE, RMSNorm + RoPE."""
 
 from __future__ import annotations
 
@@ -71,3 +71,31 @@ def _rope_oracle(out: torch.Tensor, args: tuple, kwargs: dict) -> None:
 for _inverse in (False, True):
     name = "inverse" if _inverse else "forward"
     register(Case("rope_interleaved", name, _rope_inputs(_inverse), _rope_oracle))
+
+
+def _norm_rope_inputs(dtype: torch.dtype):
+    def make(device: torch.device, g: torch.Generator):
+        x = rand(g, 5, 48, device=device, dtype=dtype, scale=3.0)
+        weight = (rand(g, 48, device=device) * 0.2 + 1.0).to(dtype)
+        angles = rand(g, 5, 8, device=device, scale=3.0)  # the last 16 of 48 channels rotate
+        return (x, weight, 1e-6, angles), {}
+
+    return make
+
+
+def _norm_rope_oracle(out: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    x, weight, eps, angles = args
+    assert out.shape == x.shape and out.dtype == x.dtype
+    xd = x.double()
+    normed = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.double()).to(x.dtype).double()
+    rot = 2 * angles.shape[-1]
+    a, b = normed[:, -rot::2], normed[:, -rot + 1 :: 2]
+    c, s = angles.double().cos(), angles.double().sin()
+    want = normed.clone()
+    want[:, -rot::2], want[:, -rot + 1 :: 2] = a * c - b * s, a * s + b * c
+    tol = 2e-2 if x.dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+
+
+for _dtype in (torch.float32, torch.bfloat16):
+    register(Case("rms_norm_rope", str(_dtype)[6:], _norm_rope_inputs(_dtype), _norm_rope_oracle))
