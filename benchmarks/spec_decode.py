@@ -26,7 +26,9 @@ tokens / wall time. "matched": the no-speculation curve over the batches (per-us
 throughput, interpolated in log space) read at this point's throughput (per-user speed-up) and at its
 per-user speed (throughput ratio); None outside that curve. A second table splits an engine step
 (`step_split`): wall ms, worker ms, engine CPU ms and, on CUDA, the step's GPU span (wall - span = the
-device's idle time between steps, e.g. the speculative hand-off).
+device's idle time between steps, e.g. the speculative hand-off), and at temperature 0 how many
+requests' outputs equal no speculation's (exact verification keeps them equal, except where a
+verification row's logits differ numerically from the decode row's at a near-tie).
 Engines past --budget-s are skipped (listed): none first, then each K of --ks in the order given.
 
 cost: random weights cannot show acceptance, so this measures what a speed-up at a given acceptance
@@ -138,6 +140,7 @@ def measure(llm: Any, batch: int, params: SamplingParams) -> dict[str, Any]:
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     per_user = [len(o.outputs[0].token_ids) / (o.metrics.finish_time - o.metrics.arrival_time) for o in outs]
     return {
+        "outputs": [o.outputs[0].token_ids for o in outs],  # for the comparison with no speculation
         "batch": batch, "tokens": tokens, "wall_s": round(wall, 3),
         "throughput_tok_s": round(tokens / wall, 1), "per_user_tok_s": round(statistics.mean(per_user), 1),
         "tok_per_cpu_s": round(tokens / cpu, 1),
@@ -216,6 +219,7 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if not (name == "dspark" and k > block)]
     deadline = time.perf_counter() + args.budget_s
     results: list[dict[str, Any]] = []
+    plain: dict[int, list[list[int]]] = {}  # batch -> no speculation's greedy outputs
     for name, k, schedule in configs:
         row = {"speculator": name, "k": k, "schedule": schedule}
         if time.perf_counter() > deadline:
@@ -229,7 +233,14 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         build_s = round(time.perf_counter() - t0, 1)
         try:
             for batch in batches:
-                results.append({**row, **measure(llm, batch, params), "build_s": build_s})
+                measured = measure(llm, batch, params)
+                outputs = measured.pop("outputs")
+                if name == "none":
+                    plain[batch] = outputs
+                elif batch in plain and args.temperature == 0:
+                    same = sum(a == b for a, b in zip(outputs, plain[batch], strict=True))
+                    measured["same_as_none"] = f"{same}/{len(outputs)}"
+                results.append({**row, **measured, "build_s": build_s})
                 save(args, results)
         finally:
             llm.engine.close()
@@ -245,7 +256,7 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                  "per_user_x_at_matched_throughput", "throughput_x_at_matched_per_user"]))
     print(table(sorted(done, key=lambda r: (r["batch"], r["speculator"] != "none")),
                 ["batch", "speculator", "k", "schedule", "steps", "step_ms", "worker_ms", "engine_cpu_ms",
-                 "gpu_span_ms"]))
+                 "gpu_span_ms", "same_as_none"]))
     return results
 
 
