@@ -40,7 +40,8 @@ from deepinfer.testing.configs import flash_slice_config, tiny_config
 
 OTHER = "elementwise/copies/other"
 OP_FAMILIES = {  # backend op -> family (ops not listed keep their own name)
-    "linear": "FP8 linear", "rms_norm": "norm", "rope_interleaved": "rope", "moe": "MoE combine/other",
+    "linear": "FP8 linear", "rms_norm": "norm", "rope_interleaved": "rope", "rms_norm_rope": "rope",
+    "moe": "MoE combine/other",
     "hc_coefficients": "mHC coefficients", "hc_collapse": "mHC collapse", "hc_expand": "mHC expand",
     "indexer_logits": "indexer logits", "indexer_topk": "indexer top-k", "cache_write": "cache write",
     "sparse_attention_sink": "attention", "sparse_attention_paged": "attention",
