@@ -99,6 +99,12 @@ for fp8 in (False, True):  # experts as split-layout FP4, or re-encoded as E4M3
         inv = moe.moe(x, ours, mask, batch_invariant=True)  # fixed tiles at every size, shared expert too
         assert rel(inv, want) < 1e-5, ("invariant", fp8, t, rel(inv, want))
         assert torch.equal(moe.moe(x[:1], ours, mask[:1], batch_invariant=True)[0], inv[0])
+# NaN router logits rank first (torch.topk's order): ids stay in range, the row's weights are NaN
+logits = torch.randn(3, e)
+logits[1], logits[2, 5] = float("nan"), float("nan")
+w_nan, ids_nan = moe.route(logits, common["bias"], common["bias_vl"], None, k, 2.5)
+assert ids_nan[1].tolist() == list(range(k)) and ids_nan[2, 0] == 5 and w_nan[1:].isnan().all(), ids_nan
+assert w_nan[0].isfinite().all()
 print("ok")
 """
 

@@ -153,7 +153,10 @@ def _route_token(
     if HAS_MASK:
         bias_vl = tl.load(bias_vl_ptr + e, mask=valid, other=0.0).to(tl.float32)
         bias = tl.where(tl.load(mask_ptr + t) != 0, bias_vl, bias)
-    sel = tl.where(valid, scores + bias, float("-inf"))
+    sel = scores + bias
+    # NaN ranks above every number (torch.topk's order): a NaN row picks valid experts and gets NaN
+    # weights, where `sel == best` would match nothing and pick id BLOCK_E, past the experts
+    sel = tl.where(valid, tl.where(sel != sel, float("inf"), sel), float("-inf"))
     slot = tl.arange(0, BLOCK_K)
     picked_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
     picked_id = tl.zeros((BLOCK_K,), dtype=tl.int32)
