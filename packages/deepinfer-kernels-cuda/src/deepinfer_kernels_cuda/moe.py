@@ -8,9 +8,15 @@
 4. FP4 grouped down GEMM writing one row per (token, slot);
 5. the shared expert (block-scaled linears) and a combine kernel summing each token's slots in float32.
 
-Decode (at most DECODE_ASSIGNMENTS token-slot assignments) skips the alignment: GEMV kernels run one
-program per (assignment, weight tile) on the CUDA cores, gate+up with the SwiGLU and routing weight in
-one launch, down in another, and the FP8 shared expert's gate+up in one more (7 launches per layer).
+Decode (at most DECODE_ASSIGNMENTS token-slot assignments) skips the alignment: one program per
+(assignment, weight tile), on the CUDA cores (GEMVs) or the MMA kernels with one live token column, as
+the table's decode tile says (configs.lookup_moe_decode). Where the table also holds a down tile
+(configs.lookup_moe_decode_down; H200: yes) the decode path is fused, 3 launches per layer: the router
+GEMV (`_router_gemv_kernel` up to ROUTER_GEMV_TOKENS tokens, else cuBLAS), one gate+up launch whose
+programs route their token themselves and in which the FP8 shared expert is one more assignment, and one
+down launch that also sums each token's slots and shared expert (per-token programs, or with the down
+tile's split_k > 1 one program per slot and the last to arrive combining). Else the unfused decode path:
+routing, gate+up, down, the shared expert's gate+up GEMV and down linear, combine (8 launches).
 
 Batch-invariant mode (`batch_invariant=True`) trades that size-dependent choice for one fixed path: a
 fixed-tile router GEMM instead of cuBLAS, the grouped kernels at INVARIANT_CONFIG at every size (never the
@@ -863,9 +869,9 @@ def _router_kernel(x_ptr, g_ptr, out_ptr, T, E, H, stride_xm, stride_ge,
     tl.store(out_ptr + offs_m[:, None] * E + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
-# tokens up to which the router runs `_router_gemv_kernel` instead of cuBLAS (0: never; the H200 run of
-# 2026-12-02 00:48 took 6.4 us in cuBLAS's split-K GEMM + reduce for 3.9 MB at one token)
-ROUTER_GEMV_TOKENS = 0
+# tokens up to which the router runs `_router_gemv_kernel` instead of cuBLAS (H200 2026-12-02 01:27, Flash
+# router 384 x 5120 at one token: 4.8 us vs cuBLAS's split-K GEMM + reduce 5.0 + 1.5 us; more tokens untimed)
+ROUTER_GEMV_TOKENS = 1
 _ROUTER_GEMV_ROWS, _ROUTER_GEMV_ELEMS = 2, 2048  # experts per program; tokens x columns per K step
 
 
