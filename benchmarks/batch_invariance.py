@@ -19,7 +19,8 @@ batch_invariant=True)).
 graphs, after a batched prefill of `--context` tokens per sequence) and prefill tok/s of one
 `--prefill`-token sequence; then the invariant / default ratios. `probe_bitwise`: whether slot 1 (the
 same prompt in every batch, prefilled and decoded beside the others) gets the first batch size's
-logits bitwise.
+logits bitwise; `probe_finite`: whether they are finite (not so on the 64-expert slice in session 6:
+garbage token rows after layer 0's MoE; benchmarks/op_determinism.py names the op).
 
     python benchmarks/batch_invariance.py [--layers 3 --batch 3 8 64 mixed --json out.json]
     python benchmarks/batch_invariance.py --cost [--layers 2 --batch 1 8 64 --json cost.json]
@@ -191,7 +192,7 @@ def cost(runtime: DeepseekV41Runtime, batches: list[int], context: int, prefill:
     tables = {s: list(range(1 + (s - 1) * per_seq, 1 + s * per_seq)) for s in range(1, most + 1)}
     gen = torch.Generator().manual_seed(0)
     probe = torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist()
-    result: dict = {"decode_ms": {}, "probe_bitwise": {}}
+    result: dict = {"decode_ms": {}, "probe_bitwise": {}, "probe_finite": {}}
     first: dict[int, torch.Tensor] = {}
     for batch in batches:
         slots = range(1, batch + 1)
@@ -211,6 +212,9 @@ def cost(runtime: DeepseekV41Runtime, batches: list[int], context: int, prefill:
 
         result["decode_ms"][batch] = 1e3 * _timed(decode, steps)
         result["probe_bitwise"][batch] = bool(torch.equal(first[batch], first[batches[0]]))
+        result["probe_finite"][batch] = bool(first[batch].isfinite().all())
+        print(f"batch {batch}: decode {result['decode_ms'][batch]:.2f} ms/step, probe bitwise "
+              f"{result['probe_bitwise'][batch]}, finite {result['probe_finite'][batch]}", flush=True)
     tokens = torch.randint(3, runtime.vocab_size, (prefill,), generator=gen).tolist()
 
     def prefill_once() -> None:
