@@ -1,4 +1,5 @@
-"""Stacked projections (`make_fused_linear`) and the operand dtype of dense weights, on the reference ops."""
+"""Load-time weight layouts of the decode step on the reference ops: stacked projections
+(`make_fused_linear`), the operand dtype of dense weights, the indexer's folded head-weight scale."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import pytest
 import torch
 
 from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
+from deepinfer.models.deepseek_v41.indexer import Indexer
 from deepinfer.models.deepseek_v41.linear import make_fused_linear, make_linear
 from deepinfer.models.deepseek_v41.weights import WeightError, Weights
 from deepinfer.ops import get_ops
+from deepinfer.testing.configs import flash_slice_config
 
 OPS = get_ops("reference", "cpu")
 
@@ -76,3 +79,17 @@ def test_dense_parts_stack_without_per_part_linears():
     torch.testing.assert_close(fused.stacked(x), want)
     a, b = fused(x)
     assert a.shape == (4, 16) and b.shape == (4, 8)
+
+
+def test_power_of_two_index_weight_scale_is_folded_into_the_projection_bit_for_bit():
+    cfg = flash_slice_config(num_layers=2).text
+    spec = cfg.layers[1]  # owns index keys and queries
+    g = torch.Generator().manual_seed(3)
+    proj = (torch.randn(cfg.index_n_heads, cfg.hidden_size, generator=g) * 0.05).bfloat16()
+    tensors = {"weights_proj.weight": proj, "k_norm.weight": torch.ones(cfg.index_head_dim).bfloat16(),
+               "wk.weight": torch.randn(cfg.index_head_dim, cfg.head_dim, generator=g).bfloat16()}
+    indexer = Indexer(cfg, spec, Weights(tensors), OPS, torch.bfloat16)
+    assert indexer.weight_scale == 1.0  # (32 * 128) ** -0.5 = 2^-6: folded
+    x = torch.randn(4, cfg.hidden_size, generator=g).bfloat16()
+    unfolded = make_linear(Weights(tensors), "weights_proj", OPS, torch.bfloat16)(x) * 2**-6
+    assert torch.equal(indexer.weights_proj(x), unfolded)

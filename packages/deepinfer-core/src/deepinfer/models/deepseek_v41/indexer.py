@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from deepinfer.cache import Codec
@@ -28,8 +30,15 @@ class Indexer:
             self.k_norm = weights.get("k_norm.weight", (self.dim,))
         if spec.owns_indexer_query:
             shape = (self.heads, cfg.hidden_size)
-            self.weights_proj = make_linear(weights, "weights_proj", ops, dtype, shape)
             self.weight_scale = (self.dim * self.heads) ** -0.5
+            if math.log2(self.weight_scale).is_integer():
+                # a power of two (1/64 at Flash widths) commutes with every rounding: folded into the
+                # weight at load, the projection gives the scaled head weights bit for bit, one launch fewer
+                name = weights.name("weights_proj.weight")
+                weights = Weights({name: weights.get("weights_proj.weight", shape) * self.weight_scale},
+                                  weights.prefix)
+                self.weight_scale = 1.0
+            self.weights_proj = make_linear(weights, "weights_proj", ops, dtype, shape)
 
     def keys(self, latent: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Pre-RoPE compressed latents [m, head_dim] -> index keys [m, index_head_dim], not yet quantised."""
@@ -46,15 +55,20 @@ class Indexer:
         if step.cache.precision == "release":  # indexer queries cross the same MXFP4 boundary as the keys
             _, q = Codec("mxfp4", self.dim, self.dtype).round_trip(q.flatten(0, 1), self.ops)
             q = q.unflatten(0, (-1, self.heads))
-        w = self.weights_proj(x) * self.weight_scale
+        w = self.weights_proj(x)
+        if self.weight_scale != 1.0:
+            w = w * self.weight_scale
         allowed = None
         if spec.restricted_to_candidates:
             if step.candidates is None:
                 raise RuntimeError(f"layer {spec.index} needs candidates, but no candidate source ran")
             allowed = step.candidates.value
         keys = step.cache.index_keys(spec.kv_source)
+        visible = rows.positions + 1  # entries of complete groups up to this row's token
+        if ratio > 1:
+            visible = visible // ratio
         top, mask = self.ops.indexer_topk(
-            q, w, keys.data, keys.codec, step.meta.block_tables, rows.row_seg, (rows.positions + 1) // ratio,
+            q, w, keys.data, keys.codec, step.meta.block_tables, rows.row_seg, visible,
             step.meta.compression[ratio].capacity, self.topk, allowed=allowed,
             candidates=(self.topk_blocks, self.block) if spec.is_candidate_source else None,
         )
