@@ -1,5 +1,6 @@
 """Linears over backend-prepared weights: `make_linear` checks a checkpoint linear (FP8 blocks, packed
-FP4, BF16/F32) and hands it to the backend's `prepare_linear` once; `Linear` calls `linear` on it."""
+FP4, BF16/F32) and hands it to the backend's `prepare_linear` once; `Linear` calls `linear` on it.
+`make_fused_linear` stacks the linears that read one input into one prepared weight (one launch)."""
 
 from __future__ import annotations
 
