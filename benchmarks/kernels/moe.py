@@ -10,7 +10,8 @@ BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the ta
 `-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes; `-uBN_BM_BK_WARPS_STAGES` the
 fused decode path (shared expert in the routed launches, combine in the down kernel) with this down tile
 (`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile; a sixth number > 1: one program per
-slot, the last to arrive combining), `-u0` the unfused decode path; `-r`
+slot, the last to arrive combining; on a `-d` tile: gate+up split over that many column ranges), `-u0`
+the unfused decode path; `-r`
 the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS. A variant that does
 not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped tile below, or one
 whose rows per block are not within half to twice the mean assignments per expert) is skipped there.

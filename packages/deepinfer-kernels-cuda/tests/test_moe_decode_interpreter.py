@@ -34,9 +34,10 @@ def layer(prep_e, prep_l):
 ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
 gemv = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(8, 1, 32, 1, 4, 1))  # 2 K steps of 32 in the down
 mma = (TileConfig(64, 16, 32, 1, 4, 1), TileConfig(16, 16, 32, 1, 4, 1))
-# down split_k > 1: a program per slot, the last to arrive combines (bitwise the per-token programs' sum)
-split = (TileConfig(32, 16, 32, 1, 4, 1), TileConfig(16, 1, 32, 4, 4, 1))
-split_mma = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(32, 16, 32, 4, 4, 1))
+# split_k > 1: gate+up over 2 column halves (the last to arrive finishes the tile); down a program per slot,
+# the last to arrive combining (bitwise the per-token programs' sum)
+split = (TileConfig(32, 16, 32, 2, 4, 1), TileConfig(16, 1, 32, 4, 4, 1))
+split_mma = (TileConfig(16, 1, 32, 2, 4, 1), TileConfig(32, 16, 32, 4, 4, 1))
 assert moe._fused_decode_tiles(1, layer(moe.prepare_experts, linear.prepare_linear)) is None  # no table
 for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True, 1, mma), (False, 3, split),
                       (True, 2, split_mma)):

@@ -557,20 +557,21 @@ def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, K, stride_wn, stride_sn,
+def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, stride_sn,
                  W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                  BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr):
-    """W[offs_n, :K] x_row as float32 [BN], offs_n = program_id(1) * BN + arange(BN): BM >= 16, the
-    grouped kernels' MMA with one live token column; BM == 1, CUDA-core products (`_row_products`)."""
+    """W[offs_n, k_lo:k_hi] x_row[k_lo:k_hi] as float32 [BN], offs_n = program_id(1) * BN + arange(BN):
+    BM >= 16, the grouped kernels' MMA with one live token column; BM == 1, CUDA-core products
+    (`_row_products`)."""
     if BM == 1:
         if not W_FP8:
             acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in range(k_lo, k_hi, BK):
                 acc = _row_products(acc, x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, 1,
                                     BN, BK, ASM)
         else:
             acc = tl.zeros((BN, BK), dtype=tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in range(k_lo, k_hi, BK):
                 acc = _row_products(acc, x_row, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                                     2 if SCALE_ROWS == 1 else 0, BN, BK, ASM)
         return tl.sum(acc, axis=1)
@@ -578,7 +579,7 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, K, stride_wn, stride_sn,
     live = col == 0
     rows = x_row + col * 0
     acc = tl.zeros((BN, BM), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(k_lo, k_hi, BK):
         x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
         acc = _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                           W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
@@ -588,21 +589,26 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, K, stride_wn, stride_sn,
 @triton.jit
 def _decode_gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, act_ptr,
-    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, ids_ptr, route_w_ptr, count_ptr,
+    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, ids_ptr, route_w_ptr, count_ptr, part_ptr, split_count_ptr,
     A, E, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     limit, route_scale, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_COUNT: tl.constexpr, EVEN_N: tl.constexpr = False,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_COUNT: tl.constexpr, SPLIT: tl.constexpr = 1,
+    EVEN_N: tl.constexpr = False,
 ):
     """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
     token a - A's shared expert (FP8, 32x32 block scales): both in one launch, each program routing its
     token itself (`_route_token`, the same selection in every program) instead of a routing launch.
     The shared expert's first program of a token stores the token's expert ids and routing weights for
     the down launch and, BLOCK_COUNT > 0, zeroes its n_count arrival counters of
-    `_decode_down_split_kernel`."""
+    `_decode_down_split_kernel`. SPLIT > 1: program_id(2) takes 1/SPLIT of the columns, stores float32
+    partial sums, and the last of a tile's SPLIT programs to arrive (zeroed counters) adds them in split
+    order and finishes the tile."""
     a = tl.program_id(0)
-    first = (a >= A) & (tl.program_id(1) == 0)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    first = (a >= A) & (pid_n == 0) & (split == 0)
+    offs_n = pid_n * BN + tl.arange(0, BN)
     n_mask = (offs_n < inter) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     t = tl.where(a < A, a // TOPK, a - A)
     picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
@@ -618,22 +624,47 @@ def _decode_gate_up_kernel(
         zeroed = tl.where(first, n_count, 0)
         tl.store(count_ptr + t * n_count + c, tl.zeros((BLOCK_COUNT,), dtype=tl.int32), mask=c < zeroed)
     x_row = x_ptr + t.to(tl.int64) * stride_xm
+    k_lo = 0 if SPLIT == 1 else split * (H // SPLIT)
+    k_hi = H if SPLIT == 1 else k_lo + H // SPLIT
     if a < A:
         expert = tl.sum(tl.where(mine, picked_id, 0), axis=0).to(tl.int64)
         gate = _one_row_dot(x_row, w1_ptr + expert * stride_we, s1_ptr + expert * stride_se, offs_n, n_mask,
-                            H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+                            k_lo, k_hi, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         up = _one_row_dot(x_row, w3_ptr + expert * stride_we, s3_ptr + expert * stride_se, offs_n, n_mask,
-                          H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+                          k_lo, k_hi, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
     else:
-        gate = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, H, shared_wn, shared_sn, True, GROUP_TL,
-                            BN, BM, BK, IEEE, False)
-        up = _one_row_dot(x_row, sw3_ptr, ss3_ptr, offs_n, n_mask, H, shared_wn, shared_sn, True, GROUP_TL,
-                          BN, BM, BK, IEEE, False)
-    out_ty = act_ptr.dtype.element_ty
+        gate = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, k_lo, k_hi, shared_wn, shared_sn, True,
+                            GROUP_TL, BN, BM, BK, IEEE, False)
+        up = _one_row_dot(x_row, sw3_ptr, ss3_ptr, offs_n, n_mask, k_lo, k_hi, shared_wn, shared_sn, True,
+                          GROUP_TL, BN, BM, BK, IEEE, False)
+    if SPLIT == 1:
+        _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
+    else:
+        rows = tl.num_programs(0)
+        part = part_ptr + (split * rows + a).to(tl.int64) * (2 * inter) + offs_n
+        tl.store(part, gate, mask=n_mask)
+        tl.store(part + inter, up, mask=n_mask)
+        tl.debug_barrier()  # every thread's partials are stored before the counter's release
+        if tl.atomic_add(split_count_ptr + a * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") \
+                == SPLIT - 1:
+            gate = tl.zeros((BN,), dtype=tl.float32)
+            up = tl.zeros((BN,), dtype=tl.float32)
+            for s in range(SPLIT):
+                part = part_ptr + (s * rows + a).to(tl.int64) * (2 * inter) + offs_n
+                gate += tl.load(part, mask=n_mask, other=0.0, cache_modifier=".cg")
+                up += tl.load(part + inter, mask=n_mask, other=0.0, cache_modifier=".cg")
+            _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
+
+
+@triton.jit
+def _swiglu_store(gate, up, rw, limit, act_ptrs, n_mask):
+    """act = SwiGLU(gate, up) * rw at the reference's rounding points (gate and up products rounded to
+    act's dtype first), stored."""
+    out_ty = act_ptrs.dtype.element_ty
     gate = tl.minimum(gate.to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(up.to(out_ty).to(tl.float32), -limit), limit)
     act = gate / (1.0 + tl.exp(-gate)) * up * rw
-    tl.store(act_ptr + a.to(tl.int64) * inter + offs_n, act.to(out_ty), mask=n_mask)
+    tl.store(act_ptrs, act.to(out_ty), mask=n_mask)
 
 
 @triton.jit
@@ -655,11 +686,11 @@ def _decode_down_kernel(
         a = t * TOPK + j
         expert = tl.load(ids_ptr + a).to(tl.int64)
         y = _one_row_dot(act_ptr + a.to(tl.int64) * inter, w2_ptr + expert * stride_we,
-                         s2_ptr + expert * stride_se, offs_n, n_mask, inter, stride_wn, stride_sn,
+                         s2_ptr + expert * stride_se, offs_n, n_mask, 0, inter, stride_wn, stride_sn,
                          EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         routed += y.to(out_ty).to(tl.float32)
-    shared = _one_row_dot(act_ptr + (A + t).to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, inter,
-                          shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+    shared = _one_row_dot(act_ptr + (A + t).to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
+                          inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
     out = routed.to(out_ty).to(tl.float32) + shared.to(out_ty).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
 
@@ -682,12 +713,12 @@ def _decode_down_split_kernel(
     if a < A:
         expert = tl.load(ids_ptr + a).to(tl.int64)
         y = _one_row_dot(act_ptr + a.to(tl.int64) * inter, w2_ptr + expert * stride_we,
-                         s2_ptr + expert * stride_se, offs_n, n_mask, inter, stride_wn, stride_sn,
+                         s2_ptr + expert * stride_se, offs_n, n_mask, 0, inter, stride_wn, stride_sn,
                          EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         t = a // TOPK
     else:
-        y = _one_row_dot(act_ptr + a.to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, inter,
-                         shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+        y = _one_row_dot(act_ptr + a.to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
+                         inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
         t = a - A
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, y.to(out_ty), mask=n_mask)
     tl.debug_barrier()  # every thread's rows are stored before the counter's release
@@ -705,7 +736,8 @@ def _decode_down_split_kernel(
 def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tensor | None, layer: Any,
                   up_cfg: configs.TileConfig, down_cfg: configs.TileConfig) -> torch.Tensor:
     """The MoE output [T, H] of few tokens from the router logits in two launches: routing, gate+up of
-    every assignment and of each token's FP8 shared expert (`_decode_gate_up_kernel`), then the down
+    every assignment and of each token's FP8 shared expert (`_decode_gate_up_kernel`; with the gate+up
+    tile's split_k > 1 split over the hidden columns, plus a counter memset), then the down
     projections with the combine: one program per (token, tile) looping over its slots
     (`_decode_down_kernel`), or with the down tile's split_k > 1 one program per (slot, tile) and the last
     to arrive combining (`_decode_down_split_kernel`). Tiles: BM 1 = CUDA-core products (BN must divide
@@ -725,16 +757,23 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
     weights = torch.empty((t * k,), dtype=torch.float32, device=x.device)
     count = torch.empty((t * down_tiles if split else 1,), dtype=torch.int32, device=x.device)
     c = up_cfg
-    _decode_gate_up_kernel[(t * k + t, triton.cdiv(i, c.block_n))](
+    bk, up_tiles = configs.block_k(h, c.block_k), triton.cdiv(i, c.block_n)
+    if h % (c.split_k * bk):
+        raise ValueError(f"fused MoE decode: hidden {h} does not split into {c.split_k} x {bk}-column steps")
+    if c.split_k > 1:  # float32 partials and zeroed arrival counters (one memset)
+        part = torch.empty((c.split_k, t * k + t, 2, i), dtype=torch.float32, device=x.device)
+        split_count = torch.zeros(((t * k + t) * up_tiles,), dtype=torch.int32, device=x.device)
+    else:
+        part = split_count = count  # unused
+    _decode_gate_up_kernel[(t * k + t, up_tiles, c.split_k)](
         x, p.w1, p.s1, p.w3, p.s3, w1.weight, w1.scale, w3.weight, w3.scale, act,
         logits.contiguous(), layer.bias, layer.bias_vl, ids if image_mask is None else image_mask, ids,
-        weights, count, t * k, e, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1), p.s1.stride(0),
-        p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit),
-        float(layer.route_scale), down_tiles, TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m,
-        BK=configs.block_k(h, c.block_k),
+        weights, count, part, split_count, t * k, e, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1),
+        p.s1.stride(0), p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit),
+        float(layer.route_scale), down_tiles, TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=bk,
         IEEE=ieee, ASM=p.asm, HAS_MASK=image_mask is not None, BLOCK_E=triton.next_power_of_2(e),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0,
-        EVEN_N=i % c.block_n == 0, num_warps=c.num_warps, num_stages=c.num_stages,
+        SPLIT=c.split_k, EVEN_N=i % c.block_n == 0, num_warps=c.num_warps, num_stages=c.num_stages,
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
