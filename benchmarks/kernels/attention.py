@@ -1,6 +1,7 @@
 """Sparse sink attention (64 heads x 512, one shared K=V head, bf16) against the reference op.
 
-Decode, each decode tile variant of the kernel (`DECODE_VARIANTS`) on the same inputs, at 8k and 64k
+Decode, the kernel's default tiles ("default": chosen by row count) and each decode tile variant
+(`DECODE_VARIANTS`, forced for every row count) on the same inputs, at 8k and 64k
 context, B = 1, 8, 64, 128, both cache precisions:
 * bf16 (sparse_attention_sink over a gathered buffer): B sequences, each with its own compressed
   stream of ctx/2 entries (ratio 2) and a 128-key window; every query row attends to its 128 window
@@ -97,8 +98,8 @@ def decode_case(make, nbytes: int, op, ref_op, copy: float) -> list[list[object]
     r_ms = eager_ms(lambda: ref_op(*sets[0]))
     want = ref_op(*sets[0])
     rows = []
-    for variant, tiles in kernel.DECODE_VARIANTS.items():
-        kernel.DECODE_TILES = tiles
+    for variant in ("default", *kernel.DECODE_VARIANTS):
+        use_variant(variant)
         try:
             err = rel_err(op(*sets[0]), want)
             g_ms = graph_ms(op, sets)
@@ -110,13 +111,24 @@ def decode_case(make, nbytes: int, op, ref_op, copy: float) -> list[list[object]
     return rows
 
 
+DEFAULT_TILES = (kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES)
+
+
+def use_variant(variant: str) -> None:
+    """"default": the kernel's choice by row count; else one `DECODE_VARIANTS` entry for every row count."""
+    if variant == "default":
+        kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES = DEFAULT_TILES
+    else:
+        kernel.DECODE_TILES = kernel.FEW_ROWS_DECODE_TILES = kernel.DECODE_VARIANTS[variant]
+
+
 def _build(variant: str, paged: bool) -> None:
     """Runs one variant's kernels for one op once, so that the Triton cache holds them when the timing
     process asks."""
     cuda, _ = backends()
-    kernel.DECODE_TILES = kernel.DECODE_VARIANTS[variant]
+    use_variant(variant)
     try:
-        for batch in (64, 128):  # split grids and one program per row
+        for batch in (1, 64, 128):  # few rows, split grids and one program per row
             if paged:
                 *args, kwargs = paged_inputs(batch, 8192, cuda)
                 cuda.sparse_attention_paged(*args, **kwargs)
@@ -162,9 +174,8 @@ def main() -> None:
         sweep(cuda, ref, copy, prefill_inputs(2048), args.out)
         return
     build_in_parallel()
-    default = kernel.DECODE_TILES
     rows = decode_rows(cuda, ref, copy, args.quick)
-    kernel.DECODE_TILES = default
+    use_variant("default")
     emit(f"sparse attention decode, {HEADS} heads x {DIM}, K = {WINDOW}+{TOPK}, bf16 queries, CUDA graph "
          f"(copy {copy:.0f} GB/s)", ["cache", "ctx", "B", "variant", "cuda graph µs", "GB/s", "% of copy",
                                       "reference eager µs", "rel err"], rows, args.out)
@@ -182,10 +193,10 @@ def sweep(cuda, ref, copy: float, prefill: tuple, out) -> None:
     decode = {b: input_sets(lambda b=b: decode_inputs(b, 65536), touched_bytes(b)) for b in (1, 64, 128)}
     want = {batch: ref.sparse_attention_sink(*sets[0]).float() for batch, sets in decode.items()}
     want[2048] = ref.sparse_attention_sink(*prefill).float()
-    defaults = (kernel.DECODE_TILES, kernel.PREFILL_TILES)
+    defaults = (kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES, kernel.PREFILL_TILES)
     rows = []
     for tiles in SWEEP:
-        kernel.DECODE_TILES = kernel.PREFILL_TILES = tiles
+        kernel.DECODE_TILES = kernel.FEW_ROWS_DECODE_TILES = kernel.PREFILL_TILES = tiles
         row = [tiles.halves, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.programs_per_sm]
         worst = 0.0
         try:
@@ -201,7 +212,7 @@ def sweep(cuda, ref, copy: float, prefill: tuple, out) -> None:
         except Exception as e:  # a tile that does not fit (shared memory) is reported, not fatal
             row += [f"failed: {type(e).__name__}"]
         rows.append(row)
-    kernel.DECODE_TILES, kernel.PREFILL_TILES = defaults
+    kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES, kernel.PREFILL_TILES = defaults
     emit("tile sweep (decode ctx 64k: graph µs, % of copy at B 1, 64, 128; prefill 2048: eager µs, TFLOP/s)",
          ["halves", "BLOCK_N", "warps", "stages", "programs/SM", "B1 µs", "B1 %", "B64 µs", "B64 %",
           "B128 µs", "B128 %", "prefill µs", "prefill TFLOP/s", "max rel err"], rows, out)

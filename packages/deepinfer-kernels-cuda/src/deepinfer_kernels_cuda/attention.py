@@ -58,28 +58,28 @@ class Tiles:
     num_stages: int
     programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
-    asm: bool = True  # FP8 / NVFP4 rows decoded by packed PTX (CUDA, BF16), else float32 Triton ops
 
 
-# Decode tiles by name, so that one GPU run compares them (benchmarks/kernels/attention.py). "v1" is
-# the default measured on the H200 (2026-12-01 23:05: ctx 64k B 1/64/128 bf16 16/60/97 µs, release
-# 41/116/177 µs): all 512 value channels in one program ([64, 512] float32 accumulator, 128 registers a
-# thread at 8 warps: one program per SM, so a tile's loads and its products never overlap), 64-key
-# tiles, release rows decoded with float32 arithmetic; at 8 warps Triton lays the [64, n] scores on both
-# warpgroups alike (each computes all of them). Not yet timed: "v1p", v1 with the packed decodes; "h*w4",
-# value halves with one warpgroup (no duplicated scores; the two halves' programs each compute them), two
-# programs per SM, 32- or 16-key tiles, "s3": bf16 rows copied 3 deep ahead into shared memory.
-# sm_90 compiles with Triton 3.6 (registers / spill bytes a thread, bf16 | release): v1 255/8 | 255/808,
-# v1p - | 255/776, h32w4 255/0 | 255/392, h16w4 225/0 | 255/216, h16w4s3 218/0 | 255/232.
+# Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 01:29, Triton 3.6,
+# ctx 64k (8k alike), graph µs at B = 1 / 128, bf16 | release caches (FP8 ring + NVFP4 pool):
+# * "v1": all 512 value channels in one program ([64, 512] float32 accumulator: one program per SM),
+#   64-key tiles: 14.9 / 80.3 | 35.0 / 116.4 (with the float32 cache decodes of before: 40.1 / 156.4);
+# * "h32w4": value halves with one warpgroup, 32-key tiles, two programs per SM, keys split down to 32
+#   per program: 10.6 / 82.3 | 27.7 / 126.3: more programs when there are few rows.
+# Slower in every case and dropped: 16-key halves (12.7 / 119 | 28.8 / 171), the same 3 deep (12.3 / 99 |
+# 30.4 / 185); in session 5: 16/32-key tiles 3-4 deep, rescaling only when a maximum grew.
+# At 8 warps Triton gives the [64, n] scores to both warpgroups alike (each computes all of them).
+# h32w4 was timed before both halves summed their scores in one order (the GPU batch-invariance test
+# caught the two programs' log-sum-exps racing); that change also removed its release spills (sm_90,
+# Triton 3.6: 242 registers, no spill; v1 255 and 776 bytes). FEW_ROWS_DECODE_TILES takes B <= 13 at
+# 640 keys a row: B = 8 and 64 are not timed.
 DECODE_VARIANTS = {
-    "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, asm=False),
-    "v1p": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
+    "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
-    "h16w4": Tiles(halves=True, block_n=16, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
-    "h16w4s3": Tiles(halves=True, block_n=16, num_warps=4, num_stages=3, programs_per_sm=2,
-                     min_split_keys=32),
 }
 DECODE_TILES = DECODE_VARIANTS["v1"]
+# decode steps too small for DECODE_TILES to give every SM a program (rows x its most splits < SMs)
+FEW_ROWS_DECODE_TILES = DECODE_VARIANTS["h32w4"]
 PREFILL_TILES = Tiles(halves=False, block_n=64, num_warps=8, num_stages=1)
 # batch-invariant mode: keys per split, a multiple of block_n (a Flash decode row, 128 window keys + 512
 # compressed, makes 5 splits whatever the batch); value halves so that FOLD's running numerator fits in
@@ -95,12 +95,17 @@ def _attend(q, q2, rows, valid, dvb, D, m_i, l_i, acc, scale_log2, FMT: tl.const
             ASM: tl.constexpr):
     """One online-softmax step over the key rows at pointers `rows` (`valid` ones only; K = V). HALVES:
     the program's value half (q's columns of it) and the other half (q2's) are decoded once each and
-    the scores are the sum of the two products."""
+    the scores are the two products summed in column order whichever half the program keeps, so both
+    programs of a row compute the same bits (they store one log-sum-exp to the same place)."""
     if HALVES:
         v = decode_rows(rows, 0, valid, dvb * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
         k2 = decode_rows(rows, 0, valid, (1 - dvb) * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
-        logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
-        logits = tl.dot(q2, tl.trans(k2), logits, input_precision=PRECISION)
+        if dvb == 0:
+            logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+            logits = tl.dot(q2, tl.trans(k2), logits, input_precision=PRECISION)
+        else:
+            logits = tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
+            logits = tl.dot(q, tl.trans(v), logits, input_precision=PRECISION)
     else:
         v = decode_rows(rows, 0, valid, 0, D, FMT, BLOCK_D, TY, ASM)
         logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
@@ -312,6 +317,8 @@ def _attention(
         tiles, splits, win_splits, pool_base, fold = PREFILL_TILES, 1, 0, 0, False
         if few_rows:  # split the keys
             tiles = DECODE_TILES
+            if row_programs * triton.cdiv(k, tiles.min_split_keys) < sms:
+                tiles = FEW_ROWS_DECODE_TILES
             programs = row_programs * (2 if tiles.halves else 1)
             wanted = max(1, int(tiles.programs_per_sm * sms) // programs)  # no partial last wave
             splits = min(wanted, triton.cdiv(k, tiles.min_split_keys))
@@ -348,7 +355,7 @@ def _attention(
         FOLD=fold, HALVES=halves,
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty,
-        ASM=tiles.asm and q.device.type == "cuda" and ty == tl.bfloat16,
+        ASM=q.device.type == "cuda" and ty == tl.bfloat16,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **exact,
     )
     if split and batch_invariant:
