@@ -8,13 +8,16 @@ also call (tl.cos/tl.sin may lower to approximations that are poor at large angl
 has no libdevice and uses numpy's); the complex multiply runs in float32.
 
 `rms_norm_rope` puts norm.py's RMSNorm in front of the rotation in the same program (the key
-projections' epilogue: one launch instead of two, the same values as the two ops).
+projections' epilogue: one launch instead of two, the same values as the two ops; BF16/FP16 rows only:
+float32 rows take the two kernels, see `rms_norm_rope`).
 """
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from deepinfer_kernels_cuda.norm import rms_norm
 
 
 @triton.jit
@@ -107,6 +110,10 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, angles: tor
             or 2 * angles.shape[-1] > x.shape[-1] or weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm_rope: x {tuple(x.shape)} (rows of even width), weight "
                          f"{tuple(weight.shape)}, angles {tuple(angles.shape)} do not fit")
+    if x.dtype == torch.float32:
+        # on the H200 (2026-12-02) the fused pass differed from the two kernels in float32 (some rotated
+        # pairs turned by another angle; bf16 bitwise equal): two launches until that is understood
+        return rope_interleaved(rms_norm(x, weight, eps), angles)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
