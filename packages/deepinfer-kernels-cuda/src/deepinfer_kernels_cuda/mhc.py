@@ -1,17 +1,19 @@
 """mHC: fused coefficients (projection, RMS factor, sigmoids, Sinkhorn), collapse and expansion.
 
 `hc_coefficients` is a skinny product [T, m*H] x [m*H, m(m+2)] (K = 20480, N = 24 at Flash width).
-The projection kernel splits K into chunks and writes float32 partial products and sums of squares; at
-few rows the chunks are small so that every SM reads a slice of the ~2 MB matrix at once (a decode step
-is latency-bound), at many rows they grow with the row count (fewer partials to write). The finish
-kernel takes one row per program: it sums the row's chunks as one tile (a tree whose shape depends on
-K only), then the RMS factor, pre/post sigmoids and the 20 Sinkhorn iterations on the m x m matrix, in
-registers. The product is float32-accurate (the reference is a float32 matmul). 16-row tiles (up to 64
-rows) take bf16 streams as exact bf16 operands and split the matrix into three bf16 parts (hi + mid + lo
-carry all 24 bits): three bf16 products summed in float32. 64-row tiles, and other stream dtypes, run
-3xTF32: on the H200 the bf16 split in 64-row (wgmma) tiles took 2.5x the time of 3xTF32 (401 vs 159 us
-at 2048 rows, same tiles and chunks). Tile height and chunk size follow T, so a row's last
-bits can change with the batch size; `batch_invariant` keeps 64 rows and 512-column chunks at every T.
+The projection kernel splits K into chunks and writes float32 partial products and sums of squares; a
+finish kernel sums each row's chunks and computes the RMS factor, pre/post sigmoids and the 20 Sinkhorn
+iterations on the m x m matrix, in registers. The product is float32-accurate (the reference is a float32
+matmul). Two paths, measured on the H200 (2026-12-02):
+* latency (default mode, T <= 64): 16-row tiles over 256-column chunks (80 programs a row block at Flash:
+  every SM reads a slice of the ~2 MB matrix at once); bf16 streams enter as exact bf16 operands against
+  the matrix split in three bf16 parts (hi + mid + lo carry all 24 bits); one finish program per row sums
+  its chunks as one tile. T=1 12.7 us, T=64 22 us (the rows path: 26 / 42 us).
+* rows (T > 64, and batch-invariant mode at every T): 3xTF32 in 64-row tiles (16 at T <= 16 outside
+  invariant mode) over 512-column chunks, finish programs of 32 rows summing the chunks in order.
+  T=2048 160 us (the latency path's kernels at that size, even with 64-row tiles and 512-column chunks:
+  587 us).
+`batch_invariant` keeps the rows path with 64-row tiles at every T, so a row's bits do not depend on T.
 """
 
 import torch
@@ -19,10 +21,9 @@ import triton
 import triton.language as tl
 
 _BLOCK_K = 128
-_MIN_CHUNK = 256  # columns per program at few rows: 80 programs over K = 20480
-_INVARIANT_CHUNK = 512
-_SMALL_TILE_ROWS = 64  # up to this many rows: 16-row tiles (mma.sync, bf16 split), else 64 (3xTF32)
-_TARGET_PROGRAMS = 1280  # at many rows the chunk doubles until row blocks x chunks fit (2048 rows: 512)
+_LATENCY_CHUNK = 256  # projection columns per program on the latency path
+_ROWS_CHUNK = 512  # ... on the rows path (40 programs a row block at Flash)
+_LATENCY_ROWS = 64  # default mode up to this many rows: the latency path
 
 
 @triton.jit
@@ -44,10 +45,10 @@ def _chunk_sum(part_ptr, rows, live, col, scale):
     return tl.sum(tl.load(part_ptr + rows + col, mask=live, other=0.0), axis=0) * scale
 
 
-# row counts and chunk sizes are not specialised (== 1, multiple of 16): a new batch size compiles nothing
-@triton.jit(do_not_specialize=["T", "k_chunk"])
+# row counts are not specialised (== 1, multiple of 16): a new batch size compiles nothing
+@triton.jit(do_not_specialize=["T"])
 def _hc_project_kernel(
-    x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, k_chunk, x_stride, fn_stride, n_out,
+    x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, x_stride, fn_stride, n_out, K_CHUNK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BF16_SPLIT: tl.constexpr,
 ):
     pid_t, split = tl.program_id(0), tl.program_id(1)
@@ -55,7 +56,7 @@ def _hc_project_kernel(
     j = tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     sq = tl.zeros((BLOCK_T,), tl.float32)
-    for k0 in range(split * k_chunk, tl.minimum(split * k_chunk + k_chunk, K), BLOCK_K):
+    for k0 in range(split * K_CHUNK, tl.minimum(split * K_CHUNK + K_CHUNK, K), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
                     mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
@@ -73,7 +74,7 @@ def _hc_project_kernel(
 
 
 @triton.jit(do_not_specialize=["T", "splits"])
-def _hc_finish_kernel(
+def _hc_finish_row_kernel(
     part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
     ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -104,15 +105,46 @@ def _hc_finish_kernel(
     tl.store(comb_ptr + t * (M * M) + cell, c)
 
 
-def _chunk(k: int, row_blocks: int, batch_invariant: bool) -> int:
-    """Projection columns per program: fixed in invariant mode, else the smallest power of two from
-    _MIN_CHUNK whose program count (row blocks x chunks) stays within _TARGET_PROGRAMS."""
-    if batch_invariant:
-        return _INVARIANT_CHUNK
-    chunk = _MIN_CHUNK
-    while row_blocks * triton.cdiv(k, chunk) > _TARGET_PROGRAMS and chunk < k:
-        chunk *= 2
-    return chunk
+@triton.jit
+def _load_mix(part_ptr, base_ptr, scale, rms, t, T, col, splits, BLOCK_N: tl.constexpr):
+    """z = base + (sum of the chunk partial products, in chunk order) * rms * scale at columns `col`."""
+    mix = tl.load(part_ptr + t * BLOCK_N + col, mask=t < T, other=0.0)
+    for s in range(1, splits):
+        mix += tl.load(part_ptr + (s * T + t) * BLOCK_N + col, mask=t < T, other=0.0)
+    return tl.load(base_ptr + col) + mix * rms * scale
+
+
+@triton.jit(do_not_specialize=["T"])
+def _hc_finish_rows_kernel(
+    part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
+    ITERS: tl.constexpr, M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_T rows per program from their chunk partials (summed in chunk order)."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    sq = tl.zeros((BLOCK_T,), tl.float32)
+    for s in range(splits):
+        sq += tl.load(sq_ptr + s * T + t, mask=t < T, other=0.0)
+    rms = tl.rsqrt(sq / K + norm_eps)
+    i = tl.arange(0, M)
+    t2, i2 = t[:, None], i[None, :]
+    mask2 = (t < T)[:, None]
+    z_pre = _load_mix(part_ptr, base_ptr, tl.load(scale_ptr), rms[:, None], t2, T, i2, splits, BLOCK_N)
+    tl.store(pre_ptr + t2 * M + i2, tl.sigmoid(z_pre) + hc_eps, mask=mask2)
+    z_post = _load_mix(part_ptr, base_ptr, tl.load(scale_ptr + 1), rms[:, None], t2, T, M + i2,
+                       splits, BLOCK_N)
+    tl.store(post_ptr + t2 * M + i2, 2 * tl.sigmoid(z_post), mask=mask2)
+    # comb logits [t, i (in), j (out)]: row softmax, then alternate column / row normalisation
+    t3, i3, j3 = t[:, None, None], i[None, :, None], i[None, None, :]
+    cell = i3 * M + j3
+    z = _load_mix(part_ptr, base_ptr, tl.load(scale_ptr + 2), rms[:, None, None], t3, T, 2 * M + cell,
+                  splits, BLOCK_N)
+    e = tl.exp(z - tl.max(z, axis=2, keep_dims=True))
+    c = e / tl.sum(e, axis=2, keep_dims=True) + hc_eps
+    c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
+    for _ in tl.static_range(ITERS - 1):
+        c = c / (tl.sum(c, axis=2, keep_dims=True) + hc_eps)
+        c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
+    tl.store(comb_ptr + t3 * (M * M) + cell, c, mask=(t < T)[:, None, None])
 
 
 def hc_coefficients(
@@ -147,22 +179,28 @@ def hc_coefficients(
     comb = torch.empty(t, m, m, dtype=torch.float32, device=dev)
     if t == 0:
         return pre, post, comb
-    block_t = 16 if t <= _SMALL_TILE_ROWS and not batch_invariant else 64
-    row_blocks = triton.cdiv(t, block_t)
-    chunk = _chunk(k, row_blocks, batch_invariant)
+    latency = t <= _LATENCY_ROWS and not batch_invariant
+    block_t = 16 if latency or (t <= 16 and not batch_invariant) else 64
+    chunk = _LATENCY_CHUNK if latency else _ROWS_CHUNK
     splits = triton.cdiv(k, chunk)
     block_n = max(16, triton.next_power_of_2(n_out))
     part = torch.empty(splits, t, block_n, dtype=torch.float32, device=dev)
     sq = torch.empty(splits, t, dtype=torch.float32, device=dev)
-    _hc_project_kernel[(row_blocks, splits)](
-        x, fn, part, sq, t, k, chunk, x.stride(0), fn.stride(0), n_out, BLOCK_T=block_t, BLOCK_K=_BLOCK_K,
-        BLOCK_N=block_n, BF16_SPLIT=block_t == 16 and x.dtype == torch.bfloat16, num_warps=4, num_stages=3,
+    _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
+        x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out, K_CHUNK=chunk, BLOCK_T=block_t,
+        BLOCK_K=_BLOCK_K, BLOCK_N=block_n, BF16_SPLIT=latency and x.dtype == torch.bfloat16, num_warps=4,
+        num_stages=3,
     )
-    # the finish tile holds the most chunks any T can take (chunks >= _MIN_CHUNK): one specialisation per K
-    _hc_finish_kernel[(t,)](
-        part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters, M=m,
-        SPLITS=triton.next_power_of_2(triton.cdiv(k, _MIN_CHUNK)), BLOCK_N=block_n, num_warps=1,
-    )
+    if latency:
+        _hc_finish_row_kernel[(t,)](
+            part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
+            M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n, num_warps=1,
+        )
+    else:
+        _hc_finish_rows_kernel[(triton.cdiv(t, 32),)](
+            part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
+            M=m, BLOCK_T=32, BLOCK_N=block_n, num_warps=4,
+        )
     return pre, post, comb
 
 
