@@ -40,6 +40,18 @@ def _dot_bf16x3(x, w, acc):
 
 
 @triton.jit
+def _sinkhorn(z, hc_eps, ITERS: tl.constexpr, OUT_AXIS: tl.constexpr, IN_AXIS: tl.constexpr):
+    """comb logits -> row softmax over OUT_AXIS, then ITERS alternations of column / row normalisation."""
+    e = tl.exp(z - tl.max(z, axis=OUT_AXIS, keep_dims=True))
+    c = e / tl.sum(e, axis=OUT_AXIS, keep_dims=True) + hc_eps
+    c = c / (tl.sum(c, axis=IN_AXIS, keep_dims=True) + hc_eps)
+    for _ in tl.static_range(ITERS - 1):
+        c = c / (tl.sum(c, axis=OUT_AXIS, keep_dims=True) + hc_eps)
+        c = c / (tl.sum(c, axis=IN_AXIS, keep_dims=True) + hc_eps)
+    return c
+
+
+@triton.jit
 def _chunk_sum(part_ptr, rows, live, col, scale):
     """scale * sum over the row's chunks (a [S, ...] tile, reduced as one tree) of the partials at `col`."""
     return tl.sum(tl.load(part_ptr + rows + col, mask=live, other=0.0), axis=0) * scale
@@ -96,12 +108,7 @@ def _hc_finish_row_kernel(
     z = tl.load(base_ptr + 2 * M + cell) + _chunk_sum(
         part_ptr, rows[:, None, None], live[:, None, None], 2 * M + cell[None, :, :],
         rms * tl.load(scale_ptr + 2))
-    e = tl.exp(z - tl.max(z, axis=1, keep_dims=True))
-    c = e / tl.sum(e, axis=1, keep_dims=True) + hc_eps
-    c = c / (tl.sum(c, axis=0, keep_dims=True) + hc_eps)
-    for _ in tl.static_range(ITERS - 1):
-        c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
-        c = c / (tl.sum(c, axis=0, keep_dims=True) + hc_eps)
+    c = _sinkhorn(z, hc_eps, ITERS, 1, 0)
     tl.store(comb_ptr + t * (M * M) + cell, c)
 
 
@@ -138,12 +145,7 @@ def _hc_finish_rows_kernel(
     cell = i3 * M + j3
     z = _load_mix(part_ptr, base_ptr, tl.load(scale_ptr + 2), rms[:, None, None], t3, T, 2 * M + cell,
                   splits, BLOCK_N)
-    e = tl.exp(z - tl.max(z, axis=2, keep_dims=True))
-    c = e / tl.sum(e, axis=2, keep_dims=True) + hc_eps
-    c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
-    for _ in tl.static_range(ITERS - 1):
-        c = c / (tl.sum(c, axis=2, keep_dims=True) + hc_eps)
-        c = c / (tl.sum(c, axis=1, keep_dims=True) + hc_eps)
+    c = _sinkhorn(z, hc_eps, ITERS, 2, 1)
     tl.store(comb_ptr + t3 * (M * M) + cell, c, mask=(t < T)[:, None, None])
 
 

@@ -6,14 +6,22 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_stride, out_stride, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def rms_norm_row(x_ptr, w_ptr, row, n_cols, x_stride, eps, BLOCK: tl.constexpr):
+    """Row `row` normalised, float32 [BLOCK] (zeros past n_cols): the one definition of this op's values."""
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    tl.store(out_ptr + row * out_stride + cols, (x * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
+    return x * inv_rms * w
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, x_stride, out_stride, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    y = rms_norm_row(x_ptr, w_ptr, row, n_cols, x_stride, eps, BLOCK)
+    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from deepinfer_kernels_cuda.norm import rms_norm
+from deepinfer_kernels_cuda.norm import rms_norm, rms_norm_row
 
 
 @triton.jit
@@ -87,12 +87,10 @@ def _rms_norm_rope_kernel(
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    # the norm exactly as norm.py's kernel computes it (same tile, same reduction), rounded to the output
-    # dtype as the separate op's result would be, then rotated as _rope_kernel does
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    y = (x * inv_rms * w).to(out_ptr.dtype.element_ty).to(tl.float32)
+    # the norm exactly as norm.py's kernel computes it, rounded to the output dtype as the separate op's
+    # result would be, then rotated as _rope_kernel does
+    y = rms_norm_row(x_ptr, w_ptr, row, n_cols, x_stride, eps, BLOCK).to(out_ptr.dtype.element_ty)
+    y = y.to(tl.float32)
     a, b = tl.split(tl.reshape(y, (BLOCK // 2, 2)))
     p = tl.arange(0, BLOCK // 2)
     rot = p - first_rot
