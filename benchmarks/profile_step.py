@@ -50,7 +50,8 @@ OP_FAMILIES = {  # backend op -> family (ops not listed keep their own name)
     "apply_token_bitmask": "sampling",
 }
 MOE_PARTS = {"router_logits": "MoE router", "route": "MoE router", "routed_experts": "MoE routed",
-             "_shared_expert": "MoE shared", "_shared_expert_invariant": "MoE shared"}
+             "_shared_expert": "MoE shared", "_shared_expert_invariant": "MoE shared",
+             "_decode_fused": "MoE routed"}  # the fused decode path: its gate-up also runs the shared expert
 CUBLAS = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|splitk", re.IGNORECASE)
 PREFIX = "prof:"
 PARTS = {"gate_up": "gate-up", "down": "down"}  # routed-expert kernel name -> family suffix
