@@ -117,38 +117,53 @@ def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.c
 # read as value * 2^-126 exactly (code 1 is the BF16 subnormal 2^-127); one packed multiply by scale *
 # 2^126 (`asm_scale_factor`) gives value * scale, a normal BF16 number (exact). The two shifts per nibble
 # are one multiply: (n << 6) + (n << 12) (low) and (n << 2) + (n << 8) (high) do not overlap, so no carry
-# reaches a kept bit.
-def e2m1_bf16x2_ptx(reads: list[tuple[str, str, str]], steps: list[tuple[str, bool, str, str]],
-                    prescale: bool = False) -> str:
-    """The PTX of one packed E2M1 decode: `reads` (register, operand, prmt selector) put byte pairs in the
-    registers' low halves; each step (register, high nibbles?, output, factor operand) decodes one nibble
-    of each pair as above. `prescale`: a first multiply by 2^126 (for factors that do not carry it)."""
-    regs = ["z", "m0"] + (["c"] if prescale else []) + [reg for reg, _, _ in reads] + ["t"]
-    lines = ["{", f".reg .b32 {', '.join(regs)};", "mov.b32 z, 0;", "mov.b32 m0, 0x80008000;"]
-    if prescale:
-        lines.append("mov.b32 c, 0x7E807E80;")
-    lines += [f"prmt.b32 {reg}, {src}, z, {sel};" for reg, src, sel in reads]
-    for reg, high, out, factor in steps:
-        mask, shifts = ("0x00F000F0", 260) if high else ("0x000F000F", 4160)
-        lines += [f"and.b32 t, {reg}, {mask};", f"mul.lo.u32 t, t, {shifts};", "and.b32 t, t, 0x81C081C0;"]
-        if prescale:
-            lines.append("fma.rn.bf16x2 t, t, c, m0;")
-        lines.append(f"fma.rn.bf16x2 {out}, t, {factor}, m0;")
-    return "\n" + "\n".join([*lines, "}"]) + "\n"
+# reaches a kept bit. Two bytes per instance ($2: b0, b1 in its low half; $3: their factors as BF16x2;
+# outputs $0 = low nibbles (b0, b1), $1 = high nibbles, as BF16x2): the MMA operand layout holds byte
+# pairs, so pairs need no repacking.
+_E2M1_BF16X2_ASM2 = tl.constexpr("""
+{
+.reg .b32 z, m0, x, t;
+mov.b32 z, 0;
+mov.b32 m0, 0x80008000;
+prmt.b32 x, $2, z, 0x4140;
+and.b32 t, x, 0x000F000F;
+mul.lo.u32 t, t, 4160;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $0, t, $3, m0;
+and.b32 t, x, 0x00F000F0;
+mul.lo.u32 t, t, 260;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $1, t, $3, m0;
+}
+""")
 
-
-# Two bytes per instance ($2: b0, b1 in its low half; $3: their factors as BF16x2; outputs $0 = low nibbles
-# (b0, b1), $1 = high nibbles, as BF16x2): the MMA operand layout holds byte pairs, so pairs need no
-# repacking.
-_E2M1_BF16X2_ASM2 = tl.constexpr(e2m1_bf16x2_ptx([("x", "$2", "0x4140")],
-                                                 [("x", False, "$0", "$3"), ("x", True, "$1", "$3")]))
-
-# Four bytes per instance ($4: b0..b3; $5, $6: factors; outputs $0, $1 = low nibbles (b0, b1), (b2, b3),
-# $2, $3 = high nibbles), for layouts holding 4+ contiguous bytes per thread (the GEMVs, cache rows).
-FOUR_BYTE_READS = [("x01", "$4", "0x4140"), ("x23", "$4", "0x4342")]
-FOUR_BYTE_STEPS = [("x01", False, "$0", "$5"), ("x23", False, "$1", "$6"), ("x01", True, "$2", "$5"),
-                   ("x23", True, "$3", "$6")]
-_E2M1_BF16X2_ASM4 = tl.constexpr(e2m1_bf16x2_ptx(FOUR_BYTE_READS, FOUR_BYTE_STEPS))
+# The same four bytes per instance ($4: b0..b3; $5, $6: factors; outputs $0, $1 = low nibbles (b0, b1),
+# (b2, b3), $2, $3 = high nibbles), for layouts holding 4+ contiguous bytes per thread (the GEMVs).
+_E2M1_BF16X2_ASM4 = tl.constexpr("""
+{
+.reg .b32 z, m0, x01, x23, t;
+mov.b32 z, 0;
+mov.b32 m0, 0x80008000;
+prmt.b32 x01, $4, z, 0x4140;
+prmt.b32 x23, $4, z, 0x4342;
+and.b32 t, x01, 0x000F000F;
+mul.lo.u32 t, t, 4160;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $0, t, $5, m0;
+and.b32 t, x23, 0x000F000F;
+mul.lo.u32 t, t, 4160;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $1, t, $6, m0;
+and.b32 t, x01, 0x00F000F0;
+mul.lo.u32 t, t, 260;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $2, t, $5, m0;
+and.b32 t, x23, 0x00F000F0;
+mul.lo.u32 t, t, 260;
+and.b32 t, t, 0x81C081C0;
+fma.rn.bf16x2 $3, t, $6, m0;
+}
+""")
 
 # largest UE8M0 byte the packed decode takes (its scale factor 2^(s - 1) must stay a finite BF16)
 ASM_MAX_SCALE = 128
