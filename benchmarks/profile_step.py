@@ -11,7 +11,7 @@ the same shapes and take its families; if CUPTI recorded no kernel of the replay
 kernels stand in (said in the output). Wall ms/step is timed without the profiler (synchronised steps).
 
     python benchmarks/profile_step.py [--layers 5 --steps 20 --cases decode1 prefill decode64
-                                       --engram-vocab 10000 --json out.json]
+                                       --engram-vocab 10000 --json out.json] [--batch-invariant]
     python benchmarks/profile_step.py --cpu-check   # tiny config on the CPU: top-level aten ops as "kernels"
 """
 
@@ -29,13 +29,14 @@ from typing import Any
 
 import torch
 from decode_graphs import Bench, rerun_recorder, sync, timed_ms
-from reference_forward import _ops, random_weights, token_map
+from reference_forward import _ops
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
-from deepinfer.ops import Ops
+from deepinfer.ops import Ops, get_ops
 from deepinfer.testing.configs import flash_slice_config, tiny_config
 
 OTHER = "elementwise/copies/other"
@@ -250,6 +251,8 @@ def main() -> None:
     p.add_argument("--engram-vocab", type=int, default=10_000,
                    help="Engram vocabulary of the slice (100k, decode_graphs' default, draws ~20 s longer)")
     p.add_argument("--json", default=None)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="profile the batch-invariant op tables and runtime (where its cost goes)")
     p.add_argument("--cpu-check", action="store_true", help="dry run of every code path on the CPU")
     args = p.parse_args()
     if args.cpu_check:
@@ -260,15 +263,18 @@ def main() -> None:
         config = flash_slice_config(num_layers=args.layers, engram_vocab_size=args.engram_vocab)
         shapes = {"decode1": (1, 2048), "decode64": (64, 512), "prefill": (1, 2048)}
     cuda = device.type == "cuda"
-    ops = annotated_ops(_ops("cuda" if cuda else None, device))
-    runtime = build_runtime(config, random_weights(config, device), dtype=dtype, ops=ops,
-                            engram_token_map=token_map(config),
-                            options=RuntimeOptions(cache_precision=precision))
+    backend = "cuda" if cuda else None
+    base = get_ops(backend, device, batch_invariant=True) if args.batch_invariant else _ops(backend, device)
+    runtime = build_runtime(config, random_weights(config, device), dtype=dtype, ops=annotated_ops(base),
+                            engram_token_map=dummy_token_map(config),
+                            options=RuntimeOptions(cache_precision=precision,
+                                                   batch_invariant=args.batch_invariant))
     runtime.model.logits = annotate(runtime.model.logits, "LM head")
     if args.cpu_check:
         runtime.graph_recorder = rerun_recorder
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if cuda else "cpu",
-                               "layers": args.layers, "engram_vocab": args.engram_vocab, "steps": args.steps}
+                               "batch_invariant": args.batch_invariant, "layers": args.layers,
+                               "engram_vocab": args.engram_vocab, "steps": args.steps}
     benches: dict[tuple[int, int], Bench] = {}
     for case in args.cases:
         batch, ctx = shapes[case]
