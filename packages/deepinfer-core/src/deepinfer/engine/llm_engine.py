@@ -10,8 +10,9 @@ so outputs are identical in both modes.
 With a speculator (`EngineConfig.speculator`) a step emits several tokens per sequence, appended
 one by one with the stop rules. Planning step N+1 needs step N's verification (how many drafts were
 accepted: the next segment's position) but not its drafting (only how many drafts follow: their ids
-stay on the device for the forward; a confidence schedule does wait for their confidences), so async
-scheduling overlaps less than plain decoding: step N is committed first
+stay on the device for the forward; a synchronous confidence schedule waits for their confidences, an
+asynchronous one splits its draft budget on the device), so async scheduling overlaps less than plain
+decoding: step N is committed first
 (tokens appended with the token-level stops: EOS, stop ids, length, grammar; the next drafts), step
 N+1 is planned and launched, and only then does step N's text-level work run
 (incremental detokenization and stop strings, outputs, stats) while step N+1 computes. A stop string
@@ -89,7 +90,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork), verify_scheduler)
         sampling_ops = get_ops(device=device, batch_invariant=True) if config.batch_invariant else None
         self.runner = ModelRunner(model, Sampler(model.eos_token_id, sampling_ops), self.proposer,
-                                  self.proposer.num_draft_tokens if self.proposer else 0)
+                                  self.proposer.num_draft_tokens if self.proposer else 0, verify_scheduler)
         self._async = config.async_scheduling
         self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
         self.scheduler.admissible = self.runner.structured.admissible
@@ -448,6 +449,7 @@ class LLMEngine:
                 if spec.next is not None and (confidences := spec.next.confidences()) is not None:
                     spec.confidence_sum += sum(confidences[:v.num_drafts])
                     spec.num_estimated += v.num_drafts
+                    spec.estimates = confidences
             if seq.status is SeqStatus.FINISHED:
                 continue
             # rejected rows are rolled back: the cache holds everything before the newest token
