@@ -4,8 +4,8 @@ verification cost per K on a Flash-width slice.
     # engine sweep (offline LLM.generate): per-user tok/s and throughput at each batch, mean accepted
     # length, acceptance rate, and throughput / per-user speed at matched speed of no speculation
     python benchmarks/spec_decode.py engine [--model DIR] [--speculators dspark,ngram] [--ks 3,5,1]
-        [--schedules fixed,confidence] [--confidence-ks 3,5] [--batches 1,8,64] [--max-tokens 64]
-        [--budget-s 90] [--sync] [--json-out FILE]
+        [--schedules fixed,confidence,confidence-sync] [--confidence-ks 3,5] [--batches 1,8,64]
+        [--max-tokens 64] [--budget-s 90] [--sync] [--json-out FILE]
     # step cost per K (model runtime + exact verification, CUDA graphs as the engine replays them):
     # decode step, verification step of 1 + K rows per sequence, DSpark draft step; modelled speed-ups
     python benchmarks/spec_decode.py cost [--slice-layers 5 | --tiny] [--batches 1,8,64] [--ks 1,2,3,4,5]
@@ -16,19 +16,21 @@ verification cost per K on a Flash-width slice.
 engine: without --model it writes the tiny `full` config (random weights, DSpark block size 4) to a
 temporary directory: the machinery is measured, a random drafter's acceptance is not meaningful. One
 engine per (speculator, K, schedule), built with max_num_seqs = the largest batch and reused for every
-batch (async scheduling on, the default; --sync turns it off). Each engine captures CUDA graphs of the
-measured batch sizes only (cuda_graph_sizes = --batches) at the table widths of --max-model-len (the
-default keeps one width); kernels compiled for an earlier engine are reused (same process), so an
-engine after the first compiles only its new verification shapes (build_s in the rows). Requests
-ignore EOS, so each generates --max-tokens tokens; a warm-up generate at the same batch runs first.
-Per-user tok/s = mean over requests of output tokens / (finish - arrival); throughput = all output
-tokens / wall time. "matched": the no-speculation curve over the batches (per-user speed vs
-throughput, interpolated in log space) read at this point's throughput (per-user speed-up) and at its
-per-user speed (throughput ratio); None outside that curve. A second table splits an engine step
-(`step_split`): wall ms, worker ms, engine CPU ms and, on CUDA, the step's GPU span (wall - span = the
-device's idle time between steps, e.g. the speculative hand-off), and at temperature 0 how many
-requests' outputs equal no speculation's (exact verification keeps them equal, except where a
-verification row's logits differ numerically from the decode row's at a near-tie).
+batch (async scheduling on, the default; --sync turns it off for every engine, a schedule named with
+"-sync", e.g. confidence-sync, for that engine: the confidence schedule then plans from the newest
+confidences on the host instead of splitting an older total on the device). Each engine captures CUDA
+graphs of the measured batch sizes only (cuda_graph_sizes = --batches) at the table widths of
+--max-model-len (the default keeps one width); kernels compiled for an earlier engine are reused (same
+process), so an engine after the first compiles only its new verification shapes (build_s in the
+rows). Requests ignore EOS, so each generates --max-tokens tokens; a warm-up generate at the same
+batch runs first. Per-user tok/s = mean over requests of output tokens / (finish - arrival);
+throughput = all output tokens / wall time. "matched": the no-speculation curve over the batches
+(per-user speed vs throughput, interpolated in log space) read at this point's throughput (per-user
+speed-up) and at its per-user speed (throughput ratio); None outside that curve. A second table splits
+an engine step (`step_split`): wall ms, worker ms, engine CPU ms and, on CUDA, the step's GPU span
+(wall - span = the device's idle time between steps, e.g. the speculative hand-off), and at
+temperature 0 how many requests' outputs equal no speculation's (exact verification keeps them equal,
+except where a verification row's logits differ numerically from the decode row's at a near-tie).
 Engines past --budget-s are skipped (listed): none first, then each K of --ks in the order given.
 
 cost: random weights cannot show acceptance, so this measures what a speed-up at a given acceptance
@@ -214,7 +216,8 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     configs: list[tuple[str, int, str]] = [("none", 0, "-")]
     confidence_ks = ints(args.confidence_ks or args.ks)
     for k in ints(args.ks):  # in the order given: what the budget keeps first
-        schedules = [s for s in args.schedules.split(",") if s != "confidence" or k in confidence_ks]
+        schedules = [s for s in args.schedules.split(",")
+                     if s.removesuffix("-sync") != "confidence" or k in confidence_ks]
         configs += [(name, k, schedule) for schedule in schedules for name in args.speculators.split(",")
                     if not (name == "dspark" and k > block)]
     deadline = time.perf_counter() + args.budget_s
@@ -226,10 +229,12 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             results += [{**row, "batch": b, "skipped": "budget"} for b in batches]
             print(f"skipped (budget): {name} K={k} {schedule}", flush=True)
             continue
-        spec = {} if name == "none" else dict(speculator=name, num_draft_tokens=k, spec_schedule=schedule)
+        spec = {} if name == "none" else dict(speculator=name, num_draft_tokens=k,
+                                              spec_schedule=schedule.removesuffix("-sync"))
         t0 = time.perf_counter()
         llm = LLM(model, max_num_seqs=max(batches), max_model_len=args.max_model_len, log_stats_interval=0,
-                  async_scheduling=not args.sync, cuda_graph_sizes=sorted(set(batches)), **spec)
+                  async_scheduling=not (args.sync or schedule.endswith("-sync")),
+                  cuda_graph_sizes=sorted(set(batches)), **spec)
         build_s = round(time.perf_counter() - t0, 1)
         try:
             for batch in batches:
@@ -399,7 +404,8 @@ def main() -> None:
     eng.add_argument("--model", type=Path, default=None)
     eng.add_argument("--speculators", default="dspark,ngram")
     eng.add_argument("--ks", default="3,5,1", help="draft lengths, in priority order (budget)")
-    eng.add_argument("--schedules", default="fixed,confidence", help="comma list of fixed, confidence")
+    eng.add_argument("--schedules", default="fixed,confidence,confidence-sync",
+                     help="comma list of fixed, confidence (-sync: that engine without async scheduling)")
     eng.add_argument("--confidence-ks", default="", help="K values for confidence (default: --ks)")
     eng.add_argument("--batches", default="1,8,64")
     eng.add_argument("--max-tokens", type=int, default=64)
