@@ -1,9 +1,10 @@
-"""mHC kernels on the GPU against the reference: coefficients (with Sinkhorn), collapse, expand."""
+"""mHC kernels on the GPU against the reference: coefficients (with Sinkhorn), collapse, expand, and the
+fused collapse + norm and coefficients + expand."""
 
 import pytest
 import torch
 
-from deepinfer_kernels_cuda.mhc import hc_coefficients
+from deepinfer_kernels_cuda.mhc import hc_coefficients, hc_residual
 
 pytestmark = [
     pytest.mark.gpu,
@@ -67,3 +68,37 @@ def test_hc_expand_matches_reference(cuda_ops, ref_ops, poison, t, h):
     got, want = cuda_ops.hc_expand(y, streams, post, comb), ref_ops.hc_expand(y, streams, post, comb)
     assert got.shape == want.shape == (t, M, h)
     torch.testing.assert_close(got, want, **ONE_BF16_ULP)
+
+
+@pytest.mark.parametrize("t,h", [(1, 128), (1, 5120), (33, 5120), (70, 128), (2048, 5120)])
+def test_hc_residual_matches_reference_and_the_two_ops(cuda_ops, ref_ops, poison, t, h):
+    streams, *rest = _coefficient_args(t, h)
+    y = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+    got, got_pre = cuda_ops.hc_residual(y, streams, *rest)
+    want, want_pre = ref_ops.hc_residual(y, streams, *rest)
+    assert got.shape == (t, M, h) and got.dtype == y.dtype and got_pre.dtype == torch.float32
+    torch.testing.assert_close(got_pre, want_pre, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got, want, **ONE_BF16_ULP)
+    pre, post, comb = cuda_ops.hc_coefficients(streams, *rest)
+    torch.testing.assert_close(got, cuda_ops.hc_expand(y, streams, post, comb), **ONE_BF16_ULP)
+    torch.testing.assert_close(got_pre, pre, atol=1e-6, rtol=1e-6)
+
+
+def test_invariant_hc_residual_is_bitwise_alone_and_in_batches():
+    streams, *rest = _coefficient_args(100, 5120)
+    y = torch.randn(100, 5120, device="cuda", dtype=torch.bfloat16)
+    alone = hc_residual(y[:1], streams[:1], *rest, batch_invariant=True)
+    for rows in (2, 17, 100):
+        batch = hc_residual(y[:rows], streams[:rows], *rest, batch_invariant=True)
+        for a, b in zip(alone, batch, strict=True):
+            assert torch.equal(a, b[:1]), rows
+
+
+@pytest.mark.parametrize("t,h", [(1, 5120), (9, 5120), (64, 1000), (2048, 5120)])
+def test_hc_collapse_norm_is_the_two_ops_bitwise(cuda_ops, ref_ops, poison, t, h):
+    streams = _streams(t, h, seed=h + 2)
+    pre = torch.rand(t, M, device="cuda") + 0.1
+    w = (torch.rand(h, device="cuda") + 0.5).to(torch.bfloat16)
+    got = cuda_ops.hc_collapse_norm(streams, pre, w, 1e-6)
+    assert torch.equal(got, cuda_ops.rms_norm(cuda_ops.hc_collapse(streams, pre), w, 1e-6))
+    torch.testing.assert_close(got, ref_ops.hc_collapse_norm(streams, pre, w, 1e-6), **ONE_BF16_ULP)

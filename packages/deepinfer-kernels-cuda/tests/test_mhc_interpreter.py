@@ -2,7 +2,9 @@
 interpreter's bf16 cast and dot are wrong, so the bf16 path is checked on the GPU only): row counts that
 take one or several row blocks and projection chunks (a ragged last chunk), default and invariant mode;
 in invariant mode a row's coefficients bitwise the same alone and in a batch of 70. T = 1 and 20 take the
-latency path, T = 70 and invariant mode the rows path."""
+latency path, T = 70 and invariant mode the rows path. The fused ops the same way: hc_residual (on the
+latency path its own kernel finishing the coefficients) against the reference, hc_collapse_norm bitwise
+as the collapse and norm kernels composed."""
 
 import pytest
 
@@ -34,3 +36,32 @@ print("ok")
 @pytest.mark.slow
 def test_hc_coefficients_match_reference_in_the_interpreter(run_in_interpreter):
     run_in_interpreter(_SCRIPT)
+
+
+_FUSED_SCRIPT = r"""
+import torch
+from deepinfer.ops.reference import mhc as ref
+from deepinfer_kernels_cuda import mhc as ker, norm
+
+g = torch.Generator().manual_seed(1)
+m = 4
+for t, h in ((3, 100), (70, 40)):  # K 400: 2 latency chunks, a ragged tail; 70 rows: the rows path
+    streams = torch.randn(t, m, h, generator=g) * 3
+    fn = torch.randn(m * (m + 2), m * h, generator=g) * (m * h) ** -0.5
+    args = (streams, fn, torch.randn(m * (m + 2), generator=g) * 0.5, torch.rand(3, generator=g) + 0.5, 20,
+            1e-6, 1e-6)
+    y = torch.randn(t, h, generator=g)
+    want_streams, want_pre = ref.hc_residual(y, *args)
+    got_streams, got_pre = ker.hc_residual(y, *args)
+    torch.testing.assert_close(got_pre, want_pre, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got_streams, want_streams, atol=1e-4, rtol=1e-4)
+    pre, w = torch.rand(t, m, generator=g) + 0.1, torch.rand(h, generator=g) + 0.5
+    fused = ker.hc_collapse_norm(streams, pre, w, 1e-6)
+    assert torch.equal(fused, norm.rms_norm(ker.hc_collapse(streams, pre), w, 1e-6)), t
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_fused_mhc_ops_match_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_FUSED_SCRIPT)

@@ -17,6 +17,7 @@ class CudaBackend(Backend):
     # kernels whose configs depend on the number of rows take `batch_invariant` instead
     row_wise = frozenset({
         "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "rms_norm_rope", "indexer_topk",
+        "hc_collapse_norm",
         "fp8_quantize", "fp8_dequantize", "nvfp4_quantize", "nvfp4_dequantize", "mxfp4_quantize",
         "mxfp4_dequantize", "prepare_linear", "prepare_experts", "cache_write", "compressor_update",
         "engram_hash", "engram_lookup", "engram_gate",
@@ -47,6 +48,8 @@ class CudaBackend(Backend):
             "hc_coefficients": mhc.hc_coefficients,
             "hc_collapse": mhc.hc_collapse,
             "hc_expand": mhc.hc_expand,
+            "hc_collapse_norm": mhc.hc_collapse_norm,
+            "hc_residual": mhc.hc_residual,
             "rope_interleaved": rope.rope_interleaved,
             "rms_norm_rope": rope.rms_norm_rope,
             "indexer_logits": indexer.indexer_logits,

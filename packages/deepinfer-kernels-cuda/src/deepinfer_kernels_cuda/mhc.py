@@ -14,16 +14,22 @@ matmul). Two paths, measured on the H200 (2026-12-02):
   T=2048 160 us (the latency path's kernels at that size, even with 64-row tiles and 512-column chunks:
   587 us).
 `batch_invariant` keeps the rows path with 64-row tiles at every T, so a row's bits do not depend on T.
+Fused ops: `hc_residual` (coefficients + expansion; on the latency path each expansion program finishes
+its row's coefficients from the partials, so no finish launch) and `hc_collapse_norm` (collapse +
+RMSNorm in one program per row).
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from deepinfer_kernels_cuda.norm import rms_norm_values, row_warps
+
 _BLOCK_K = 128
 _LATENCY_CHUNK = 256  # projection columns per program on the latency path
 _ROWS_CHUNK = 512  # ... on the rows path (40 programs a row block at Flash)
 _LATENCY_ROWS = 64  # default mode up to this many rows: the latency path
+_RESIDUAL_BLOCK_H = 512  # columns per one-warp program of the expansion that finishes the coefficients
 
 
 @triton.jit
@@ -85,13 +91,13 @@ def _hc_project_kernel(
     tl.store(sq_ptr + base, sq, mask=t < T)
 
 
-@triton.jit(do_not_specialize=["T", "splits"])
-def _hc_finish_row_kernel(
-    part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
-    ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+@triton.jit
+def _row_coefficients(
+    part_ptr, sq_ptr, base_ptr, scale_ptr, t, T, K, splits, hc_eps, norm_eps, ITERS: tl.constexpr,
+    M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Row t = program id from its chunk partials: RMS factor, sigmoids, Sinkhorn."""
-    t = tl.program_id(0).to(tl.int64)
+    """Row t's (pre [M], post [M], comb [M (in), M (out)]) from its chunk partials: RMS factor, sigmoids,
+    Sinkhorn."""
     s = tl.arange(0, SPLITS)
     live = s < splits
     rms = tl.rsqrt(tl.sum(tl.load(sq_ptr + s * T + t, mask=live, other=0.0), axis=0) / K + norm_eps)
@@ -99,17 +105,29 @@ def _hc_finish_row_kernel(
     i = tl.arange(0, M)
     z_pre = tl.load(base_ptr + i) + _chunk_sum(
         part_ptr, rows[:, None], live[:, None], i[None, :], rms * tl.load(scale_ptr))
-    tl.store(pre_ptr + t * M + i, tl.sigmoid(z_pre) + hc_eps)
     z_post = tl.load(base_ptr + M + i) + _chunk_sum(
         part_ptr, rows[:, None], live[:, None], M + i[None, :], rms * tl.load(scale_ptr + 1))
-    tl.store(post_ptr + t * M + i, 2 * tl.sigmoid(z_post))
     # comb logits [i (in), j (out)]: row softmax, then alternate column / row normalisation
     cell = i[:, None] * M + i[None, :]
     z = tl.load(base_ptr + 2 * M + cell) + _chunk_sum(
         part_ptr, rows[:, None, None], live[:, None, None], 2 * M + cell[None, :, :],
         rms * tl.load(scale_ptr + 2))
-    c = _sinkhorn(z, hc_eps, ITERS, 1, 0)
-    tl.store(comb_ptr + t * (M * M) + cell, c)
+    return tl.sigmoid(z_pre) + hc_eps, 2 * tl.sigmoid(z_post), _sinkhorn(z, hc_eps, ITERS, 1, 0)
+
+
+@triton.jit(do_not_specialize=["T", "splits"])
+def _hc_finish_row_kernel(
+    part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, splits, hc_eps, norm_eps,
+    ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Row t = program id from its chunk partials."""
+    t = tl.program_id(0).to(tl.int64)
+    pre, post, comb = _row_coefficients(part_ptr, sq_ptr, base_ptr, scale_ptr, t, T, K, splits, hc_eps,
+                                        norm_eps, ITERS, M, SPLITS, BLOCK_N)
+    i = tl.arange(0, M)
+    tl.store(pre_ptr + t * M + i, pre)
+    tl.store(post_ptr + t * M + i, post)
+    tl.store(comb_ptr + t * (M * M) + i[:, None] * M + i[None, :], comb)
 
 
 @triton.jit
@@ -149,6 +167,41 @@ def _hc_finish_rows_kernel(
     tl.store(comb_ptr + t3 * (M * M) + cell, c, mask=(t < T)[:, None, None])
 
 
+def _check_coefficients(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                        sinkhorn_iters: int) -> None:
+    m, h = streams.shape[1:]
+    n_out = m * (m + 2)
+    if fn.shape != (n_out, m * h) or base.shape != (n_out,) or scale.shape != (3,):
+        raise ValueError(f"hc_coefficients: fn {tuple(fn.shape)}, base {tuple(base.shape)}, scale "
+                         f"{tuple(scale.shape)} do not fit m={m}, H={h}")
+    if m & (m - 1) or sinkhorn_iters < 1:
+        raise ValueError(f"hc_coefficients needs a power-of-two m and >= 1 Sinkhorn iterations, got {m}, "
+                         f"{sinkhorn_iters}")
+
+
+def _project(streams: torch.Tensor, fn: torch.Tensor, latency: bool, batch_invariant: bool
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunk partials of the projection [splits, T, BLOCK_N] and of the sums of squares [splits, T] of
+    T >= 1 rows, float32 fn; `latency`: the latency path's tiles and chunks, else the rows path's."""
+    t, m, h = streams.shape
+    k, n_out = m * h, m * (m + 2)
+    x = streams.reshape(t, k)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    block_t = 16 if latency or (t <= 16 and not batch_invariant) else 64
+    chunk = _LATENCY_CHUNK if latency else _ROWS_CHUNK
+    splits = triton.cdiv(k, chunk)
+    block_n = max(16, triton.next_power_of_2(n_out))
+    part = torch.empty(splits, t, block_n, dtype=torch.float32, device=x.device)
+    sq = torch.empty(splits, t, dtype=torch.float32, device=x.device)
+    _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
+        x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out, K_CHUNK=chunk, BLOCK_T=block_t,
+        BLOCK_K=_BLOCK_K, BLOCK_N=block_n, BF16_SPLIT=latency and x.dtype == torch.bfloat16, num_warps=4,
+        num_stages=3,
+    )
+    return part, sq
+
+
 def hc_coefficients(
     streams: torch.Tensor,
     fn: torch.Tensor,
@@ -163,18 +216,9 @@ def hc_coefficients(
     """(pre [T, m], post [T, m], comb [T, m, m]) in float32 from streams [T, m, H]. `batch_invariant`:
     one tile height and one chunk size for any T (the product's tensor-core instruction shape and the
     order of the chunk sums follow them)."""
+    _check_coefficients(streams, fn, base, scale, sinkhorn_iters)
     t, m, h = streams.shape
-    k, n_out = m * h, m * (m + 2)
-    if fn.shape != (n_out, k) or base.shape != (n_out,) or scale.shape != (3,):
-        raise ValueError(f"hc_coefficients: fn {tuple(fn.shape)}, base {tuple(base.shape)}, scale "
-                         f"{tuple(scale.shape)} do not fit m={m}, H={h}")
-    if m & (m - 1) or sinkhorn_iters < 1:
-        raise ValueError(f"hc_coefficients needs a power-of-two m and >= 1 Sinkhorn iterations, got {m}, "
-                         f"{sinkhorn_iters}")
     dev = streams.device
-    x = streams.reshape(t, k)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     fn, base, scale = fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous()
     pre = torch.empty(t, m, dtype=torch.float32, device=dev)
     post = torch.empty(t, m, dtype=torch.float32, device=dev)
@@ -182,39 +226,66 @@ def hc_coefficients(
     if t == 0:
         return pre, post, comb
     latency = t <= _LATENCY_ROWS and not batch_invariant
-    block_t = 16 if latency or (t <= 16 and not batch_invariant) else 64
-    chunk = _LATENCY_CHUNK if latency else _ROWS_CHUNK
-    splits = triton.cdiv(k, chunk)
-    block_n = max(16, triton.next_power_of_2(n_out))
-    part = torch.empty(splits, t, block_n, dtype=torch.float32, device=dev)
-    sq = torch.empty(splits, t, dtype=torch.float32, device=dev)
-    _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
-        x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out, K_CHUNK=chunk, BLOCK_T=block_t,
-        BLOCK_K=_BLOCK_K, BLOCK_N=block_n, BF16_SPLIT=latency and x.dtype == torch.bfloat16, num_warps=4,
-        num_stages=3,
-    )
+    part, sq = _project(streams, fn, latency, batch_invariant)
+    splits, block_n = part.shape[0], part.shape[2]
     if latency:
         _hc_finish_row_kernel[(t,)](
-            part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
+            part, sq, base, scale, pre, post, comb, t, m * h, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
             M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n, num_warps=1,
         )
     else:
         _hc_finish_rows_kernel[(triton.cdiv(t, 32),)](
-            part, sq, base, scale, pre, post, comb, t, k, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
+            part, sq, base, scale, pre, post, comb, t, m * h, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
             M=m, BLOCK_T=32, BLOCK_N=block_n, num_warps=4,
         )
     return pre, post, comb
 
 
 @triton.jit
+def _collapse_block(x_ptr, pre_ptr, t, h, mask, H, M: tl.constexpr):
+    """sum_j pre[t, j] * streams[t, j, h] in float32 at columns h."""
+    acc = tl.zeros(h.shape, tl.float32)
+    for j in tl.static_range(M):
+        x = tl.load(x_ptr + (t * M + j).to(tl.int64) * H + h, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(pre_ptr + t * M + j) * x
+    return acc
+
+
+@triton.jit
 def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, H, M: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros((BLOCK_H,), tl.float32)
-    for j in tl.static_range(M):
-        x = tl.load(x_ptr + (t * M + j).to(tl.int64) * H + h, mask=h < H, other=0.0).to(tl.float32)
-        acc += tl.load(pre_ptr + t * M + j) * x
+    acc = _collapse_block(x_ptr, pre_ptr, t, h, h < H, H, M)
     tl.store(out_ptr + t.to(tl.int64) * H + h, acc.to(out_ptr.dtype.element_ty), mask=h < H)
+
+
+@triton.jit
+def _hc_collapse_norm_kernel(
+    x_ptr, pre_ptr, w_ptr, out_ptr, H, eps, M: tl.constexpr, BLOCK: tl.constexpr
+):
+    """One row: the collapse rounded to the output dtype (as `hc_collapse` stores it), then RMSNorm."""
+    t = tl.program_id(0)
+    h = tl.arange(0, BLOCK)
+    mask = h < H
+    out_ty = out_ptr.dtype.element_ty
+    x = _collapse_block(x_ptr, pre_ptr, t, h, mask, H, M).to(out_ty).to(tl.float32)
+    y = rms_norm_values(x, tl.load(w_ptr + h, mask=mask, other=0.0).to(tl.float32), H, eps)
+    tl.store(out_ptr + t.to(tl.int64) * H + h, y.to(out_ty), mask=mask)
+
+
+@triton.jit
+def _expand_block(y_ptr, x_ptr, out_ptr, post, comb, t, h, mask, H, M: tl.constexpr):
+    """New streams of row t at columns h: R'[k] = post[k] * y + sum_j comb[j, k] * R[j], from post [M]
+    and comb [M (in), M (out)] in registers."""
+    j = tl.arange(0, M)
+    y = tl.load(y_ptr + t.to(tl.int64) * H + h, mask=mask, other=0.0).to(tl.float32)
+    rows = (t * M + j[:, None]).to(tl.int64) * H + h[None, :]
+    x = tl.load(x_ptr + rows, mask=mask[None, :], other=0.0).to(tl.float32)  # [M (in), BLOCK_H]
+    for k in tl.static_range(M):
+        c = tl.sum(tl.where(j[None, :] == k, comb, 0.0), axis=1)  # comb[:, k]
+        mixed = tl.sum(c[:, None] * x, axis=0)
+        out = tl.sum(tl.where(j == k, post, 0.0), axis=0) * y + mixed
+        tl.store(out_ptr + (t * M + k).to(tl.int64) * H + h, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -223,16 +294,28 @@ def _hc_expand_kernel(
 ):
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    j = tl.arange(0, M)
-    mask = h < H
-    y = tl.load(y_ptr + t.to(tl.int64) * H + h, mask=mask, other=0.0).to(tl.float32)
-    rows = (t * M + j[:, None]).to(tl.int64) * H + h[None, :]
-    x = tl.load(x_ptr + rows, mask=mask[None, :], other=0.0).to(tl.float32)  # [M (in), BLOCK_H]
-    for k in tl.static_range(M):
-        c = tl.load(comb_ptr + t * M * M + j * M + k)  # comb[t, :, k]
-        mixed = tl.sum(c[:, None] * x, axis=0)
-        out = tl.load(post_ptr + t * M + k) * y + mixed
-        tl.store(out_ptr + (t * M + k).to(tl.int64) * H + h, out.to(out_ptr.dtype.element_ty), mask=mask)
+    i = tl.arange(0, M)
+    post = tl.load(post_ptr + t * M + i)
+    comb = tl.load(comb_ptr + t * M * M + i[:, None] * M + i[None, :])
+    _expand_block(y_ptr, x_ptr, out_ptr, post, comb, t, h, h < H, H, M)
+
+
+@triton.jit(do_not_specialize=["T", "splits"])
+def _hc_residual_kernel(
+    y_ptr, x_ptr, part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, out_ptr, T, K, H, splits, hc_eps, norm_eps,
+    ITERS: tl.constexpr, M: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """`_hc_expand_kernel` whose programs each finish their row's coefficients from the projection's
+    chunk partials (the same values in every program of the row; the first one stores pre)."""
+    t = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+    pre, post, comb = _row_coefficients(part_ptr, sq_ptr, base_ptr, scale_ptr, t, T, K, splits, hc_eps,
+                                        norm_eps, ITERS, M, SPLITS, BLOCK_N)
+    if pid_h == 0:
+        tl.store(pre_ptr + t * M + tl.arange(0, M), pre)
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    _expand_block(y_ptr, x_ptr, out_ptr, post, comb, t, h, h < H, H, M)
 
 
 def _block_h(h: int) -> int:
@@ -246,6 +329,22 @@ def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     out = torch.empty(t, h, dtype=streams.dtype, device=streams.device)
     if out.numel():
         _hc_collapse_kernel[(t, triton.cdiv(h, _block_h(h)))](streams, pre, out, h, M=m, BLOCK_H=_block_h(h))
+    return out
+
+
+def hc_collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> torch.Tensor:
+    """rms_norm(hc_collapse(streams, pre), weight, eps) in one program per row, bitwise as the two ops
+    (the collapse rounded to the streams' dtype, norm.py's reduction tree) -> [T, H]."""
+    t, m, h = streams.shape
+    if weight.shape != (h,):
+        raise ValueError(f"hc_collapse_norm: weight {tuple(weight.shape)} does not fit H={h}")
+    streams, pre, weight = streams.contiguous(), pre.float().contiguous(), weight.contiguous()
+    out = torch.empty(t, h, dtype=streams.dtype, device=streams.device)
+    block = triton.next_power_of_2(h)
+    if out.numel():
+        _hc_collapse_norm_kernel[(t,)](streams, pre, weight, out, h, eps, M=m, BLOCK=block,
+                                       num_warps=row_warps(block))
     return out
 
 
@@ -264,3 +363,43 @@ def hc_expand(
             output, streams, post, comb, out, h, M=m, BLOCK_H=_block_h(h)
         )
     return out
+
+
+def hc_residual(
+    output: torch.Tensor,
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    sinkhorn_iters: int,
+    hc_eps: float,
+    norm_eps: float,
+    *,
+    batch_invariant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(new streams [T, m, H], pre [T, m]): `hc_expand` of the sub-layer output with the coefficients
+    `hc_coefficients` computes from the streams entering the sub-layer. On the latency path the
+    expansion's programs finish their row's coefficients from the projection partials themselves: two
+    launches instead of three (the rows path and invariant mode: the two ops as they are)."""
+    t, m, h = streams.shape
+    if batch_invariant or not 0 < t <= _LATENCY_ROWS:
+        pre, post, comb = hc_coefficients(streams, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps,
+                                          batch_invariant=batch_invariant)
+        return hc_expand(output, streams, post, comb), pre
+    _check_coefficients(streams, fn, base, scale, sinkhorn_iters)
+    if output.shape != (t, h):
+        raise ValueError(f"hc_residual: output {tuple(output.shape)} does not fit streams "
+                         f"{tuple(streams.shape)}")
+    output, streams = output.contiguous(), streams.contiguous()
+    fn, base, scale = fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous()
+    part, sq = _project(streams, fn, True, False)
+    splits, block_n = part.shape[0], part.shape[2]
+    pre = torch.empty(t, m, dtype=torch.float32, device=streams.device)
+    out = torch.empty(t, m, h, dtype=output.dtype, device=output.device)
+    block_h = min(_RESIDUAL_BLOCK_H, triton.next_power_of_2(h))
+    _hc_residual_kernel[(t, triton.cdiv(h, block_h))](
+        output, streams, part, sq, base, scale, pre, out, t, m * h, h, splits, hc_eps, norm_eps,
+        ITERS=sinkhorn_iters, M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n, BLOCK_H=block_h,
+        num_warps=1,
+    )
+    return out, pre

@@ -55,8 +55,20 @@ class HyperConnection:
     def collapse(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         return self.ops.hc_collapse(streams, pre)
 
+    def collapse_norm(self, streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm (weight) of the collapse: a sub-layer's input, or the final hidden state."""
+        return self.ops.hc_collapse_norm(streams, pre, weight, self.cfg.rms_norm_eps)
+
     def expand(self, y: torch.Tensor, streams: torch.Tensor, mix: Mix) -> torch.Tensor:
         return self.ops.hc_expand(y, streams, mix.post, mix.comb)
+
+    def residual(self, y: torch.Tensor, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(new streams, carried pre): this sub-layer's coefficients from the streams entering it and its
+        output y expanded into them, in one op (`expand` with `__call__`'s mix)."""
+        c = self.cfg
+        return self.ops.hc_residual(
+            y, streams, self.fn, self.base, self.scale, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
+        )
 
 
 def initial_streams(embedding: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,26 +46,22 @@ class Block:
     moe: MoE
     engram: Engram | None
     engram_index: int | None  # position in cfg.engram_layer_ids
-    ops: Ops
-    eps: float
 
     # The sub-layer sequence, shared by the backbone forward and the DSpark draft blocks.
     def attn_input(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """Normed attention input [T, H]: RMSNorm(mHC collapse of the streams)."""
-        return self.ops.rms_norm(self.attn_hc.collapse(streams, pre), self.attn_norm, self.eps)
+        return self.attn_hc.collapse_norm(streams, pre, self.attn_norm)
 
     def attn_residual(self, y: torch.Tensor, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Expand the attention output back into the streams -> (streams, carried pre)."""
-        mix = self.attn_hc(streams)
-        return self.attn_hc.expand(y, streams, mix), mix.pre
+        return self.attn_hc.residual(y, streams)
 
     def ffn(
         self, streams: torch.Tensor, pre: torch.Tensor, image_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The MoE sub-layer wrapped in shifted mHC -> (streams, carried pre)."""
-        mix = self.ffn_hc(streams)
-        x = self.ops.rms_norm(self.ffn_hc.collapse(streams, pre), self.ffn_norm, self.eps)
-        return self.ffn_hc.expand(self.moe(x, image_mask), streams, mix), mix.pre
+        x = self.ffn_hc.collapse_norm(streams, pre, self.ffn_norm)
+        return self.ffn_hc.residual(self.moe(x, image_mask), streams)
 
     @classmethod
     def load(
@@ -92,8 +88,6 @@ class Block:
             moe=MoE.load(w.sub("ffn."), cfg, n_experts, topk, ops, dtype),
             engram=Engram.load(w.sub("engram."), cfg, k, ops, dtype) if k is not None else None,
             engram_index=k,
-            ops=ops,
-            eps=cfg.rms_norm_eps,
         )
 
 
@@ -141,7 +135,7 @@ class DeepseekV41Model:
         return self.embed[ids].to(self.dtype)
 
     def forward(self, inputs: TokenInputs, step: Any) -> ModelOutput:
-        cfg, ops = self.cfg, self.ops
+        cfg = self.cfg
         streams, pre = initial_streams(self.embed_tokens(inputs.ids), cfg.hc_mult)
         image_mask = inputs.image_mask
         text_mask = None if image_mask is None else ~image_mask
@@ -168,7 +162,7 @@ class DeepseekV41Model:
             streams, pre = blk.attn_residual(blk.attn(x, step), streams)
             streams, pre = blk.ffn(streams, pre, image_mask)
 
-        hidden = ops.rms_norm(self.blocks[-1].ffn_hc.collapse(streams, pre), self.norm, cfg.rms_norm_eps)
+        hidden = self.blocks[-1].ffn_hc.collapse_norm(streams, pre, self.norm)
         return ModelOutput(hidden, torch.cat(targets, dim=-1) if targets else None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

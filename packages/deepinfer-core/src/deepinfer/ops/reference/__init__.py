@@ -22,6 +22,8 @@ REFERENCE_OPS: dict[str, Callable] = {
     "hc_coefficients": mhc.hc_coefficients,
     "hc_collapse": mhc.hc_collapse,
     "hc_expand": mhc.hc_expand,
+    "hc_collapse_norm": mhc.hc_collapse_norm,
+    "hc_residual": mhc.hc_residual,
     "prepare_experts": moe.prepare_experts,
     "moe": moe.moe,
     "engram_hash": engram.engram_hash,

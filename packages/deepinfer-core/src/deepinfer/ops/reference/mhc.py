@@ -1,12 +1,15 @@
 """Manifold-constrained hyper-connections (mHC): coefficients, collapse and expansion of the streams.
 
 Streams have shape [T, m, H]. All coefficients are FP32: pre/post [T, m], comb [T, m_in, m_out].
+`hc_collapse_norm` and `hc_residual` are compositions that kernel backends fuse.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from deepinfer.ops.reference.norm import rms_norm
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -53,3 +56,26 @@ def hc_expand(
     update = post.unsqueeze(-1) * output.unsqueeze(-2)
     mixed = (comb.unsqueeze(-1) * streams.unsqueeze(-2)).sum(-3)
     return (update + mixed).to(output.dtype)
+
+
+def hc_collapse_norm(
+    streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """A sub-layer's normed input: RMSNorm of the collapse -> [T, H] in the streams' dtype."""
+    return rms_norm(hc_collapse(streams, pre), weight, eps)
+
+
+def hc_residual(
+    output: torch.Tensor,
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    sinkhorn_iters: int,
+    hc_eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(new streams, pre): the sub-layer's coefficients from the streams entering it, its output expanded
+    into them with post and comb; pre is carried to the next sub-layer (shifted mHC)."""
+    pre, post, comb = hc_coefficients(streams, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
+    return hc_expand(output, streams, post, comb), pre
