@@ -44,6 +44,7 @@ OP_FAMILIES = {  # backend op -> family (ops not listed keep their own name)
     "linear": "FP8 linear", "rms_norm": "norm", "rope_interleaved": "rope", "rms_norm_rope": "rope",
     "moe": "MoE combine/other",
     "hc_coefficients": "mHC coefficients", "hc_collapse": "mHC collapse", "hc_expand": "mHC expand",
+    "hc_residual": "mHC coefficients+expand", "hc_collapse_norm": "mHC collapse+norm",
     "indexer_logits": "indexer logits", "indexer_topk": "indexer top-k", "cache_write": "cache write",
     "sparse_attention_sink": "attention", "sparse_attention_paged": "attention",
     "compressor_update": "compressor", "engram_hash": "Engram", "engram_lookup": "Engram",

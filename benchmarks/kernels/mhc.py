@@ -1,7 +1,7 @@
 """mHC kernels at Flash width (m 4, H 5120). First hc_coefficients side by side, graph-timed, with the
 largest deviation from the reference: the default, batch-invariant mode and a baseline module's
-`hc_coefficients` (--baseline FILE, e.g. an earlier mhc.py); then every op against the reference op:
-time and achieved bandwidth.
+`hc_coefficients` (--baseline FILE, e.g. an earlier mhc.py); then each fused op against the two ops it
+replaces (graph-timed); then every op against the reference op: time and achieved bandwidth.
 
     python benchmarks/kernels/mhc.py [--tokens 1,64,2048] [--baseline FILE] [--out table.md]
 """
@@ -37,6 +37,14 @@ def stream_args(t: int, with_comb: bool) -> tuple:
     return y, streams, pre_or_post, torch.rand(t, M, M, device="cuda")
 
 
+def residual_args(t: int) -> tuple:
+    return torch.randn(t, H, device="cuda", dtype=torch.bfloat16), *coefficient_args(t)
+
+
+def collapse_norm_args(t: int) -> tuple:
+    return *stream_args(t, False), torch.rand(H, device="cuda", dtype=torch.bfloat16) + 0.5, EPS
+
+
 def coefficient_bytes(t: int) -> int:
     return t * M * H * 2 + M * (M + 2) * M * H * 4 + t * M * (M + 2) * 4
 
@@ -48,7 +56,36 @@ def cases(t: int) -> dict[str, Case]:
         "hc_coefficients": (lambda o: o.hc_coefficients, lambda: coefficient_args(t), coefficient_bytes(t)),
         "hc_collapse": (lambda o: o.hc_collapse, lambda: stream_args(t, False), streams + t * H * 2),
         "hc_expand": (lambda o: o.hc_expand, lambda: stream_args(t, True), t * H * 2 + 2 * streams),
+        "hc_collapse_norm": (lambda o: o.hc_collapse_norm, lambda: collapse_norm_args(t),
+                             streams + t * H * 4),
+        "hc_residual": (lambda o: o.hc_residual, lambda: residual_args(t),
+                        coefficient_bytes(t) + t * H * 2 + 2 * streams),
     }
+
+
+def fused_rows(sizes: list[int]) -> list[list[object]]:
+    """[op, T, graph µs of the fused op, graph µs of the two ops it replaces, max |difference|]."""
+    ops = backends()[0]
+
+    def two_residual(y, streams, *rest):
+        pre, post, comb = ops.hc_coefficients(streams, *rest)
+        return ops.hc_expand(y, streams, post, comb), pre
+
+    def two_norm(streams, pre, w, eps):
+        return ops.rms_norm(ops.hc_collapse(streams, pre), w, eps)
+
+    pairs = {"hc_residual": (ops.hc_residual, two_residual, residual_args, 2 * M * H * 2 + H * 2),
+             "hc_collapse_norm": (ops.hc_collapse_norm, two_norm, collapse_norm_args, M * H * 2 + H * 4)}
+    rows: list[list[object]] = []
+    for t in sizes:
+        for name, (fused, two, make, row_bytes) in pairs.items():
+            sets = input_sets(lambda make=make, t=t: make(t), t * row_bytes + coefficient_bytes(t))
+            got, want = fused(*sets[0]), two(*sets[0])
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, want, strict=True))
+            rows.append([name, t, graph_ms(fused, sets) * 1e3, graph_ms(two, sets) * 1e3, err])
+            print(rows[-1], flush=True)
+    return rows
 
 
 def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[object]]:
@@ -79,6 +116,8 @@ def main() -> None:
     baseline = runpy.run_path(str(args.baseline))["hc_coefficients"] if args.baseline else None
     emit("hc_coefficients variants (graph-timed)", ["variant", "T", "graph µs", "max abs error vs reference"],
          variant_rows(sizes, baseline), args.out)
+    emit("fused ops vs the two ops they replace (graph-timed)",
+         ["op", "T", "fused µs", "two ops µs", "max abs difference"], fused_rows(sizes), args.out)
     copy = copy_bandwidth_gbs()
     rows = op_rows(cases, sizes, copy)
     emit(f"mHC, m={M}, H={H}, bf16 streams (copy bandwidth {copy:.0f} GB/s)", ["op", "T", *OP_COLUMNS], rows,
