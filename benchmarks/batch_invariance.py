@@ -38,8 +38,8 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from reference_forward import random_weights, token_map
 
+from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.ops import BackendError, Ops, available_backends, get_ops
@@ -277,7 +277,7 @@ def main() -> None:
         if args.cost:
             ops = get_ops(args.backend, device, batch_invariant=invariant)
             runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=ops,
-                                    engram_token_map=token_map(config),
+                                    engram_token_map=dummy_token_map(config),
                                     options=replace(options, batch_invariant=invariant))
             report[mode] = cost(runtime, [int(b) for b in batches], args.context, args.prefill, args.steps)
             print(report[mode], flush=True)
@@ -287,7 +287,7 @@ def main() -> None:
             table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
             recorded = Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
             runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=recorded,
-                                    engram_token_map=token_map(config), options=options)
+                                    engram_token_map=dummy_token_map(config), options=options)
             report[mode] = survey(runtime, rec, batches)
         del runtime
         if args.json:

@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable
 
 import torch
-from reference_forward import _ops, random_weights, token_map
+from reference_forward import _ops
 
+from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.models.deepseek_v41.graphs import CudaRecorder, DecodeGraphs, DraftGraphs
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -111,7 +112,7 @@ def main() -> None:
         pairs, precision = [tuple(int(v) for v in pair.split(":")) for pair in args.batch], "release"
     options = RuntimeOptions(cache_precision=precision, max_backtrack=kmax + 1)
     weights, ops = random_weights(config, device), _ops("cuda" if device.type == "cuda" else None, device)
-    runtime = build_runtime(config, weights, dtype=dtype, ops=ops, engram_token_map=token_map(config),
+    runtime = build_runtime(config, weights, dtype=dtype, ops=ops, engram_token_map=dummy_token_map(config),
                             options=options)
     if args.cpu_check:
         runtime.graph_recorder = rerun_recorder

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from reference_forward import random_weights, token_map
 
+from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.ops import Ops, get_ops
@@ -154,7 +154,7 @@ def main() -> None:
     rec = Recorder(device)
     ops = recorded_ops(get_ops(args.backend, device), rec)
     runtime = build_runtime(config, random_weights(config, device), dtype=dtype, ops=ops,
-                            engram_token_map=token_map(config),
+                            engram_token_map=dummy_token_map(config),
                             options=RuntimeOptions(cache_precision="release"))
     per_seq = -(-(args.context + 1) // runtime.cache_layout().block_size)
     runtime.allocate_cache(1 + args.batch * per_seq, args.batch + 1)

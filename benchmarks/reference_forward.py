@@ -13,16 +13,15 @@ time of back-to-back replays of each graph); `off` runs them eagerly, plus one m
 synchronising per-layer timer for the layer tables; `both` measures eager first, then graphs, on the
 same weights ("eager" in the JSON holds the former).
 
-Weights are generated straight into memory in their storage formats (FP8 blocks, packed FP4 experts),
-so the slice occupies what it would in production; FP4 expert bytes are drawn uniformly on the device
-(generating and quantising 14 G expert weights per layer on the CPU would dominate the run).
+Weights are generated straight into memory in their storage formats (FP8 blocks, packed FP4 experts) by
+`deepinfer.checkpoint.randomize.random_weights` (the engine's `--load-format dummy`), so the slice
+occupies what it would in production.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,50 +29,14 @@ from typing import Any
 
 import torch
 
-from deepinfer.checkpoint.inventory import TORCH_DTYPES
-from deepinfer.checkpoint.randomize import random_tensors
-from deepinfer.checkpoint.writer import _groups
-from deepinfer.config import ModelConfig
+from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.ops import BackendError, Ops, get_ops
 from deepinfer.ops.reference import REFERENCE_OPS
 from deepinfer.testing.configs import flash_slice_config, tiny_config
-from deepinfer.tokenizer import build_synthetic_tokenizer, compressed_vocab
 
-E2M1_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # of uniformly random codes
-
-
-def _fast_fp4(rows: int, packed_cols: int, device: torch.device, gen: torch.Generator) -> tuple:
-    """Uniform random E2M1 bytes with one power-of-two scale giving unit-variance outputs."""
-    cols = packed_cols * 2
-    data = torch.randint(-128, 128, (rows, packed_cols), dtype=torch.int8, device=device, generator=gen)
-    byte = 127 + round(math.log2(1 / (E2M1_RMS * math.sqrt(cols))))
-    scale = torch.full((rows, cols // 32), byte, dtype=torch.uint8, device=device)
-    return data, scale.view(torch.float8_e8m0fnu)
-
-
-def random_weights(config: ModelConfig, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    gen = torch.Generator(device=device).manual_seed(seed)
-    tensors = {}
-    for group in _groups(config):
-        spec = group[0]
-        if spec.kind == "fp4":
-            tensors[spec.name], tensors[group[1].name] = _fast_fp4(*spec.shape, device, gen)
-            continue
-        for name, t in random_tensors(spec, group[1] if len(group) > 1 else None, seed).items():
-            tensors[name] = t.to(device)
-    assert all(t.dtype in TORCH_DTYPES.values() or t.dtype == torch.int8 for t in tensors.values())
-    return tensors
-
-
-def token_map(config: ModelConfig) -> list[int] | None:
-    t = config.text
-    if not t.has_engram:
-        return None
-    if t.vocab_size == build_synthetic_tokenizer().get_vocab_size(with_added_tokens=True):
-        return list(compressed_vocab(build_synthetic_tokenizer()).token_map)
-    return [i % t.engram_compressed_vocab_size for i in range(t.vocab_size)]  # Flash slice: a stand-in
+token_map = dummy_token_map  # the name the kernel tests (packages/deepinfer-kernels-cuda/tests) use
 
 
 def _ops(backend: str | None, device: torch.device) -> Ops:
@@ -256,7 +219,7 @@ def main() -> None:
         tensors,
         dtype=dtype,
         ops=_ops(args.backend, device),
-        engram_token_map=token_map(config),
+        engram_token_map=dummy_token_map(config),
         options=RuntimeOptions(cache_precision=precision),
     )
     build_s = time.perf_counter() - t0

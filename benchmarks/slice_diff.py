@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -327,16 +328,15 @@ def free_run_report(want: list[torch.Tensor], got: list[torch.Tensor], dw: Decis
 
 
 def setup(args: argparse.Namespace) -> tuple[ModelConfig, dict, list[int] | None, list[int], list[int]]:
-    rf = reference_forward_module()
     if args.config == "flash":
         kwargs = {"n_routed_experts": args.experts} if args.experts else {}
         config = flash_slice_config(num_layers=args.layers, **kwargs)
     else:
         config = tiny_config(args.config.split(":", 1)[1])
-    tensors = rf.random_weights(config, torch.device(args.device))
+    tensors = random_weights(config, torch.device(args.device))
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, config.text.vocab_size, (args.prompt + args.decode,), generator=gen).tolist()
-    return config, tensors, rf.token_map(config), tokens[:args.prompt], tokens[args.prompt:]
+    return config, tensors, dummy_token_map(config), tokens[:args.prompt], tokens[args.prompt:]
 
 
 def main() -> None:

@@ -272,8 +272,9 @@ def build_slice(layers: int, tiny: bool, device: torch.device, graph_sizes: list
     """A runtime with random weights: the Flash-width slice (GPU) or the tiny `full` config (CPU check),
     its CUDA graphs bucketed at `graph_sizes` (the measured batches: no step pads to a larger one)."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from reference_forward import _ops, random_weights, token_map
+    from reference_forward import _ops
 
+    from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
     from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
     from deepinfer.testing.configs import flash_slice_config, tiny_config
 
@@ -283,7 +284,7 @@ def build_slice(layers: int, tiny: bool, device: torch.device, graph_sizes: list
                              max_backtrack=max(block, 5) + 1, cuda_graph_sizes=tuple(graph_sizes))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     return build_runtime(config, random_weights(config, device), dtype=dtype, ops=_ops(None, device),
-                         engram_token_map=token_map(config), options=options)
+                         engram_token_map=dummy_token_map(config), options=options)
 
 
 def timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:

@@ -96,7 +96,7 @@ def test_cli_bench_writes_json(tiny_checkpoint, tmp_path, capsys):
             "--max-num-seqs", "4", "--cache-mb", "16", "--json-out", str(out)]
     assert main(argv) == 0
     result = json.loads(out.read_text())
-    t = result["throughput"]
+    (t,) = result["throughput"]  # one workload
     assert t["requests"] == 4 and t["output_tokens"] > 0 and t["ttft_s"]["p50"] > 0
     assert [o["running"] for o in result["overhead"]] == [1, 4]
     assert all(o["measured_steps"] == 2 for o in result["overhead"])

@@ -17,8 +17,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from deepinfer.checkpoint.inventory import TensorSpec, iter_inventory
-from deepinfer.checkpoint.randomize import random_tensors
+from deepinfer.checkpoint.inventory import TensorSpec
+from deepinfer.checkpoint.randomize import random_tensors, weight_groups
 from deepinfer.checkpoint.safetensors_io import INDEX_FILE, SINGLE_FILE, header_bytes, write_tensor
 from deepinfer.config import ModelConfig
 from deepinfer.tokenizer import compressed_vocab, save_tokenizer
@@ -37,18 +37,8 @@ class WriteStats:
     seconds: float
 
 
-def _groups(config: ModelConfig) -> list[list[TensorSpec]]:
-    """Inventory as [weight] or [weight, scale] groups, kept together in one shard."""
-    groups: list[list[TensorSpec]] = []
-    for spec in iter_inventory(config):
-        if spec.kind == "scale":
-            groups[-1].append(spec)
-        else:
-            groups.append([spec])
-    return groups
-
-
 def _plan_shards(groups: list[list[TensorSpec]], shard_bytes: int) -> list[list[list[TensorSpec]]]:
+    """Weight groups into shards of about `shard_bytes`, each group (weight + scales) in one shard."""
     shards: list[list[list[TensorSpec]]] = [[]]
     size = 0
     for g in groups:
@@ -73,6 +63,18 @@ def _check_tokenizer(config: ModelConfig, tokenizer: Tokenizer) -> None:
         )
 
 
+def write_config_files(config: ModelConfig, out_dir: str | Path, tokenizer: Tokenizer | None = None) -> Path:
+    """config.json and (given a tokenizer) tokenizer.json + tokenizer_config.json, no weights: all that
+    `--load-format dummy` needs. Returns the directory (created if missing)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None:
+        _check_tokenizer(config, tokenizer)
+        save_tokenizer(tokenizer, out, config.text.max_position_embeddings)
+    (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2, ensure_ascii=False) + "\n")
+    return out
+
+
 def write_checkpoint(
     config: ModelConfig,
     out_dir: str | Path,
@@ -85,14 +87,9 @@ def write_checkpoint(
 ) -> WriteStats:
     """Generate and write every tensor of `config`'s inventory; returns what was written."""
     t0 = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if tokenizer is not None:
-        _check_tokenizer(config, tokenizer)
-        save_tokenizer(tokenizer, out, config.text.max_position_embeddings)
-    (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2, ensure_ascii=False) + "\n")
+    out = write_config_files(config, out_dir, tokenizer)
 
-    shards = _plan_shards(_groups(config), shard_bytes if not single_file else 1 << 62)
+    shards = _plan_shards(weight_groups(config), shard_bytes if not single_file else 1 << 62)
     names = (
         [SINGLE_FILE]
         if single_file

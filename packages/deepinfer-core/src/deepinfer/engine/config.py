@@ -6,6 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# like vLLM's --load-format: auto = the checkpoint's safetensors, dummy = random weights from config.json
+LoadFormat = Literal["auto", "dummy"]
+
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -33,6 +36,9 @@ class EngineConfig(BaseModel):
         None, ge=1, le=16, description="most drafts verified per sequence and step; None: the speculator's")
     spec_schedule: Literal["fixed", "confidence"] = Field(
         "fixed", description="fixed: verify every draft; confidence: choose per step from the confidences")
+    load_format: LoadFormat = Field(
+        "auto", description="auto: the checkpoint's safetensors; dummy: random weights (drawn from `seed`) "
+        "in the storage formats, from config.json alone (benchmarks)")
 
     @model_validator(mode="after")
     def _token_budget(self) -> EngineConfig:

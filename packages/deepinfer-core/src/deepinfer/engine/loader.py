@@ -6,16 +6,21 @@ import json
 import logging
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import tokenizers
 import torch
 
+from deepinfer.checkpoint.loader import CheckpointError
+from deepinfer.checkpoint.safetensors_io import INDEX_FILE, SINGLE_FILE
+from deepinfer.distributed.state import parallel_state
+from deepinfer.engine.config import LoadFormat
 from deepinfer.models.interface import CausalLM
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_FORMATS: tuple[str, ...] = get_args(LoadFormat)
 
 
 class TextTokenizer:
@@ -99,12 +104,35 @@ def default_cache_precision(device: torch.device | str) -> str:
 
 
 def load_model(model_dir: str | Path, *, backend: str | None = None, dtype: str = "float32",
-               device: torch.device | str = "cpu", **options: Any) -> CausalLM:
+               device: torch.device | str = "cpu", load_format: str = "auto", seed: int = 0,
+               **options: Any) -> CausalLM:
     """The runtime for the checkpoint's architecture, on `device`, computing in `dtype`; `options` go
-    to the family's loader (DeepSeek-V4.1: `options=RuntimeOptions(...)`)."""
+    to the family's loader (DeepSeek-V4.1: `options=RuntimeOptions(...)`).
+
+    `load_format`: "auto" reads the safetensors; "dummy" generates seeded random weights (from `seed`)
+    in their storage formats from config.json alone, for benchmarks without a checkpoint on disk."""
     from deepinfer.models.registry import load_model as load_family
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    logger.info("loading %s (dtype %s, device %s, backend %s)", model_dir, dtype, device, backend or "auto")
-    return load_family(model_dir, dtype=DTYPES[dtype], device=device, backend=backend, **options)
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
+    if load_format == "auto":
+        check_weights_present(model_dir)
+    elif parallel_state() is not None:
+        raise ValueError("load_format dummy: not supported with data/expert parallelism yet (each rank "
+                         "loads only its shard of the experts and Engram rows)")
+    logger.info("loading %s (dtype %s, device %s, backend %s, load format %s)", model_dir, dtype, device,
+                backend or "auto", load_format)
+    return load_family(model_dir, dtype=DTYPES[dtype], device=device, backend=backend,
+                       load_format=load_format, seed=seed, **options)
+
+
+def check_weights_present(model_dir: str | Path) -> None:
+    """A directory without safetensors (e.g. `make-checkpoint --config-only`) fails here, saying so."""
+    model_dir = Path(model_dir)
+    if not (model_dir / INDEX_FILE).is_file() and not (model_dir / SINGLE_FILE).is_file():
+        raise CheckpointError(
+            f"{model_dir} has no weights: neither {INDEX_FILE} nor {SINGLE_FILE} found; for random "
+            "weights generated from its config.json use load format dummy (--load-format dummy, "
+            "LLM(..., load_format='dummy'))")

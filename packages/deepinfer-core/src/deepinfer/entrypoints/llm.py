@@ -68,6 +68,9 @@ class LLM:
     replay for the YOCO consumer layers, keeping the last `replay_keep` positions (at least
     sliding_window + the rollback depth; the runtime checks both rules at the first step).
 
+    `load_format="dummy"` (like vLLM's) needs only config.json (and tokenizer.json for text prompts):
+    seeded random weights (from `seed`) in the release storage formats, for benchmarks.
+
     Every call leaves the engine as it found it: a call that fails, is interrupted (Ctrl-C) or whose
     iterator is abandoned aborts the requests it submitted.
     """
@@ -110,7 +113,7 @@ class LLM:
             logger.warning("no tokenizer.json in %s: prompts must be token ids, outputs have no text",
                            tokenizer_dir)
         runtime = load_model(self.model_dir, backend=backend, dtype=compute_dtype, device=device,
-                             options=options)
+                             load_format=config.load_format, seed=config.seed, options=options)
         try:
             engine = LLMEngine(runtime, text_tokenizer, config, device)
         except SpeculatorError as exc:

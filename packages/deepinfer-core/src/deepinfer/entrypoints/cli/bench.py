@@ -2,9 +2,12 @@
 
 Two phases on one engine. Throughput: `--num-requests` random-token prompts with input/output lengths
 drawn from a distribution, all at once (`--request-rate inf`) or as a Poisson stream; reports tokens/s,
-TTFT/TPOT percentiles, per-step CPU overhead and the share of it hidden by async scheduling. Overhead:
-for each batch size in `--overhead-batches`, keeps exactly that many sequences decoding and reports the
-scheduler + post-processing time per step (the engine's CPU cost, independent of the model's speed).
+TTFT/TPOT percentiles, prefill tokens/s and the time of a decode step at the full batch, per-step CPU
+overhead and the share of it hidden by async scheduling. Several values of --num-requests /
+--input-len / --output-len run one throughput workload each, in order (a single value applies to all),
+e.g. `--num-requests 1 64 --input-len 2048 512 --output-len 128`. Overhead: for each batch size in
+`--overhead-batches`, keeps exactly that many sequences decoding and reports the scheduler +
+post-processing time per step (the engine's CPU cost, independent of the model's speed).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from typing import TYPE_CHECKING
 
 from deepinfer.engine.stats import EngineStats, StepStat
 from deepinfer.entrypoints.cli.engine_args import add_engine_args, llm_from_args
-from deepinfer.entrypoints.cli.errors import finite_float, positive_int, positive_rate
+from deepinfer.entrypoints.cli.errors import UsageError, finite_float, positive_int, positive_rate
 from deepinfer.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from deepinfer.engine import RequestOutput
     from deepinfer.entrypoints.llm import LLM
 
 
@@ -33,15 +37,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     w = parser.add_argument_group("workload")
-    w.add_argument("--num-requests", type=positive_int, default=64, help="requests in the throughput phase")
-    w.add_argument("--input-len", type=positive_int, default=64, help="mean prompt length (tokens)")
-    w.add_argument("--output-len", type=positive_int, default=64, help="mean output length (tokens)")
+    w.add_argument("--num-requests", type=positive_int, nargs="+", default=[64], metavar="N",
+                   help="requests in the throughput phase (several: one workload each)")
+    w.add_argument("--input-len", type=positive_int, nargs="+", default=[64], metavar="N",
+                   help="mean prompt length in tokens (several: one per workload)")
+    w.add_argument("--output-len", type=positive_int, nargs="+", default=[64], metavar="N",
+                   help="mean output length in tokens (several: one per workload)")
     w.add_argument("--len-dist", choices=["fixed", "uniform"], default="uniform",
                    help="uniform: lengths drawn from [mean/2, 3*mean/2]")
     w.add_argument("--request-rate", type=positive_rate, default=float("inf"),
                    help="requests per second (Poisson arrivals); inf = all at once (offline batch)")
     w.add_argument("--temperature", type=finite_float, default=1.0, help="0 = greedy")
     w.add_argument("--workload-seed", type=int, default=0, help="seed of the prompt lengths and tokens")
+    w.add_argument("--warmup", action="store_true",
+                   help="run each workload once untimed before measuring it: JIT compilations (Triton "
+                   "specialises kernels on first use) and allocator growth stay out of the numbers")
     w.add_argument("--overhead-batches", type=batch_sizes, default="1,64,256",
                    help="comma-separated running-sequence counts for the overhead phase ('' to skip)")
     w.add_argument("--overhead-steps", type=positive_int, default=16,
@@ -72,21 +82,56 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{1000 * x:.2f}"
 
 
+def _print_throughput(t: dict, cfg: dict) -> None:
+    print(f"\nworkload: {t['requests']} requests, input ~{t['input_len']}, output ~{t['output_len']} "
+          f"({cfg['len_dist']}), rate {cfg['request_rate']}/s, async {'off' if cfg['sync'] else 'on'}, "
+          f"batch-invariant {'on' if cfg['batch_invariant'] else 'off'}")
+    print(f"{'elapsed s':>10} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p50/p90/p99 ms':>22} "
+          f"{'TPOT p50/p90/p99 ms':>22}")
+    print(f"{t['elapsed_s']:>10.2f} {t['output_tok_s']:>10.1f} {t['total_tok_s']:>11.1f} "
+          f"{'/'.join(_ms(v) for v in t['ttft_s'].values()):>22} "
+          f"{'/'.join(_ms(v) for v in t['tpot_s'].values()):>22}")
+    if "prefill_steps" in t:
+        prefill = t["prefill_tok_s"]
+        print(f"prefill {'-' if prefill is None else f'{prefill:.0f}'} tok/s over {t['prefill_steps']} "
+              f"step(s); decode at batch {t['decode_batch']}: {_ms(t['decode_step_s'])} ms/step "
+              f"(busy {_ms(t['decode_busy_s'])}) over {t['decode_steps']} steps")
+    hidden = t.get("hidden_by_async")
+    print(f"steps {t.get('steps')}, device {_ms(t.get('step_device_s'))} ms/step (GPU "
+          f"{_ms(t.get('step_gpu_s'))}), CPU overhead "
+          f"{_ms(t.get('step_cpu_overhead_s'))} ms/step, hidden by async "
+          f"{'-' if hidden is None else f'{100 * hidden:.0f}%'}, preemptions {t['preemptions']}", flush=True)
+
+
+def workloads(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """(requests, input length, output length) per throughput workload; one value applies to all."""
+    lists = {"--num-requests": args.num_requests, "--input-len": args.input_len,
+             "--output-len": args.output_len}
+    n = max(len(v) for v in lists.values())
+    for flag, values in lists.items():
+        if len(values) not in (1, n):
+            raise UsageError(f"{flag}: {len(values)} values for {n} workloads (give 1 or {n})")
+    return list(zip(*(v * n if len(v) == 1 else v for v in lists.values()), strict=True))
+
+
 def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.workload_seed)
-    ins = _lengths(rng, args.input_len, args.num_requests, args.len_dist)
-    outs = _lengths(rng, args.output_len, args.num_requests, args.len_dist)
+    lengths = [((i, o), _lengths(rng, i, n, args.len_dist), _lengths(rng, o, n, args.len_dist))
+               for n, i, o in workloads(args)]
     if args.max_model_len is None:
-        args.max_model_len = max(i + o for i, o in zip(ins, outs)) + 8
+        args.max_model_len = max(i + o for _, ins, outs in lengths for i, o in zip(ins, outs)) + 8
     llm = llm_from_args(args)
-    try:
-        result = {"config": {k: v for k, v in vars(args).items() if k != "func"},
-                  "throughput": _throughput(llm, rng, ins, outs, args),
-                  "overhead": [_overhead(llm, b, args) for b in args.overhead_batches
-                               if b <= args.max_num_seqs]}
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    result: dict = {"config": config, "throughput": [], "overhead": []}
+    try:  # each workload printed as measured: an interrupted run keeps what it had
+        for mean, ins, outs in lengths:
+            result["throughput"].append(_throughput(llm, rng, mean, ins, outs, args))
+            _print_throughput(result["throughput"][-1], config)
+        result["overhead"] = [_overhead(llm, b, args) for b in args.overhead_batches
+                              if b <= args.max_num_seqs]
     finally:
         llm.close()
-    _print(result)
+    _print_overhead(result["overhead"])
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"wrote {args.json_out}")
@@ -97,14 +142,39 @@ def _prompt(rng: random.Random, vocab: int, n: int) -> list[int]:
     return [rng.randrange(3, vocab) for _ in range(n)]
 
 
-def _throughput(llm: LLM, rng: random.Random, ins: list[int], outs: list[int],
+def _throughput(llm: LLM, rng: random.Random, mean: tuple[int, int], ins: list[int], outs: list[int],
                 args: argparse.Namespace) -> dict:
+    """One workload: prompts of lengths `ins` (mean `mean[0]`) generating `outs` tokens each."""
     engine = llm.engine
-    engine.stats = EngineStats()
     reqs = [(_prompt(rng, engine.vocab_size, i), SamplingParams(
         max_tokens=o, ignore_eos=True, temperature=args.temperature, seed=k)) for k, (i, o) in enumerate(
         zip(ins, outs))]
     gaps = [rng.expovariate(args.request_rate) if args.request_rate != float("inf") else 0.0 for _ in reqs]
+    if args.warmup:
+        _drive(llm, reqs, [0.0] * len(reqs))
+    engine.stats = EngineStats()
+    done, elapsed = _drive(llm, reqs, gaps)
+    ttft = [o.metrics.ttft for o in done if o.metrics.ttft is not None]
+    tpot = [o.metrics.tpot for o in done if o.metrics.tpot is not None]
+    generated = sum(len(c.token_ids) for o in done for c in o.outputs)
+    steps = list(engine.stats.steps)
+    return {
+        "requests": len(done), "input_len": mean[0], "output_len": mean[1],
+        "elapsed_s": elapsed, "prompt_tokens": sum(ins), "output_tokens": generated,
+        "output_tok_s": generated / elapsed, "total_tok_s": (generated + sum(ins)) / elapsed,
+        "ttft_s": {f"p{q}": _pct(ttft, q) for q in (50, 90, 99)},
+        "tpot_s": {f"p{q}": _pct(tpot, q) for q in (50, 90, 99)},
+        **_step_summary(steps),
+        **(_phases(steps) if args.speculator == "none" else {}),
+        "hidden_by_async": engine.stats.hidden_fraction(),
+        "preemptions": engine.stats.num_preemptions,
+    }
+
+
+def _drive(llm: LLM, reqs: list[tuple[list[int], SamplingParams]],
+           gaps: list[float]) -> tuple[list[RequestOutput], float]:
+    """Submit `reqs` (request k `gaps[k]` seconds after k-1) and step until all finish."""
+    engine = llm.engine
     done = []
     start = time.perf_counter()
     due, k = start, 0
@@ -118,20 +188,7 @@ def _throughput(llm: LLM, rng: random.Random, ins: list[int], outs: list[int],
             time.sleep(max(0.0, due - now))
             continue
         done += [o for o in engine.step() if o.finished]
-    elapsed = time.perf_counter() - start
-    ttft = [o.metrics.ttft for o in done if o.metrics.ttft is not None]
-    tpot = [o.metrics.tpot for o in done if o.metrics.tpot is not None]
-    generated = sum(len(c.token_ids) for o in done for c in o.outputs)
-    steps = list(engine.stats.steps)
-    return {
-        "requests": len(done), "elapsed_s": elapsed, "prompt_tokens": sum(ins), "output_tokens": generated,
-        "output_tok_s": generated / elapsed, "total_tok_s": (generated + sum(ins)) / elapsed,
-        "ttft_s": {f"p{q}": _pct(ttft, q) for q in (50, 90, 99)},
-        "tpot_s": {f"p{q}": _pct(tpot, q) for q in (50, 90, 99)},
-        **_step_summary(steps),
-        "hidden_by_async": engine.stats.hidden_fraction(),
-        "preemptions": engine.stats.num_preemptions,
-    }
+    return done, time.perf_counter() - start
 
 
 def _step_summary(steps: list[StepStat]) -> dict:
@@ -146,6 +203,29 @@ def _step_summary(steps: list[StepStat]) -> dict:
         "step_schedule_s": statistics.mean(s.schedule_s for s in steps),
         "step_postprocess_s": statistics.mean(s.process_s for s in steps),
         "step_cpu_overhead_s": statistics.mean(s.schedule_s + s.process_s for s in steps),
+    }
+
+
+def _phases(steps: list[StepStat]) -> dict:
+    """Prefill speed and the decode step at the full batch (without speculation, where a step holding
+    more tokens than sequences holds prompt tokens). Busy times are the GPU's on CUDA (async launches
+    return early), the worker's elsewhere; under async a decode step's period also counts the worker's
+    wait before it (worker start to start: the wall time per step; sync mode: see TPOT)."""
+    def busy(s: StepStat) -> float:
+        return s.gpu_s if s.gpu_s is not None else s.device_s
+
+    prefill = [s for s in steps if s.num_tokens > s.num_seqs]
+    decode = [s for s in steps if s.num_tokens == s.num_seqs]
+    batch = max((s.num_seqs for s in decode), default=0)
+    full = [s for s in decode if s.num_seqs == batch]
+    periods = [s.idle_s + s.device_s for s in full if s.idle_s is not None]
+    prefill_s = sum(busy(s) for s in prefill)
+    return {
+        "prefill_steps": len(prefill),
+        "prefill_tok_s": sum(s.num_tokens for s in prefill) / prefill_s if prefill_s else None,
+        "decode_batch": batch, "decode_steps": len(full),
+        "decode_step_s": statistics.mean(periods) if periods else None,
+        "decode_busy_s": statistics.mean(busy(s) for s in full) if full else None,
     }
 
 
@@ -168,26 +248,11 @@ def _overhead(llm: LLM, batch: int, args: argparse.Namespace) -> dict:
             "hidden_by_async": engine.stats.hidden_fraction()}
 
 
-def _print(result: dict) -> None:
-    t = result["throughput"]
-    cfg = result["config"]
-    print(f"\nworkload: {t['requests']} requests, input ~{cfg['input_len']}, output ~{cfg['output_len']} "
-          f"({cfg['len_dist']}), rate {cfg['request_rate']}/s, async {'off' if cfg['sync'] else 'on'}, "
-          f"batch-invariant {'on' if cfg['batch_invariant'] else 'off'}")
-    print(f"{'elapsed s':>10} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p50/p90/p99 ms':>22} "
-          f"{'TPOT p50/p90/p99 ms':>22}")
-    print(f"{t['elapsed_s']:>10.2f} {t['output_tok_s']:>10.1f} {t['total_tok_s']:>11.1f} "
-          f"{'/'.join(_ms(v) for v in t['ttft_s'].values()):>22} "
-          f"{'/'.join(_ms(v) for v in t['tpot_s'].values()):>22}")
-    hidden = t.get("hidden_by_async")
-    print(f"steps {t.get('steps')}, device {_ms(t.get('step_device_s'))} ms/step (GPU "
-          f"{_ms(t.get('step_gpu_s'))}), CPU overhead "
-          f"{_ms(t.get('step_cpu_overhead_s'))} ms/step, hidden by async "
-          f"{'-' if hidden is None else f'{100 * hidden:.0f}%'}, preemptions {t['preemptions']}")
-    if result["overhead"]:
+def _print_overhead(overhead: list[dict]) -> None:
+    if overhead:
         print(f"\n{'running':>8} {'schedule ms':>12} {'post ms':>8} {'CPU ms/step':>12} {'device ms':>10} "
               f"{'GPU ms':>7} {'hidden':>7}")
-        for o in result["overhead"]:
+        for o in overhead:
             h = o.get("hidden_by_async")
             print(f"{o['running']:>8} {_ms(o.get('step_schedule_s')):>12} "
                   f"{_ms(o.get('step_postprocess_s')):>8} {_ms(o.get('step_cpu_overhead_s')):>12} "

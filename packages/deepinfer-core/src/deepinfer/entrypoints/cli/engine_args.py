@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pydantic
 
-from deepinfer.engine.loader import DTYPES
+from deepinfer.engine.loader import DTYPES, LOAD_FORMATS
 from deepinfer.entrypoints.cli.errors import (
     UsageError,
     finite_float,
@@ -43,8 +43,14 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and engine")
     g.add_argument("--model", required=True,
-                   help="checkpoint directory (config.json, safetensors, tokenizer.json); "
+                   help="checkpoint directory (config.json, safetensors, tokenizer.json; no safetensors "
+                   "with --load-format dummy); "
                    "the trained default model is checkpoints/tiny-stdlib (tracked in the repo)")
+    g.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                   help="auto: read the checkpoint's safetensors; dummy: no weights on disk, random ones "
+                   "(drawn from --seed) generated in memory in the release storage formats from config.json "
+                   "(FP8 blocks, packed FP4 experts), for benchmarks: --model then needs only config.json "
+                   "(tokenizer.json for text prompts; `deepinfer make-checkpoint --config-only` writes both)")
     g.add_argument("--backend", default=None,
                    help="op backend (default: $DEEPINFER_BACKEND or the best installed)")
     g.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
@@ -98,11 +104,15 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
                   cuda_graph_sizes=args.cuda_graph_sizes,
                   batch_invariant=args.batch_invariant,
                   speculator=args.speculator,
-                  num_draft_tokens=args.num_draft_tokens, spec_schedule=args.spec_schedule)
+                  num_draft_tokens=args.num_draft_tokens, spec_schedule=args.spec_schedule,
+                  load_format=args.load_format)
     kwargs = dict(backend=args.backend, dtype=args.dtype, device=args.device,
                   max_model_len=args.max_model_len, cache_precision=args.cache_precision,
                   replay_mode=args.replay_mode, replay_keep=args.replay_keep, **engine)
     if getattr(args, "dp", 1) > 1:  # generate --dp: ranks of deepinfer.distributed
+        if args.load_format == "dummy":
+            raise UsageError("--load-format dummy: not supported with --dp yet (each rank loads only its "
+                             "shard of the experts and Engram rows)")
         from deepinfer.distributed.cli import data_parallel_llm
 
         return data_parallel_llm(args, kwargs)  # type: ignore[return-value]

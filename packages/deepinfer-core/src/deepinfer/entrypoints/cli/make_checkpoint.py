@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from deepinfer.checkpoint import write_checkpoint
+from deepinfer.checkpoint.writer import write_config_files
 from deepinfer.config import ModelConfig, load_model_config
 from deepinfer.testing import TINY_CONFIG_NAMES, flash_config_dict, flash_slice_config, tiny_config
 from deepinfer.tokenizer.bundled import tokenizer_for
@@ -24,6 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "few layers; see --layers/--experts); flash (the full 510 GB model)\n"
         "examples:\n"
         "  deepinfer make-checkpoint --config full --out /tmp/tiny-full\n"
+        "  deepinfer make-checkpoint --config flash_slice --layers 5 --config-only --out /tmp/slice  "
+        "# then: deepinfer bench --model /tmp/slice --load-format dummy\n"
         "  deepinfer make-checkpoint --config flash_slice --layers 4 --experts 48 --out /tmp/flash-slice",
     )
     parser.add_argument(
@@ -38,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--shard-size-gb", type=float, default=5.0, help="target shard size in GB (default 5)"
     )
     parser.add_argument("--single-file", action="store_true", help="write one model.safetensors, no index")
+    parser.add_argument("--config-only", action="store_true",
+                        help="write config.json and the tokenizer files only, no weights: a model directory "
+                        "for --load-format dummy (random weights generated in memory at load), instant even "
+                        "for flash")
     slice_opts = parser.add_argument_group("flash_slice options")
     slice_opts.add_argument(
         "--layers",
@@ -81,6 +88,12 @@ def resolve_config(args: argparse.Namespace) -> ModelConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)
+    if args.config_only:
+        tokenizer = tokenizer_for(config)
+        write_config_files(config, args.out, tokenizer)
+        print(f"wrote config.json{' and the tokenizer' if tokenizer is not None else ''} to {args.out} "
+              "(no weights: load it with --load-format dummy)")
+        return 0
     stats = write_checkpoint(
         config,
         args.out,

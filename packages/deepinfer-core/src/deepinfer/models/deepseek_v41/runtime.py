@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from deepinfer.cache import CachePrecision, KVCache, cache_layout
 from deepinfer.checkpoint.loader import load_checkpoint
+from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.config import ModelConfig, TextConfig, load_model_config
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.dspark import DSpark
@@ -273,15 +274,24 @@ def load_runtime(
     device: torch.device | str = "cpu",
     backend: str | None = None,
     options: RuntimeOptions | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
 ) -> DeepseekV41Runtime:
-    """Load a release-format checkpoint directory (config.json, tokenizer.json, safetensors)."""
+    """Load a release-format checkpoint directory (config.json, tokenizer.json, safetensors); with
+    `load_format="dummy"`, random weights drawn from `seed` instead of the safetensors, and without
+    tokenizer.json a stand-in Engram token map."""
     model_dir = Path(model_dir)
     config = load_model_config(model_dir / "config.json")
-    tensors = load_checkpoint(model_dir, config, progress=False).tensors
-    if torch.device(device).type != "cpu":
-        tensors = {name: t.to(device) for name, t in tensors.items()}
+    tokenizer_file = model_dir / "tokenizer.json"
+    if load_format == "dummy":
+        tensors = random_weights(config, device, seed)
+    else:
+        tensors = load_checkpoint(model_dir, config, progress=False).tensors
+        if torch.device(device).type != "cpu":
+            tensors = {name: t.to(device) for name, t in tensors.items()}
     token_map = None
     if config.text.has_engram:
-        token_map = compressed_vocab(Tokenizer.from_file(str(model_dir / "tokenizer.json"))).token_map
+        token_map = (dummy_token_map(config) if load_format == "dummy" and not tokenizer_file.exists()
+                     else compressed_vocab(Tokenizer.from_file(str(tokenizer_file))).token_map)
     ops = get_ops(backend, device, batch_invariant=options is not None and options.batch_invariant)
     return build_runtime(config, tensors, dtype=dtype, ops=ops, engram_token_map=token_map, options=options)
