@@ -2,7 +2,8 @@
 
 A sub-layer collapses the streams with the `pre` computed by the sub-layer before it, runs, and
 writes R'[k] = post[k] * y + sum_j comb[j, k] R[j]; its own `pre` is carried to the next one.
-The first sub-layer's carried pre is one-hot on stream 0, so its input is exactly the embedding.
+The first sub-layer's carried pre is one-hot on stream 0, so its input is exactly the embedding: it is
+passed as None (the collapse is stream 0 itself, bitwise), so no coefficient tensor is built for it.
 """
 
 from __future__ import annotations
@@ -52,12 +53,18 @@ class HyperConnection:
         )
         return Mix(pre, post, comb)
 
-    def collapse(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-        return self.ops.hc_collapse(streams, pre)
+    def collapse(self, streams: torch.Tensor, pre: torch.Tensor | None) -> torch.Tensor:
+        """Collapse with the carried pre (None: one-hot on stream 0)."""
+        return streams[:, 0] if pre is None else self.ops.hc_collapse(streams, pre)
 
-    def collapse_norm(self, streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def collapse_norm(
+        self, streams: torch.Tensor, pre: torch.Tensor | None, weight: torch.Tensor
+    ) -> torch.Tensor:
         """RMSNorm (weight) of the collapse: a sub-layer's input, or the final hidden state."""
-        return self.ops.hc_collapse_norm(streams, pre, weight, self.cfg.rms_norm_eps)
+        eps = self.cfg.rms_norm_eps
+        if pre is None:
+            return self.ops.rms_norm(streams[:, 0], weight, eps)
+        return self.ops.hc_collapse_norm(streams, pre, weight, eps)
 
     def expand(self, y: torch.Tensor, streams: torch.Tensor, mix: Mix) -> torch.Tensor:
         return self.ops.hc_expand(y, streams, mix.post, mix.comb)
@@ -71,9 +78,6 @@ class HyperConnection:
         )
 
 
-def initial_streams(embedding: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Streams [T, m, H] (the embedding copied m times) and the carried pre, one-hot on stream 0."""
-    streams = embedding.unsqueeze(1).expand(-1, m, -1).contiguous()
-    pre = torch.zeros(embedding.shape[0], m, dtype=torch.float32, device=embedding.device)
-    pre[:, 0] = 1
-    return streams, pre
+def initial_streams(embedding: torch.Tensor, m: int) -> tuple[torch.Tensor, None]:
+    """Streams [T, m, H] (the embedding copied m times) and the carried pre: None (one-hot on stream 0)."""
+    return embedding.unsqueeze(1).expand(-1, m, -1).contiguous(), None

@@ -1,6 +1,6 @@
 """DeepSeek-V4.1 text model: the whole forward, top to bottom (model spec §11).
 
-    streams = 4 copies of the token embedding, carried pre = one-hot(0)
+    streams = 4 copies of the token embedding, carried pre = one-hot(0) (None: see mhc.py)
     for each layer:
         Engram layers add hashed n-gram memory to the streams
         DSpark target layers record the mean of the streams
@@ -48,7 +48,7 @@ class Block:
     engram_index: int | None  # position in cfg.engram_layer_ids
 
     # The sub-layer sequence, shared by the backbone forward and the DSpark draft blocks.
-    def attn_input(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    def attn_input(self, streams: torch.Tensor, pre: torch.Tensor | None) -> torch.Tensor:
         """Normed attention input [T, H]: RMSNorm(mHC collapse of the streams)."""
         return self.attn_hc.collapse_norm(streams, pre, self.attn_norm)
 
@@ -57,7 +57,7 @@ class Block:
         return self.attn_hc.residual(y, streams)
 
     def ffn(
-        self, streams: torch.Tensor, pre: torch.Tensor, image_mask: torch.Tensor | None
+        self, streams: torch.Tensor, pre: torch.Tensor | None, image_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The MoE sub-layer wrapped in shifted mHC -> (streams, carried pre)."""
         x = self.ffn_hc.collapse_norm(streams, pre, self.ffn_norm)
@@ -156,7 +156,8 @@ class DeepseekV41Model:
                 # compact bounded replay the consumer half then runs on the kept rows only
                 rows = step.enter_consumer_half(x)
                 if rows is not None:
-                    streams, pre, x = streams[rows], pre[rows], x[rows]
+                    streams, x = streams[rows], x[rows]
+                    pre = None if pre is None else pre[rows]
                     image_mask = None if image_mask is None else image_mask[rows]
                     targets = [t[rows] for t in targets]
             streams, pre = blk.attn_residual(blk.attn(x, step), streams)
