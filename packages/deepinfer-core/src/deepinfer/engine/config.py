@@ -22,7 +22,8 @@ class EngineConfig(BaseModel):
         None, ge=1, description="explicit cache budget in bytes (default on CPU: 256 MiB)")
     async_scheduling: bool = Field(True, description="overlap CPU scheduling with the device step")
     watermark: float = Field(0.01, ge=0.0, lt=1.0, description="share of blocks kept free at admission")
-    seed: int = Field(0, ge=0, description="seeds requests that give no seed, for reproducible runs")
+    seed: int = Field(0, ge=0, description="seeds requests that give no seed (and dummy weights), for "
+                      "reproducible runs")
     log_stats_interval: float = Field(10.0, ge=0.0, description="seconds between stats logs; 0: off")
     enforce_eager: bool = Field(False, description="CUDA: run every step eagerly (no CUDA graphs)")
     cuda_graph_sizes: list[int] | None = Field(

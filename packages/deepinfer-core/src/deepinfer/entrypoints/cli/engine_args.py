@@ -80,7 +80,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    "batch, across runs (costs some speed; docs/performance.md)")
     g.add_argument("--seed", type=non_negative_int, default=0,
                    help="engine seed: each request without --sampling-seed draws its own seed from it, "
-                   "so a whole run is reproducible")
+                   "so a whole run is reproducible; with --load-format dummy it also seeds the weights")
     g.add_argument("--speculator", default="none",
                    help="speculative decoding: dspark (the checkpoint's draft blocks), ngram (prompt lookup) "
                    "or none; any plugin installed under the deepinfer.speculators entry points")
