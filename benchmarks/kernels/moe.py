@@ -12,7 +12,10 @@ fused decode path (shared expert in the routed launches, combine in the down ker
 (`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile; a sixth number > 1: one program per
 slot, the last to arrive combining; on a `-d` tile: gate+up split over that many column ranges), `-u0`
 the unfused decode path; `-r`
-the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS. A variant that does
+the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS; `-p0` the fused decode
+path's gate and up in two K loops (`moe.DECODE_PAIRED`), `-x0` its FP8 shared expert scaled on the weight
+tile (`moe.DECODE_X_SCALE`). `base`: the `moe` of the file `--baseline` names (an earlier moe.py, same
+weights). A variant that does
 not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped tile below, or one
 whose rows per block are not within half to twice the mean assignments per expert) is skipped there.
 `--profile`: GPU time per kernel of every variant timed.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -72,16 +76,19 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
 
 
 def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWeights, bool, object, object,
-                                                                            object, int | None]:
+                                                                            object, int | None, dict]:
     """(weights, batch_invariant, decode override, grouped tile, fused-decode down override, router GEMV
-    tokens) of a layout name (module docstring)."""
+    tokens, other `moe` module flags) of a layout name (module docstring)."""
     base, *flags = layout.split("-")
-    if base not in ("fp4", "fp8"):
-        raise ValueError(f"layout {layout!r}: expected fp4 or fp8 with suffixes")
+    if base not in ("fp4", "fp8", "base"):
+        raise ValueError(f"layout {layout!r}: expected fp4, fp8 or base with suffixes")
     weights = fp8 if base == "fp8" else fp4
     decode = grouped = down = router = None
+    switches = {}
     for flag in flags:
-        if flag in ("r", "r0"):
+        if flag in ("p0", "x0"):
+            switches["DECODE_PAIRED" if flag == "p0" else "DECODE_X_SCALE"] = False
+        elif flag in ("r", "r0"):
             router = 10 if flag == "r" else 0
         elif flag == "ops":
             weights = replace(weights, experts=replace(weights.experts, asm=False))
@@ -98,17 +105,17 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
                 down = tile
         elif flag != "inv":
             raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
-    return weights, "inv" in flags, decode, grouped, down, router
+    return weights, "inv" in flags, decode, grouped, down, router, switches
 
 
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
-          header: dict, layouts: list[str], profile: bool = False) -> None:
+          header: dict, layouts: list[str], profile: bool = False, baseline=None) -> None:
     ours, ref = flash_layers(**dims)
     fp8 = fp8_layout(ours, ref) if any(name.startswith("fp8") for name in layouts) else None
     rows = []
     for t in tokens:
         for layout in layouts:
-            weights, inv, decode, grouped, down, router = variant(layout, ours, fp8)
+            weights, inv, decode, grouped, down, router, switches = variant(layout, ours, fp8)
             decoding = t * dims["topk"] <= moe.DECODE_ASSIGNMENTS
             mean = t * dims["topk"] / dims["experts"]
             if ((decode is not None or down is not None) and not decoding) or (grouped is not None and (
@@ -121,10 +128,14 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
             lookup = moe.configs.lookup_moe
             if grouped is not None:
                 moe.configs.lookup_moe = partial(_fixed, grouped)
+            saved = {name: getattr(moe, name) for name in switches}
+            for name, value in switches.items():
+                setattr(moe, name, value)
+            op = baseline.moe if layout.startswith("base") else moe.moe
             try:
-                rows.append(_point(t, weights, ref, roof, dims, layout, inv))
+                rows.append(_point(t, weights, ref, roof, dims, layout, inv, op))
                 if profile:
-                    kernel_times(weights, t, dims["hidden"], layout, inv)
+                    kernel_times(weights, t, dims["hidden"], layout, inv, op)
             except Exception as err:  # one variant failing (compile, resources) keeps the others
                 print(f"T={t} {layout}: {type(err).__name__}: {str(err)[:300]}", flush=True)
                 continue
@@ -132,18 +143,21 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
                 moe.ROUTER_GEMV_TOKENS = router_tokens
                 moe.configs.lookup_moe = lookup
+                for name, value in saved.items():
+                    setattr(moe, name, value)
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 
 
-def kernel_times(layer: MoEWeights, t: int, hidden: int, layout: str, inv: bool, calls: int = 10) -> None:
-    """GPU time per kernel of `moe` (the variant's overrides in force) at t tokens, eager, mean over `calls`
+def kernel_times(layer: MoEWeights, t: int, hidden: int, layout: str, inv: bool, op=moe.moe,
+                 calls: int = 10) -> None:
+    """GPU time per kernel of `op` (the variant's overrides in force) at t tokens, eager, mean over `calls`
     (torch.profiler)."""
     x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
-    moe.moe(x, layer, batch_invariant=inv)
+    op(x, layer, batch_invariant=inv)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            moe.moe(x, layer, batch_invariant=inv)
+            op(x, layer, batch_invariant=inv)
         torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in events) / calls
@@ -157,11 +171,11 @@ def _fixed(cfg: TileConfig, *_: object) -> TileConfig:
 
 
 def _point(t: int, ours: MoEWeights, ref: MoEWeights, roof: dict[str, float], dims: dict[str, int],
-           layout: str, inv: bool) -> dict:
+           layout: str, inv: bool, op=moe.moe) -> dict:
     e, k, h, i = dims["experts"], dims["topk"], dims["hidden"], dims["inter"]
     per_expert = 3 * h * i // 2 + 3 * h * i // 32
     streamed = 3 * h * i + 3 * h * i // 32 if layout.startswith("fp8") else per_expert
-    run = partial(moe.moe, batch_invariant=inv)
+    run = partial(op, batch_invariant=inv)
     fixed = 3 * (h * i + h * i // 1024) + e * h * 2  # shared FP8 + scales, router
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
     got = run(x, ours)
@@ -204,6 +218,7 @@ def main() -> None:
     ap.add_argument("--rooflines", default=None,
                     help="an earlier run's ceilings, not measured again: COPY_TBS,BF16_TFLOPS,FP8_TFLOPS")
     ap.add_argument("--profile", action="store_true", help="then GPU time per kernel of the default path")
+    ap.add_argument("--baseline", type=Path, default=None, help="an earlier moe.py (layout `base`)")
     args = ap.parse_args()
     if args.invariant_config:
         bn, bm, bk, warps, stages = map(int, args.invariant_config.split(","))
@@ -219,7 +234,12 @@ def main() -> None:
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     print(header, flush=True)
     tokens = tuple(int(t) for t in args.tokens.split(","))
-    bench(tokens, roof, dims, args.out, header, args.layouts.split(","), args.profile)
+    baseline = None
+    if args.baseline:
+        spec = importlib.util.spec_from_file_location("moe_baseline", args.baseline)
+        baseline = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(baseline)
+    bench(tokens, roof, dims, args.out, header, args.layouts.split(","), args.profile, baseline)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from common import copy_bandwidth_gbs, eager_ms
 # Flash widths (model spec): name -> (out rows N, in columns K per group, groups, weight kind)
 FLASH_LINEARS: dict[str, tuple[int, int, int, str]] = {
     "q_a 5120->1280": (1280, 5120, 1, "fp8"),
+    "q_a+kv 5120->1792": (1792, 5120, 1, "fp8"),  # wq_a and wkv stacked (one launch)
     "kv 5120->512": (512, 5120, 1, "fp8"),
     "q_b 1280->32768": (32768, 1280, 1, "fp8"),
+    "q_b+indexer q 1280->36864": (36864, 1280, 1, "fp8"),  # stacked on layers with an indexer query
     "indexer q 1280->4096": (4096, 1280, 1, "fp8"),
     "o_a 8x(4096->1024)": (8192, 4096, 8, "fp8"),
     "o_b 8192->5120": (5120, 8192, 1, "fp8"),

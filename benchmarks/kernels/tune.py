@@ -1,7 +1,8 @@
 """Tile-config sweep for the block-scaled linears and the MoE expert GEMMs at Flash shapes; writes the
 per-GPU JSON that deepinfer_kernels_cuda.configs reads (no autotuning at serve time).
 Entries not re-tuned keep their values. Usage (GPU):
-python3 benchmarks/kernels/tune.py [--out FILE] [--budget-s 150] [--tokens 1,4096] [--no-moe]"""
+python3 benchmarks/kernels/tune.py [--out FILE] [--budget-s 150] [--tokens 1,4096] [--no-moe]
+    [--shapes q_a+kv,q_b+]"""
 
 from __future__ import annotations
 
@@ -121,12 +122,14 @@ def _summary(results: list[tuple[float, TileConfig]]) -> str:
                      f"{t * 1e3:.1f}" for t, c in results)
 
 
-def tune_linears(table: dict, deadline: float, tokens: tuple[int, ...]) -> None:
-    """Every FP8 shape at each M, the target points (1, 4096) first and with 3x the time share of the
-    others. Up to 8 tokens the GEMV is swept (two rounds) and the tiled kernel at the table's config
-    timed next to it: the faster is stored (a GEMV config has block_m < 16)."""
+def tune_linears(table: dict, deadline: float, tokens: tuple[int, ...],
+                 only: list[str] | None = None) -> None:
+    """Every FP8 shape (or those whose name contains one of `only`) at each M, the target points (1, 4096)
+    first and with 3x the time share of the others. Up to 8 tokens the GEMV is swept (two rounds) and
+    the tiled kernel at the table's config timed next to it: the faster is stored (a GEMV config has
+    block_m < 16)."""
     shapes = {(n, k, groups, kind): name for name, (n, k, groups, kind) in FLASH_LINEARS.items()
-              if kind != "dense"}
+              if kind != "dense" and (only is None or any(part in name for part in only))}
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     points = [(m, shape) for m in sorted(tokens, key=lambda m: (m not in (1, 4096), m)) for shape in shapes]
     weights = [3 if m in (1, 4096) else 1 for m, _ in points]
@@ -227,6 +230,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="linear M values to tune")
     ap.add_argument("--no-moe", action="store_true", help="tune the linears only")
+    ap.add_argument("--shapes", default=None, help="comma-separated parts of linear names: only those shapes")
     ap.add_argument("--moe-tokens", default="1,64,256,1024,4096,16384",
                     help="MoE batch sizes to tune (1: the decode path)")
     ap.add_argument("--moe-share", type=float, default=0.4, help="share of the budget for the MoE")
@@ -238,7 +242,8 @@ def main() -> None:
         if not args.no_moe:
             tune_moe(table, time.time() + args.budget_s * args.moe_share,
                      tuple(int(t) for t in args.moe_tokens.split(",")))
-        tune_linears(table, deadline, tuple(int(t) for t in args.tokens.split(",")))
+        tune_linears(table, deadline, tuple(int(t) for t in args.tokens.split(",")),
+                     args.shapes.split(",") if args.shapes else None)
     finally:  # also on SIGINT (timeout -s INT): keep what was tuned
         configs.save(path, table)
         print(f"wrote {len(table)} configs to {path}", flush=True)

@@ -139,6 +139,8 @@ def _block_linear_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BN, BM), dtype=tl.float32)
+    # every split has columns (`_split`); with no zero-trip path ptxas keeps wgmmas in flight (else C7515)
+    tl.assume(k_hi > k_lo)
     for k0 in range(k_lo, k_hi, BK):
         offs_k = k0 + tl.arange(0, BK)
         k_in = offs_k < k_hi if not EVEN_K else tl.full((BK,), True, tl.int1)  # ragged K: dense only
