@@ -88,6 +88,22 @@ def fused_rows(sizes: list[int]) -> list[list[object]]:
     return rows
 
 
+def residual_config_rows(sizes: list[int]) -> list[list[object]]:
+    """[columns per program, warps, T, graph µs] of hc_residual's latency kernel (T <= 64)."""
+    default = mhc._RESIDUAL_BLOCK_H, mhc._RESIDUAL_WARPS
+    rows: list[list[object]] = []
+    for t in (t for t in sizes if t <= 64):
+        sets = input_sets(lambda t=t: residual_args(t), t * (2 * M * H * 2 + H * 2) + coefficient_bytes(t))
+        for block_h, warps in ((256, 1), (512, 1), (1024, 1), (1024, 2), (1024, 4)):
+            mhc._RESIDUAL_BLOCK_H, mhc._RESIDUAL_WARPS = block_h, warps
+            try:
+                rows.append([block_h, warps, t, graph_ms(mhc.hc_residual, sets) * 1e3])
+            finally:
+                mhc._RESIDUAL_BLOCK_H, mhc._RESIDUAL_WARPS = default
+            print(rows[-1], flush=True)
+    return rows
+
+
 def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[object]]:
     """[variant, T, graph µs, max |error| vs the reference] for each hc_coefficients variant."""
     ref = backends()[1].hc_coefficients
@@ -118,6 +134,8 @@ def main() -> None:
          variant_rows(sizes, baseline), args.out)
     emit("fused ops vs the two ops they replace (graph-timed)",
          ["op", "T", "fused µs", "two ops µs", "max abs difference"], fused_rows(sizes), args.out)
+    emit("hc_residual latency kernel configs (graph-timed)", ["columns", "warps", "T", "graph µs"],
+         residual_config_rows(sizes), args.out)
     copy = copy_bandwidth_gbs()
     rows = op_rows(cases, sizes, copy)
     emit(f"mHC, m={M}, H={H}, bf16 streams (copy bandwidth {copy:.0f} GB/s)", ["op", "T", *OP_COLUMNS], rows,

@@ -29,7 +29,8 @@ _BLOCK_K = 128
 _LATENCY_CHUNK = 256  # projection columns per program on the latency path
 _ROWS_CHUNK = 512  # ... on the rows path (40 programs a row block at Flash)
 _LATENCY_ROWS = 64  # default mode up to this many rows: the latency path
-_RESIDUAL_BLOCK_H = 512  # columns per one-warp program of the expansion that finishes the coefficients
+_RESIDUAL_BLOCK_H = 512  # columns per program of the expansion that finishes the coefficients ...
+_RESIDUAL_WARPS = 1  # ... and its warps (one: the Sinkhorn's reductions stay within a warp)
 
 
 @triton.jit
@@ -400,6 +401,6 @@ def hc_residual(
     _hc_residual_kernel[(t, triton.cdiv(h, block_h))](
         output, streams, part, sq, base, scale, pre, out, t, m * h, h, splits, hc_eps, norm_eps,
         ITERS=sinkhorn_iters, M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n, BLOCK_H=block_h,
-        num_warps=1,
+        num_warps=_RESIDUAL_WARPS,
     )
     return out, pre
