@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -237,7 +238,7 @@ def main() -> None:
     baseline = None
     if args.baseline:
         spec = importlib.util.spec_from_file_location("moe_baseline", args.baseline)
-        baseline = importlib.util.module_from_spec(spec)
+        baseline = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
         spec.loader.exec_module(baseline)
     bench(tokens, roof, dims, args.out, header, args.layouts.split(","), args.profile, baseline)
 
