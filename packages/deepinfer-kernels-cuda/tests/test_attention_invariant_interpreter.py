@@ -11,8 +11,8 @@ case (64 heads x 512, two value halves). Value halves at every width cost the in
 on two loaded CPU cores (2026-12-02), hence the long timeout.
 
 Decode tile variants (DECODE_VARIANTS): each against the reference, raw and release caches, with
-split keys, windows that end inside a key tile, padding keys, a row without keys, value halves. Half a
-minute.
+split keys, windows that end inside a key tile, padding keys, a row without keys, value halves; the ring
+bytes stored after the reads equal the reference's. Half a minute.
 """
 
 import pytest
@@ -138,9 +138,10 @@ def step(fmt, t, n_win, n_top):
     window[-1], topk[-1] = -1, -1  # a row without keys: the sink alone
     # this step's keys on the FP8 grid: the interpreter's FP8 encoder rounds unlike the reference's
     kv = torch.randint(-8, 9, (t, DIM), generator=g).float() / 4
-    none = torch.zeros(0, dtype=torch.long)
+    ring_dest = torch.randperm(SLOTS * RING_LEN, generator=g)[:t]  # stored after the reads
+    ring_src = torch.randint(0, t, (t,), generator=g)
     args = [torch.randn(t, HEADS, DIM, generator=g), kv, ring.view(SLOTS, RING_LEN, -1), ring_codec, window,
-            none, none, torch.randn(HEADS, generator=g), DIM**-0.5]
+            ring_dest, ring_src, torch.randn(HEADS, generator=g), DIM**-0.5]
     kwargs = dict(pool=pool.view(BLOCKS, PER_BLOCK, -1), pool_codec=pool_codec, topk=topk,
                   block_tables=torch.randint(0, BLOCKS, (2, 4), generator=g),
                   row_seg=torch.randint(0, 2, (t,), generator=g))
@@ -152,8 +153,11 @@ steps = [step(fmt, t, n_win, n_top) for fmt, t, n_win, n_top in cases]
 for name, tiles in ker.DECODE_VARIANTS.items():
     ker.DECODE_TILES = ker.FEW_ROWS_DECODE_TILES = tiles
     for case, (args, kwargs) in zip(cases, steps):
-        got, want = ker.sparse_attention_paged(*args, **kwargs), reference(*args, **kwargs)
+        mine, theirs = list(args), list(args)
+        mine[2], theirs[2] = args[2].clone(), args[2].clone()  # each op stores the step's keys in its ring
+        got, want = ker.sparse_attention_paged(*mine, **kwargs), reference(*theirs, **kwargs)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name} {case} {m}")
+        assert torch.equal(mine[2], theirs[2]), (name, case)
 print("ok")
 """
 

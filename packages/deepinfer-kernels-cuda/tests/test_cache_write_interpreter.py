@@ -1,8 +1,8 @@
 """`cache_write` (and the row scatter under it) under Triton's CPU interpreter against the reference op:
 stored bytes identical for every codec, ragged row counts across program tiles, padding rows, block
-boundaries, a strided region and gathered source rows. The interpreter must be switched on before
-triton is imported, hence a subprocess. Float32 values stored as raw bf16 are checked on the GPU only:
-the interpreter's bf16 cast truncates, the device rounds to nearest even as torch does."""
+boundaries, a strided region, gathered source rows and identity destinations. The interpreter must be
+switched on before triton is imported, hence a subprocess. Float32 values stored as raw bf16 are checked on
+the GPU only: the interpreter's bf16 cast truncates, the device rounds to nearest even as torch does."""
 
 import pytest
 import torch
@@ -58,6 +58,14 @@ got, want = region(codec), region(codec)
 write_rows(got, dest, x, codec, src=src)
 ref_write(want, dest, x[src], codec)
 assert torch.equal(got, want)
+
+# no dest: row i to flat row i (the attention's encoding of a step's keys)
+for codec in (Codec("fp8", 64, torch.bfloat16), Codec("nvfp4", 64, torch.bfloat16)):
+    x = values(7, 64, torch.bfloat16)
+    got, want = region(codec), region(codec)
+    write_rows(got, None, x, codec)
+    ref_write(want, torch.arange(7), x, codec)
+    assert torch.equal(got, want), codec
 print("ok")
 """
 

@@ -30,24 +30,19 @@ depend on how far the step's capacities (the longest sequence's) pad them.
 
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from deepinfer_kernels_cuda import cache_quant
-from deepinfer_kernels_cuda.cache_quant import FORMATS, CacheRegion, cache_region, decode_rows
+from deepinfer_kernels_cuda.cache_quant import FORMATS, CacheRegion, cache_region, decode_rows, write_rows
 
 if TYPE_CHECKING:
     from deepinfer.cache.codecs import Codec
 
 _LOG2E = math.log2(math.e)
 _MAX_HEADS = 64  # heads per program (one warpgroup-sized MMA tile)
-# the codec ops of this package, for Codec.encode of this step's keys
-_QUANT_OPS = SimpleNamespace(fp8_quantize=cache_quant.fp8_quantize, nvfp4_quantize=cache_quant.nvfp4_quantize,
-                             mxfp4_quantize=cache_quant.mxfp4_quantize)
 
 
 @dataclass(frozen=True)
@@ -415,7 +410,11 @@ def sparse_attention_paged(
     Same contract as the reference op (deepinfer.ops.reference.attention.sparse_attention_paged)."""
     if (pool is None) != (topk is None) or (topk is not None and (block_tables is None or row_seg is None)):
         raise ValueError("sparse_attention_paged: give pool, pool_codec, topk, block_tables, row_seg or none")
-    encoded = ring_codec.encode(kv, _QUANT_OPS)
+    if ring_codec.format == "raw":
+        encoded = kv.to(ring_codec.dtype).contiguous().view(torch.uint8)  # Codec.encode: a view, no copy
+    else:  # one launch instead of quantize + concatenate
+        encoded = torch.empty(kv.shape[0], ring_codec.nbytes, dtype=torch.uint8, device=kv.device)
+        write_rows(encoded.unsqueeze(0), None, kv, ring_codec)
     current = cache_region(encoded.unsqueeze(0), ring_codec.format, ring_codec.dtype)
     ring_seg = cache_region(ring, ring_codec.format, ring_codec.dtype)
     fp32 = ring_codec.format == "raw" and ring_codec.dtype == torch.float32
@@ -425,5 +424,7 @@ def sparse_attention_paged(
         fp32 |= pool_codec.format == "raw" and pool_codec.dtype == torch.float32
     out = _attention(q, sink, scale, window, ring_seg, ring.shape[1], ring.shape[0] * ring.shape[1],
                      current.data[0], topk, pool_seg, block_tables, row_seg, fp32, batch_invariant)
-    ring[ring_dest // ring.shape[1], ring_dest % ring.shape[1]] = encoded[ring_src]
+    # after the kernel read the ring (a long step's rows may overwrite keys its first rows read): the
+    # same bytes as `encoded`, gathered, encoded and scattered in one launch
+    write_rows(ring, ring_dest, kv, ring_codec, src=ring_src)
     return out

@@ -403,14 +403,15 @@ def _store_groups(ptr, rows, col0, vals, ok, n_cols):
 @triton.jit(do_not_specialize=["n"])
 def _cache_write_kernel(
     values_ptr, src_ptr, dest_ptr, pool_ptr, n, D, stride_v, stride0, stride1, per_block,
-    FMT: tl.constexpr, HAS_SRC: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    FMT: tl.constexpr, HAS_SRC: tl.constexpr, HAS_DEST: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """ROWS rows per program: row i = values[src[i]] (or values[i]) encoded as FMT (`FORMATS`) into the
-    pool row at flat index dest[i] (block dest // per_block, entry dest % per_block)."""
+    pool row at flat index dest[i] (or i) (block dest // per_block, entry dest % per_block)."""
     i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = i < n
     src = tl.load(src_ptr + i, mask=ok, other=0) if HAS_SRC else i.to(tl.int64)
-    dest = tl.load(dest_ptr + i, mask=ok, other=0)
+    dest = tl.load(dest_ptr + i, mask=ok, other=0) if HAS_DEST else i.to(tl.int64)
     rows = (dest // per_block) * stride0 + (dest % per_block) * stride1
     c = tl.arange(0, BLOCK_D)
     cmask = ok[:, None] & (c < D)[None, :]
@@ -441,12 +442,13 @@ def _cache_write_kernel(
 
 def write_rows(
     pool: torch.Tensor,
-    dest: torch.Tensor,
+    dest: torch.Tensor | None,
     values: torch.Tensor,
     codec: Codec,
     src: torch.Tensor | None = None,
 ) -> None:
-    """pool[dest[i] // E, dest[i] % E] = codec.encode(values[src[i]]) (src None: values[i]), one launch.
+    """pool[dest[i] // E, dest[i] % E] = codec.encode(values[src[i]]) (src None: values[i]; dest None:
+    flat row i), one launch.
 
     Row-wise: each row is encoded on its own and the tile config depends only on the entry width, so
     the bytes never depend on the other rows or their number (batch-invariant). Rows with the same
@@ -458,7 +460,7 @@ def write_rows(
     if values.dim() != 2 or values.shape[1] != codec.dim:
         raise ValueError(f"values must be [n, {codec.dim}], got {tuple(values.shape)}")
     rows = values.shape[0] if src is None else src.shape[0]
-    if dest.shape != (rows,):
+    if dest is not None and dest.shape != (rows,):
         raise ValueError(f"dest has shape {tuple(dest.shape)}, expected ({rows},): one destination per row")
     if rows == 0:
         return
@@ -466,10 +468,11 @@ def write_rows(
     values = values if values.stride(1) == 1 else values.contiguous()
     block_d = triton.next_power_of_2(codec.dim)
     per_program = max(1, 4096 // block_d)
+    dest_arg = values if dest is None else dest.contiguous()  # unused when None
     _cache_write_kernel[(triton.cdiv(rows, per_program),)](
-        values, dest if src is None else src.contiguous(), dest.contiguous(), region.data, rows, codec.dim,
+        values, dest_arg if src is None else src.contiguous(), dest_arg, region.data, rows, codec.dim,
         values.stride(0), region.stride0, region.stride1, pool.shape[1], FMT=region.fmt,
-        HAS_SRC=src is not None, ROWS=per_program, BLOCK_D=block_d,
+        HAS_SRC=src is not None, HAS_DEST=dest is not None, ROWS=per_program, BLOCK_D=block_d,
     )
 
 

@@ -1,0 +1,197 @@
+"""Device launches of one graphed decode step, per op family, without a GPU.
+
+The `cuda` backend's op table runs under Triton's CPU interpreter (TRITON_INTERPRET=1, set here before
+triton is imported) on a tiny model with the layer kinds of profile_step's 5-layer slice (SWA + Engram,
+Full C2, Full C1 candidate source, Reindex, Reuse; DSpark block), release cache. A recorder standing in
+for CUDA graphs re-runs the step: its replay is what a graph would hold, and is what gets counted.
+Counted as launches: each Triton kernel launch, and each torch op that would launch a kernel on a GPU
+(every dispatched aten op but views, shape queries and allocations; the torch ops Triton's interpreter
+runs inside a launch are not counted). Families as profile_step.py's OP_FAMILIES (ops run inside other
+ops count for the outermost one, as profile_step attributes them to the innermost range: the cuda ops
+call no table op); the rest is "elementwise/copies/other".
+
+    python benchmarks/launch_count.py [--dtype bfloat16 float32] [--invariant] [--kernels] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import argparse
+import functools
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from profile_step import OP_FAMILIES, OTHER
+from reference_forward import random_weights, token_map
+from torch.utils._python_dispatch import TorchDispatchMode
+from triton.runtime.interpreter import InterpretedFunction
+
+from deepinfer.config import ModelConfig, engram_table_rows
+from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
+from deepinfer.models.interface import ForwardBatch, SequenceSegment
+from deepinfer.ops import Ops
+from deepinfer.ops.reference.backend import ReferenceBackend
+from deepinfer.testing.configs import flash_slice_config_dict, tiny_config_dict
+from deepinfer_kernels_cuda.backend import CudaBackend
+
+# aten ops that launch nothing on a GPU: views, metadata, allocations, host scalars
+NO_LAUNCH = {
+    "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "permute", "transpose", "t",
+    "slice", "select", "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes", "chunk",
+    "narrow", "unflatten", "flatten", "view_as", "expand_as", "empty", "empty_like", "empty_strided",
+    "new_empty", "new_empty_strided", "lift_fresh", "sym_size", "sym_stride", "sym_numel", "dim", "size",
+    "stride", "is_contiguous", "_reshape_alias", "diagonal", "movedim", "real", "imag", "view_as_real",
+    "view_as_complex", "set_", "resize_",
+}
+
+
+class Counts:
+    """Launches of the counted region per (family, kernel or aten op name)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.stack: list[str] = []
+        self.in_triton = 0
+        self.launches: Counter[tuple[str, str]] = Counter()
+
+    def add(self, name: str) -> None:
+        if self.on:
+            self.launches[self.stack[0] if self.stack else OTHER, name] += 1
+
+    def labelled(self, fn: Callable, label: str) -> Callable:
+        @functools.wraps(fn)
+        def ranged(*args: Any, **kwargs: Any) -> Any:
+            self.stack.append(label)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.stack.pop()
+        return ranged
+
+    def families(self) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for (fam, _), n in self.launches.items():
+            out[fam] += n
+        return dict(out.most_common())
+
+
+class AtenCounter(TorchDispatchMode):
+    def __init__(self, counts: Counts) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        if not self.counts.in_triton and name not in NO_LAUNCH:
+            self.counts.add(f"aten::{name}")
+        return func(*args, **(kwargs or {}))
+
+
+def count_triton(counts: Counts) -> Callable[[], None]:
+    """Counts every interpreted Triton launch into `counts` (and hides the torch ops the interpreter
+    runs for it) until the returned undo is called."""
+    run = InterpretedFunction.run
+
+    def counted(self: InterpretedFunction, *args: Any, **kwargs: Any) -> Any:
+        counts.add(self.fn.__name__)
+        counts.in_triton += 1
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            counts.in_triton -= 1
+
+    InterpretedFunction.run = counted
+    return lambda: setattr(InterpretedFunction, "run", run)
+
+
+def slice_like_config() -> ModelConfig:
+    """profile_step's 5-layer Flash slice schedule at the tiny configs' widths."""
+    slice_text = flash_slice_config_dict(num_layers=5)["text_config"]
+    cfg = tiny_config_dict("full")
+    t = cfg["text_config"]
+    for key in ("num_hidden_layers", "compress_ratios", "kv_source_layer_ids", "index_source_layer_ids",
+                "candidate_source_layer_id", "engram_layer_ids", "num_nextn_predict_layers",
+                "dspark_target_layer_ids"):
+        t[key] = slice_text[key]
+    t["engram_num_embeddings"] = engram_table_rows(t["engram_layer_ids"], t["engram_max_ngram_size"],
+                                                   t["engram_n_heads"], t["engram_vocab_size"])
+    return ModelConfig.from_hf_dict(cfg)
+
+
+def decode_step_launches(dtype: torch.dtype, invariant: bool, prompt: int = 40) -> Counts:
+    counts = Counts()
+    config = slice_like_config()
+    cuda, reference = CudaBackend(), ReferenceBackend()
+    table = {**reference.ops(batch_invariant=invariant), **cuda.ops(batch_invariant=invariant)}
+    table = {n: counts.labelled(fn, OP_FAMILIES.get(n, n)) for n, fn in table.items()}
+    ops = Ops("cuda", table, (), cuda.plan, invariant)
+    runtime = build_runtime(config, random_weights(config, torch.device("cpu")), dtype=dtype, ops=ops,
+                            engram_token_map=token_map(config),
+                            options=RuntimeOptions(cache_precision="release", batch_invariant=invariant))
+    runtime.model.logits = counts.labelled(runtime.model.logits, "LM head")
+
+    def recorder(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
+        out = step()
+
+        def replay() -> None:
+            counts.on = True
+            try:
+                with AtenCounter(counts):
+                    out.copy_(step())
+            finally:
+                counts.on = False
+        return out, replay
+
+    runtime.graph_recorder = recorder
+    runtime.allocate_cache(8, 2)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, runtime.vocab_size, (prompt,), generator=gen).tolist()
+    table_blocks = [1]
+    runtime.forward(ForwardBatch([SequenceSegment(1, table_blocks, 0, ids)]))
+    step = ForwardBatch([SequenceSegment(1, table_blocks, prompt, [5])])
+    runtime.forward(step)  # captures
+    counts.launches.clear()
+    undo = count_triton(counts)
+    try:
+        runtime.forward(step)  # replays
+    finally:
+        undo()
+    return counts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument("--invariant", action="store_true", help="also count the batch-invariant table")
+    p.add_argument("--kernels", action="store_true", help="list every kernel / aten op per family")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    results: dict[str, Any] = {}
+    for dtype in args.dtype:
+        for invariant in (False, True) if args.invariant else (False,):
+            counts = decode_step_launches(getattr(torch, dtype), invariant)
+            case = f"{dtype}{' invariant' if invariant else ''}"
+            fams = counts.families()
+            total = sum(fams.values())
+            results[case] = {"total": total, "families": fams,
+                             "kernels": {f"{f} | {k}": n for (f, k), n in sorted(counts.launches.items())}}
+            print(f"\n### decode b1, {case}: {total} launches/step")
+            for f, n in fams.items():
+                print(f"  {f:28s} {n:4d}")
+                if args.kernels:
+                    for (ff, k), m in sorted(counts.launches.items()):
+                        if ff == f:
+                            print(f"      {k:40s} {m:3d}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
