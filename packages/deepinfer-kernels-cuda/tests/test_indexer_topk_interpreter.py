@@ -3,8 +3,8 @@ chunks forced) gives exactly the one-program path's ids, and both equal a torch 
 rule (largest by order key, ties to the lowest ids, ids ascending, then -1), on tied scores, -inf tails,
 allowed masks, k above the visible count and capacities that are no multiple of the chunk. Then the
 whole op (paged raw keys, the path chosen on the host) against the reference op on integer inputs whose
-scores are exact in any summation order. The interpreter must be switched on before triton is
-imported, hence a subprocess."""
+scores are exact in any summation order, and its candidate-block mask. The interpreter must be switched
+on before triton is imported, hence a subprocess."""
 
 import pytest
 
@@ -14,7 +14,7 @@ _SCRIPT = r"""
 import torch
 from deepinfer.cache.codecs import Codec
 from deepinfer.ops.reference.cache_quant import QUANT_OPS
-from deepinfer.ops.reference.indexer import indexer_logits, indexer_topk as ref_topk
+from deepinfer.ops.reference.indexer import candidate_blocks, indexer_logits, indexer_topk as ref_topk
 from deepinfer_kernels_cuda.indexer import indexer_topk, select_chunk, topk_select
 
 INF = float("inf")
@@ -101,9 +101,15 @@ for kw in ({}, {"allowed": allowed}):
         ids, want_ids = top[r][top[r] >= 0], want[r][want[r] >= 0]
         assert len(ids) == len(want_ids) and (top[r, len(ids) :] == -1).all()
         assert torch.equal(row_scores[r, ids].sort().values, row_scores[r, want_ids].sort().values)
+# candidate sources (263 blocks of 8 per row): the reference's mask of these scores, written by the scores
+# kernel when every block is kept, else computed from the scores by the reference's code
+for topk_blocks in (263, 300, 100):
+    _, mask = indexer_topk(*args, candidates=(topk_blocks, 8))
+    assert torch.equal(mask, candidate_blocks(scores, visible, topk_blocks, 8)), topk_blocks
 print("ok")
 """
 
 
 def test_chunked_topk_select_matches_one_program_and_oracle_in_the_interpreter(run_in_interpreter):
     run_in_interpreter(_SCRIPT, timeout=600)
+

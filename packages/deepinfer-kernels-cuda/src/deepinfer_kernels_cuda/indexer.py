@@ -81,21 +81,37 @@ def indexer_logits(
     return out
 
 
+@triton.jit
+def _all_blocks_mask(scores, visible, CAND: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`candidate_blocks` of this program's scores [BLOCK_N] (whole blocks of CAND entries) when every block
+    of the row is among the best: a block is kept if it is the latest visible one or its max-pool is
+    > -inf (a NaN max-pools to NaN: dropped); an entry if its block is kept and its score is finite."""
+    live = tl.reshape((scores > -float("inf")).to(tl.int32), (BLOCK_N // CAND, CAND))
+    nan = tl.reshape((scores != scores).to(tl.int32), (BLOCK_N // CAND, CAND))
+    pooled = (tl.max(live, axis=1) > 0) & (tl.max(nan, axis=1) == 0)
+    latest = tl.where(visible > 0, (visible - 1) // CAND, -1)
+    b = (tl.program_id(1) * BLOCK_N) // CAND + tl.arange(0, BLOCK_N // CAND)
+    keep = tl.reshape(tl.broadcast_to(((b == latest) | pooled)[:, None], (BLOCK_N // CAND, CAND)), (BLOCK_N,))
+    return keep & (scores > -float("inf")) & (scores < float("inf"))
+
+
 @triton.jit(do_not_specialize=["bt_stride"])  # table widths: no new kernel per width
 def _paged_scores_kernel(
     q_ptr, w_ptr, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr, visible_ptr, out_ptr,
-    heads, D, capacity, q_stride_t, q_stride_h, w_stride_t,
+    mask_ptr, heads, D, capacity, q_stride_t, q_stride_h, w_stride_t,
     FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, CAND: tl.constexpr,
 ):
     """Scores of one row against BLOCK_N entries of its sequence's keys (paged, decoded in registers);
-    -inf past the row's visible count."""
+    -inf past the row's visible count. CAND > 0: also the candidate mask of blocks of CAND entries when
+    every block is kept (`_all_blocks_mask`)."""
     t = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     seq = tl.load(seg_ptr + t).to(tl.int64)
-    valid = n < tl.load(visible_ptr + t)
+    visible = tl.load(visible_ptr + t)
+    valid = n < visible
     j = tl.where(valid, n, 0).to(tl.int64)
     block = tl.load(bt_ptr + seq * bt_stride + j // per_block, mask=valid, other=0).to(tl.int64)
     ty = q_ptr.dtype.element_ty
@@ -107,6 +123,9 @@ def _paged_scores_kernel(
     scores = tl.sum((dots * w[:, None]).to(ty).to(tl.float32), axis=0)
     scores = tl.where(valid, scores, -float("inf"))
     tl.store(out_ptr + t.to(tl.int64) * capacity + n, scores, mask=n < capacity)
+    if CAND > 0:
+        keep = _all_blocks_mask(scores, visible, CAND, BLOCK_N)
+        tl.store(mask_ptr + t.to(tl.int64) * capacity + n, keep, mask=n < capacity)
 
 
 @triton.jit
@@ -357,23 +376,32 @@ def indexer_topk(
     pool: scores as `indexer_logits` into a [T, capacity] float32 buffer, then `topk_select` (one
     program per row, or several per row when few rows: the same result either way).
     Same contract as the reference op, except the order of the -1 padding: ids ascending, then -1s.
-    The candidate-block mask (candidate sources) is computed from the scores by the reference's torch code.
+    The candidate-block mask (candidate sources) is computed from the scores by the reference's torch code,
+    or, when every block is kept, by the scores kernel.
     """
     t, heads, d = q.shape
     scores = torch.empty(t, capacity, dtype=torch.float32, device=q.device)
+    block_n = 64
+    # every candidate block kept (the row width holds at most topk_blocks): the scores kernel writes the mask
+    in_kernel = candidates is not None and triton.cdiv(capacity, candidates[1]) <= candidates[0] \
+        and block_n % candidates[1] == 0
+    mask = torch.empty(t, capacity, dtype=torch.bool, device=q.device) if in_kernel else scores
     if t and capacity:
         region = cache_region(pool, codec.format, codec.dtype)
         q = q if q.stride(-1) == 1 else q.contiguous()
         weights = weights.to(q.dtype).contiguous()
-        block_n = 64
         _paged_scores_kernel[(t, triton.cdiv(capacity, block_n))](
             q, weights, region.data, region.stride0, region.stride1, region.data.shape[1],
-            block_tables, block_tables.stride(0), row_seg, visible, scores, heads, d, capacity,
+            block_tables, block_tables.stride(0), row_seg, visible, scores, mask, heads, d, capacity,
             q.stride(0), q.stride(1), weights.stride(0),
             FMT=region.fmt, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
             BLOCK_D=max(16, triton.next_power_of_2(d)),
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", CAND=candidates[1] if in_kernel else 0,
+            num_warps=4,
         )
-    mask = None if candidates is None else candidate_blocks(scores, visible, *candidates)
+    if candidates is None:
+        mask = None
+    elif not in_kernel:
+        mask = candidate_blocks(scores, visible, *candidates)
     top = topk_select(scores, k, allowed)
     return top, mask
