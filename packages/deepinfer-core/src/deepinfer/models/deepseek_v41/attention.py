@@ -73,7 +73,7 @@ class Attention:
         rows = step.rows(spec)
         if x.shape[0] != rows.count:
             raise ValueError(f"layer {spec.index}: {x.shape[0]} input rows, the step computes {rows.count}")
-        angles = self.rope.angles(rows.positions)
+        angles = step.angles(self.rope, rows.positions)
         q_a, kv_a = self.w_in(x)
         q_latent = self.ops.rms_norm(q_a, self.q_norm, self.eps)
         q_heads, *index_q = self.w_q_up(q_latent)
@@ -126,7 +126,7 @@ class Attention:
         new = step.meta.compression[spec.compress_ratio]
         state = step.cache.compressor_state(spec.index) if spec.compress_ratio > 1 else None
         latent = self.compressor(x, new, state)
-        angles = self.rope.angles(new.entry_positions)  # entry j sits at its group's first token
+        angles = step.angles(self.rope, new.entry_positions)  # entry j sits at its group's first token
         kv_pages, key_pages = step.cache.compressed_kv(spec.index), step.cache.index_keys(spec.index)
         ops.cache_write(kv_pages.data, new.pool_dest, ops.rope_interleaved(latent, angles), kv_pages.codec)
         ops.cache_write(key_pages.data, new.pool_dest, self.indexer.keys(latent, angles), key_pages.codec)

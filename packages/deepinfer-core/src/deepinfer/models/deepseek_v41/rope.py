@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +33,13 @@ def rope_frequencies(dim: int, theta: float, yarn: RopeScaling | None = None) ->
 @dataclass(frozen=True)
 class Rope:
     freqs: torch.Tensor  # float32 [rope_dim / 2]
+    key: Hashable  # equal keys: equal freqs (one model's layers with the same θ and YaRN flag)
 
     @classmethod
     def for_layer(cls, cfg: TextConfig, spec: LayerSpec, device: torch.device | str = "cpu") -> Rope:
         yarn = cfg.rope_scaling if spec.uses_yarn else None
-        return cls(rope_frequencies(cfg.qk_rope_head_dim, spec.rope_theta, yarn).to(device))
+        freqs = rope_frequencies(cfg.qk_rope_head_dim, spec.rope_theta, yarn).to(device)
+        return cls(freqs, (spec.rope_theta, spec.uses_yarn))
 
     def angles(self, positions: torch.Tensor) -> torch.Tensor:
         """Absolute positions [n] -> float32 angles [n, rope_dim / 2] (integer positions promote to

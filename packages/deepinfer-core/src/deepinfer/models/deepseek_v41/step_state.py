@@ -7,6 +7,7 @@ and candidate mask of the latest index source, and which KV source has written t
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ from deepinfer.models.deepseek_v41.metadata import (
     StepGeometry,
     StepMetadata,
 )
+from deepinfer.models.deepseek_v41.rope import Rope
 from deepinfer.models.interface import ForwardBatch
 
 __all__ = ["BoundedReplay", "ReplayMode", "Selection", "StepState", "check_replay", "step_geometry"]
@@ -79,6 +81,8 @@ class StepState:
         self.compressed_by: int | None = None  # KV source whose compressor ran last in this step
         self.topk: Selection | None = None
         self.candidates: Selection | None = None
+        # RoPE angles by (frequency table, positions): layers with one θ and YaRN flag share them
+        self._angles: dict[tuple[Hashable, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def build(
@@ -90,6 +94,14 @@ class StepState:
         builder = MetadataBuilder(step_geometry(cfg, cache, replay), cache.blocks.device)
         last_is_consumer = cfg.layers[cfg.num_hidden_layers - 1].is_yoco_consumer
         return cls(cfg, cache, builder.build(batch, last_is_consumer))
+
+    def angles(self, rope: Rope, positions: torch.Tensor) -> torch.Tensor:
+        """rope.angles(positions), computed once per step for all layers with rope's frequency table."""
+        key = (rope.key, id(positions))
+        hit = self._angles.get(key)
+        if hit is None:  # the entry holds `positions`: its id stays unique while the step lives
+            hit = self._angles[key] = (positions, rope.angles(positions))
+        return hit[1]
 
     def rows(self, spec: LayerSpec) -> RowSet:
         return self.meta.consumer_rows if spec.is_yoco_consumer else self.meta.all_rows
