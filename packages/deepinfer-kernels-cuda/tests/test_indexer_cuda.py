@@ -60,7 +60,7 @@ def _reference_scores(ref_ops, q, w, pool, codec, block_tables, row_seg, visible
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "raw"])
 @pytest.mark.parametrize("t,capacity,extra", [(1, 4096, None), (5, 4096, "allowed"), (70, 1024, "candidates"),
-                                              (3, 32768, None)])
+                                              (3, 32768, None), (2, 4096, "all blocks")])
 def test_indexer_topk_selects_the_best_entries(cuda_ops, ref_ops, poison, fmt, t, capacity, extra):
     assert "indexer_topk" not in cuda_ops.fallbacks
     args = _topk_inputs(t, fmt, capacity, seed=t)
@@ -70,6 +70,8 @@ def test_indexer_topk_selects_the_best_entries(cuda_ops, ref_ops, poison, fmt, t
         kwargs["allowed"] = torch.rand(t, capacity, device="cuda") < 0.5
     if extra == "candidates":
         kwargs["candidates"] = (4, 128)
+    if extra == "all blocks":  # 512 blocks of 8, all kept: the scores kernel writes the mask
+        kwargs["candidates"] = (512, 8)
     top, mask = cuda_ops.indexer_topk(*args, capacity, k, **kwargs)
     want_top, want_mask = ref_ops.indexer_topk(*args, capacity, k, **kwargs)
     scores = _reference_scores(ref_ops, *args, capacity)
@@ -87,6 +89,8 @@ def test_indexer_topk_selects_the_best_entries(cuda_ops, ref_ops, poison, fmt, t
     if extra == "candidates":
         agree = (mask == want_mask).all(dim=1).float().mean()
         assert agree > 0.95, agree  # block maxima can swap order where scores differ by a rounding
+    elif extra == "all blocks":
+        assert torch.equal(mask, want_mask)
     else:
         assert mask is None and want_mask is None
 
