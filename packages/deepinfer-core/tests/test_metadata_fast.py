@@ -4,7 +4,8 @@ fixtures/step_metadata.json holds, per step, a digest over every tensor (dtype, 
 host value of the StepMetadata that the builder of commit 5b88a6b (before the incremental, fixed-plan
 builder) produced for the scenarios below: eager prefill, mixed, decode and verification steps, fixed shapes
 with padding, bounded replay, Engram, several compress ratios, block tables that grow between steps
-and slots handed to new sequences. Regenerate only for an intended change of the metadata:
+and slots handed to new sequences (re-recorded when RowSet.visible was added, every earlier field's digest
+checked unchanged first). Regenerate only for an intended change of the metadata:
 `python packages/deepinfer-core/tests/test_metadata_fast.py`.
 """
 
@@ -199,3 +200,15 @@ def test_fixed_shape_errors_name_the_problem() -> None:
         builder.build(ForwardBatch([_seg(1, [2], 5, 0)]), False, FixedShape(1, 2, 1, "last"))
     with pytest.raises(ValueError, match=r"slots must lie in \[1, 9\)"):
         builder.build(ForwardBatch([_seg(9, [2], 5, 2)]), False, FixedShape(1, 2, 1, "last"))
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_visible_counts_are_complete_groups_up_to_each_row(name: str) -> None:
+    geo = GEOMETRIES[name]
+    builder = MetadataBuilder(geo, "cpu")
+    for label, batch, last, shape, _ in scenarios(geo):
+        meta = builder.build(batch, last, shape)
+        for rows in (meta.all_rows, meta.consumer_rows):
+            assert sorted(rows.visible) == sorted(geo.ratios)
+            for r, visible in rows.visible.items():
+                assert torch.equal(visible, (rows.positions + 1) // r), (label, r)

@@ -64,11 +64,8 @@ class Indexer:
                 raise RuntimeError(f"layer {spec.index} needs candidates, but no candidate source ran")
             allowed = step.candidates.value
         keys = step.cache.index_keys(spec.kv_source)
-        visible = rows.positions + 1  # entries of complete groups up to this row's token
-        if ratio > 1:
-            visible = visible // ratio
         top, mask = self.ops.indexer_topk(
-            q, w, keys.data, keys.codec, step.meta.block_tables, rows.row_seg, visible,
+            q, w, keys.data, keys.codec, step.meta.block_tables, rows.row_seg, rows.visible[ratio],
             step.meta.compression[ratio].capacity, self.topk, allowed=allowed,
             candidates=(self.topk_blocks, self.block) if spec.is_candidate_source else None,
         )

@@ -81,6 +81,8 @@ class RowSet:
     positions [n] / row_seg [n]: absolute position and sequence of each row. window [n, W]: each row's
     window keys, r < S * L = ring row r (slot * L + pos % L), r >= S * L = row r - S * L of this set,
     -1 = none. ring_dest/ring_src: ring rows that receive this set's keys, and the rows they come from.
+    visible[r] [n]: compressed entries of ratio r that each row sees (complete groups up to its token),
+    (position + 1) // r.
     """
 
     count: int
@@ -90,6 +92,7 @@ class RowSet:
     window: torch.Tensor
     ring_dest: torch.Tensor
     ring_src: torch.Tensor
+    visible: dict[int, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -318,6 +321,8 @@ class FixedPlan:
         add("all.window", rows, w, per=n)
         add("all.ring_dest", rows, per=n)
         add("all.ring_src", rows, value=every_row)
+        for r in geo.ratios:
+            add(f"all.visible{r}", rows, per=n)
         if mode != "off":
             add("consumer.window", rows, w, per=n)
         if mode == "compact":
@@ -382,8 +387,8 @@ class FixedPlan:
         rows = shape.num_seqs * shape.tokens
 
         def row_set(window: torch.Tensor) -> RowSet:
-            return RowSet(rows, self.bounds, t["all.positions"], t["all.row_seg"], window,
-                          t["all.ring_dest"], t["all.ring_src"])
+            return RowSet(rows, self.bounds, t["all.positions"], t["all.row_seg"], window, t["all.ring_dest"],
+                          t["all.ring_src"], {r: t[f"all.visible{r}"] for r in geo.ratios})
 
         all_rows = row_set(t["all.window"])
         consumer_rows = all_rows if geo.replay.mode == "off" else row_set(t["consumer.window"])
@@ -417,6 +422,7 @@ class FixedPlan:
         self._window(v)
         np.add(pos % ring, (slot * ring)[:, None], out=v["all.ring_dest"])
         for r in geo.ratios:
+            np.floor_divide(pos + 1, r, out=v[f"all.visible{r}"])
             self._compression(v, r, pos)
         if geo.engram_n:
             self._engram(v, pos)
@@ -561,7 +567,8 @@ class MetadataBuilder:
         def row_set(prefix: str, host: tuple) -> RowSet:
             bounds, count = host
             return RowSet(count, bounds, t[f"{prefix}.positions"], t[f"{prefix}.row_seg"],
-                          t[f"{prefix}.window"], t[f"{prefix}.ring_dest"], t[f"{prefix}.ring_src"])
+                          t[f"{prefix}.window"], t[f"{prefix}.ring_dest"], t[f"{prefix}.ring_src"],
+                          {r: t[f"{prefix}.visible{r}"] for r in geo.ratios})
 
         all_rows = row_set("all", all_host)
         consumer_rows = all_rows if consumer_host is all_host else row_set("consumer", consumer_host)
@@ -604,6 +611,8 @@ class MetadataBuilder:
         stored = (pos >= lo[seg]) & (pos >= end[seg] - ring)  # newer rows would overwrite older ones
         arrays[f"{prefix}.ring_dest"] = (slots[seg] * ring + pos % ring)[stored]
         arrays[f"{prefix}.ring_src"] = np.flatnonzero(stored).astype(np.int64)
+        for r in geo.ratios:
+            arrays[f"{prefix}.visible{r}"] = (pos + 1) // r
         bounds = tuple(zip(begin.tolist(), (begin + n).tolist(), strict=True))
         return bounds, int(n.sum())
 
