@@ -98,14 +98,20 @@ def _all_blocks_mask(scores, visible, CAND: tl.constexpr, BLOCK_N: tl.constexpr)
 @triton.jit(do_not_specialize=["bt_stride"])  # table widths: no new kernel per width
 def _paged_scores_kernel(
     q_ptr, w_ptr, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr, visible_ptr, out_ptr,
-    mask_ptr, heads, D, capacity, q_stride_t, q_stride_h, w_stride_t,
+    mask_ptr, hist_ptr, T, heads, D, capacity, q_stride_t, q_stride_h, w_stride_t,
     FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, CAND: tl.constexpr,
+    PRECISION: tl.constexpr, CAND: tl.constexpr, ZERO_HIST: tl.constexpr,
 ):
     """Scores of one row against BLOCK_N entries of its sequence's keys (paged, decoded in registers);
     -inf past the row's visible count. CAND > 0: also the candidate mask of blocks of CAND entries when
-    every block is kept (`_all_blocks_mask`)."""
+    every block is kept (`_all_blocks_mask`). ZERO_HIST: the row's first program zeroes its digit counts
+    hist [4, T, 256] of the select that follows (`topk_select`'s `hist`)."""
     t = tl.program_id(0)
+    if ZERO_HIST:
+        bins = tl.arange(0, 256)
+        first = bins < tl.where(tl.program_id(1) == 0, 256, 0)  # only the row's first program stores
+        for p in tl.static_range(4):
+            tl.store(hist_ptr + (p * T + t) * 256 + bins, tl.zeros((256,), tl.int32), mask=first)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
@@ -313,7 +319,8 @@ def select_chunk(rows: int, capacity: int) -> int:
 
 
 def topk_select(
-    scores: torch.Tensor, k: int, allowed: torch.Tensor | None = None, *, chunk: int | None = None
+    scores: torch.Tensor, k: int, allowed: torch.Tensor | None = None, *, chunk: int | None = None,
+    hist: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per row of scores [T, capacity] float32: the ids of the k largest finite (and `allowed`) scores,
     ascending, then -1 padding -> [T, k] long. Ties at the k-th score go to the lowest ids; scores are
@@ -324,6 +331,7 @@ def topk_select(
     row over several programs in 6 launches (4 digit passes with atomic counts, per-chunk counts, ids).
     Both paths compute the same digits, so the output is identical: the path, chosen from T and the
     capacity only, does not change a row's result (batch invariant). No host syncs (graph-capturable).
+    `hist`: zeroed int32 [4, T, 256] digit counts for the several-programs path (None: zeroed here).
     """
     rows, capacity = scores.shape
     if scores.dtype != torch.float32 or not scores.is_contiguous():
@@ -345,7 +353,11 @@ def topk_select(
     if chunk < 1 or block & (block - 1) or chunk % block:
         raise ValueError(f"topk_select: chunk {chunk} is no multiple of {_BLOCK} nor a power of two below it")
     chunks = triton.cdiv(capacity, chunk)
-    hist = torch.zeros(4, rows, 256, dtype=torch.int32, device=scores.device)
+    if hist is None:
+        hist = torch.zeros(4, rows, 256, dtype=torch.int32, device=scores.device)
+    elif hist.shape != (4, rows, 256) or hist.dtype != torch.int32:
+        raise ValueError(f"topk_select: hist must be int32 [4, {rows}, 256], got {hist.dtype} "
+                         f"{tuple(hist.shape)}")
     counts = torch.empty(rows, chunks, 2, dtype=torch.int32, device=scores.device)
     common = {"HAS_ALLOWED": allowed is not None, "BLOCK": block, "num_warps": 4}
     for p in range(4):
@@ -386,22 +398,25 @@ def indexer_topk(
     in_kernel = candidates is not None and triton.cdiv(capacity, candidates[1]) <= candidates[0] \
         and block_n % candidates[1] == 0
     mask = torch.empty(t, capacity, dtype=torch.bool, device=q.device) if in_kernel else scores
+    # the select's digit counts (several programs per row) zeroed by the scores kernel: one launch fewer
+    chunked = select_chunk(t, capacity) < capacity
+    hist = torch.empty(4, t, 256, dtype=torch.int32, device=q.device) if chunked else scores
     if t and capacity:
         region = cache_region(pool, codec.format, codec.dtype)
         q = q if q.stride(-1) == 1 else q.contiguous()
         weights = weights.to(q.dtype).contiguous()
         _paged_scores_kernel[(t, triton.cdiv(capacity, block_n))](
             q, weights, region.data, region.stride0, region.stride1, region.data.shape[1],
-            block_tables, block_tables.stride(0), row_seg, visible, scores, mask, heads, d, capacity,
+            block_tables, block_tables.stride(0), row_seg, visible, scores, mask, hist, t, heads, d, capacity,
             q.stride(0), q.stride(1), weights.stride(0),
             FMT=region.fmt, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
             BLOCK_D=max(16, triton.next_power_of_2(d)),
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", CAND=candidates[1] if in_kernel else 0,
-            num_warps=4,
+            ZERO_HIST=chunked, num_warps=4,
         )
     if candidates is None:
         mask = None
     elif not in_kernel:
         mask = candidate_blocks(scores, visible, *candidates)
-    top = topk_select(scores, k, allowed)
+    top = topk_select(scores, k, allowed, hist=hist if chunked and t and capacity else None)
     return top, mask
