@@ -10,12 +10,10 @@ BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the ta
 `-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes; `-uBN_BM_BK_WARPS_STAGES` the
 fused decode path (shared expert in the routed launches, combine in the down kernel) with this down tile
 (`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile; a sixth number > 1: one program per
-slot, the last to arrive combining; on a `-d` tile: gate+up split over that many column ranges), `-u0`
+slot, the last to arrive combining), `-u0`
 the unfused decode path; `-r`
-the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS; `-p0` the fused decode
-path's gate and up in two K loops (`moe.DECODE_PAIRED`), `-x0` its FP8 shared expert scaled on the weight
-tile (`moe.DECODE_X_SCALE`). `base`: the `moe` of the file `--baseline` names (an earlier moe.py, same
-weights). A variant that does
+the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS. `base`: the `moe` of
+the file `--baseline` names (an earlier moe.py, same weights). A variant that does
 not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped tile below, or one
 whose rows per block are not within half to twice the mean assignments per expert) is skipped there.
 `--profile`: GPU time per kernel of every variant timed.
@@ -77,19 +75,16 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
 
 
 def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWeights, bool, object, object,
-                                                                            object, int | None, dict]:
+                                                                            object, int | None]:
     """(weights, batch_invariant, decode override, grouped tile, fused-decode down override, router GEMV
-    tokens, other `moe` module flags) of a layout name (module docstring)."""
+    tokens) of a layout name (module docstring)."""
     base, *flags = layout.split("-")
     if base not in ("fp4", "fp8", "base"):
         raise ValueError(f"layout {layout!r}: expected fp4, fp8 or base with suffixes")
     weights = fp8 if base == "fp8" else fp4
     decode = grouped = down = router = None
-    switches = {}
     for flag in flags:
-        if flag in ("p0", "x0"):
-            switches["DECODE_PAIRED" if flag == "p0" else "DECODE_X_SCALE"] = False
-        elif flag in ("r", "r0"):
+        if flag in ("r", "r0"):
             router = 10 if flag == "r" else 0
         elif flag == "ops":
             weights = replace(weights, experts=replace(weights.experts, asm=False))
@@ -106,7 +101,7 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
                 down = tile
         elif flag != "inv":
             raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
-    return weights, "inv" in flags, decode, grouped, down, router, switches
+    return weights, "inv" in flags, decode, grouped, down, router
 
 
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
@@ -116,7 +111,7 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
     rows = []
     for t in tokens:
         for layout in layouts:
-            weights, inv, decode, grouped, down, router, switches = variant(layout, ours, fp8)
+            weights, inv, decode, grouped, down, router = variant(layout, ours, fp8)
             decoding = t * dims["topk"] <= moe.DECODE_ASSIGNMENTS
             mean = t * dims["topk"] / dims["experts"]
             if ((decode is not None or down is not None) and not decoding) or (grouped is not None and (
@@ -129,9 +124,6 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
             lookup = moe.configs.lookup_moe
             if grouped is not None:
                 moe.configs.lookup_moe = partial(_fixed, grouped)
-            saved = {name: getattr(moe, name) for name in switches}
-            for name, value in switches.items():
-                setattr(moe, name, value)
             op = baseline.moe if layout.startswith("base") else moe.moe
             try:
                 rows.append(_point(t, weights, ref, roof, dims, layout, inv, op))
@@ -144,8 +136,6 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
                 moe.ROUTER_GEMV_TOKENS = router_tokens
                 moe.configs.lookup_moe = lookup
-                for name, value in saved.items():
-                    setattr(moe, name, value)
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 
 

@@ -34,10 +34,9 @@ def layer(prep_e, prep_l):
 ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
 gemv = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(8, 1, 32, 1, 4, 1))  # 2 K steps of 32 in the down
 mma = (TileConfig(64, 16, 32, 1, 4, 1), TileConfig(16, 16, 32, 1, 4, 1))
-# split_k > 1: gate+up over 2 column halves (the last to arrive finishes the tile); down a program per slot,
-# the last to arrive combining (bitwise the per-token programs' sum)
-split = (TileConfig(32, 16, 32, 2, 4, 1), TileConfig(16, 1, 32, 4, 4, 1))
-split_mma = (TileConfig(16, 1, 32, 2, 4, 1), TileConfig(32, 16, 32, 4, 4, 1))
+# down split_k > 1: a program per slot, the last to arrive combining (bitwise the per-token programs' sum)
+split = (TileConfig(32, 16, 32, 1, 4, 1), TileConfig(16, 1, 32, 4, 4, 1))
+split_mma = (TileConfig(16, 1, 32, 1, 4, 1), TileConfig(32, 16, 32, 4, 4, 1))
 assert moe._fused_decode_tiles(1, layer(moe.prepare_experts, linear.prepare_linear)) is None  # no table
 for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True, 1, mma), (False, 3, split),
                       (True, 2, split_mma)):
@@ -52,6 +51,13 @@ for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True,
         assert torch.equal(got, moe.moe(x, ours, mask)), tiles
     moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
     assert rel(got, ref_moe.moe(x, ref, mask)) < 1e-5, (fp8, t, tiles)
+moe.DECODE_OVERRIDE, moe.DECODE_DOWN_OVERRIDE = replace(mma[0], split_k=2), mma[1]
+try:  # the gate+up tile takes no split K
+    moe.moe(torch.randn(1, h), layer(moe.prepare_experts, linear.prepare_linear))
+    raise AssertionError("a gate+up tile with split_k 2 ran")
+except ValueError as err:
+    assert "split_k 2" in str(err)
+moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
 moe.ROUTER_GEMV_TOKENS = 16  # the router's CUDA-core GEMV: BF16 and float32 inputs, ragged token counts
 for t, dtype in ((1, torch.bfloat16), (3, torch.float32), (9, torch.bfloat16)):
     x = torch.randn(t, h).to(dtype)
