@@ -148,6 +148,12 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 _PAD = np.zeros(1, dtype=np.int64)
 
 
+def _entry_positions(t: dict[str, torch.Tensor], r: int) -> torch.Tensor:
+    """Compression.entry_positions of ratio r: at ratio 1 the positions of all rows, the same tensor (so
+    RoPE angles computed for the rows serve the new entries too: StepState.angles)."""
+    return t["all.positions"] if r == 1 else t[f"c{r}.entry_positions"]
+
+
 class Staging:
     """Persistent int64 buffers: two host buffers (pinned on accelerators) and one device buffer.
 
@@ -330,9 +336,9 @@ class FixedPlan:
         self.per_seq: dict[int, int] = {}
         for r in geo.ratios:
             self.per_seq[r] = p = -(-n // r)
-            add(f"c{r}.entry_positions", b * p, per=p)
             add(f"c{r}.pool_dest", b * p, per=p)
             if r > 1:
+                add(f"c{r}.entry_positions", b * p, per=p)
                 add(f"c{r}.sources", b * p, r, per=p)
                 add(f"c{r}.state_dest", rows, per=n)
                 add(f"c{r}.state_src", rows, value=every_row)
@@ -394,7 +400,7 @@ class FixedPlan:
         consumer_rows = all_rows if geo.replay.mode == "off" else row_set(t["consumer.window"])
         compression = {
             r: Compression(r, shape.table_width * (BLOCK_TOKENS // r), shape.num_seqs * self.per_seq[r],
-                           t[f"c{r}.entry_positions"], t[f"c{r}.pool_dest"], t.get(f"c{r}.sources"),
+                           _entry_positions(t, r), t[f"c{r}.pool_dest"], t.get(f"c{r}.sources"),
                            t.get(f"c{r}.state_dest"), t.get(f"c{r}.state_src"))
             for r in geo.ratios
         }
@@ -466,9 +472,8 @@ class FixedPlan:
         geo, width = self.geo, self.shape.table_width
         slot, start, end = v["slots"], v["seg_start"], v["seg_end"]
         p, per_block = self.per_seq[r], BLOCK_TOKENS // r
-        positions, dest = v[f"c{r}.entry_positions"], v[f"c{r}.pool_dest"]
-        if r == 1:  # every row completes its own entry
-            positions[...] = pos
+        dest = v[f"c{r}.pool_dest"]
+        if r == 1:  # every row completes its own entry (at the row's position: `_entry_positions`)
             col = pos // per_block + self.table_rows[:, None]
             np.take(v["tables"].ravel(), col, out=dest, mode="clip")
             dest *= per_block
@@ -476,6 +481,7 @@ class FixedPlan:
             return
         entries = (start // r)[:, None] + np.arange(p)  # [B, p]
         pending = entries >= (end // r)[:, None]
+        positions = v[f"c{r}.entry_positions"]
         np.multiply(entries, r, out=positions)
         np.copyto(positions, 0, where=pending)
         col = np.minimum(entries // per_block, width - 1) + self.table_rows[:, None]
@@ -576,7 +582,7 @@ class MetadataBuilder:
         for r in geo.ratios:
             g = t.get
             compression[r] = Compression(
-                r, int((end // r).max()), arrays[f"c{r}.pool_dest"].size, t[f"c{r}.entry_positions"],
+                r, int((end // r).max()), arrays[f"c{r}.pool_dest"].size, _entry_positions(t, r),
                 t[f"c{r}.pool_dest"], g(f"c{r}.sources"), g(f"c{r}.state_dest"), g(f"c{r}.state_src"),
             )
         return StepMetadata(
@@ -625,10 +631,10 @@ class MetadataBuilder:
         counts = end // r - start // r
         entries = _ranges(start // r, end // r)
         seg = np.repeat(np.arange(len(counts)), counts)
-        arrays[f"c{r}.entry_positions"] = entries * r
         arrays[f"c{r}.pool_dest"] = tables[seg, entries // per_block] * per_block + entries % per_block
-        if r == 1:
+        if r == 1:  # entry positions are the rows' positions (`_entry_positions`)
             return
+        arrays[f"c{r}.entry_positions"] = entries * r
         lc = geo.state_lens[r]
         group = entries[:, None] * r + np.arange(r)  # [M, r] positions
         s = seg[:, None]
