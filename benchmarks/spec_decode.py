@@ -18,8 +18,8 @@ temporary directory: the machinery is measured, a random drafter's acceptance is
 engine per (speculator, K, schedule), built with max_num_seqs = the largest batch and reused for every
 batch (async scheduling on, the default; --sync turns it off for every engine, a schedule named with
 "-sync", e.g. confidence-sync, for that engine: the confidence schedule then plans from the newest
-confidences on the host instead of splitting an older total on the device). Each engine captures CUDA
-graphs of the measured batch sizes only (cuda_graph_sizes = --batches) at the table widths of
+confidences (waiting for them) instead of the estimates of the drafts before). Each engine captures
+CUDA graphs of the measured batch sizes only (cuda_graph_sizes = --batches) at the table widths of
 --max-model-len (the default keeps one width); kernels compiled for an earlier engine are reused (same
 process), so an engine after the first compiles only its new verification shapes (build_s in the
 rows). Requests ignore EOS, so each generates --max-tokens tokens; a warm-up generate at the same

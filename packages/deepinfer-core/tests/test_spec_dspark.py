@@ -79,7 +79,7 @@ def test_greedy_speculation_equals_no_speculation(checkpoint: Path) -> None:
     reqs = [(p, GREEDY) for p in prompts(3)]
     reqs.append((prompts(4)[3], SamplingParams(temperature=0, max_tokens=10, n=2, ignore_eos=True)))
     plain, _ = generate(checkpoint, reqs)
-    # the confidence schedule under async scheduling: DSpark's confidences split a draft total on the device
+    # the confidence schedule under async scheduling: planned from the estimates of the drafts before
     for name, schedule in (("dspark", "fixed"), ("ngram", "fixed"), ("dspark", "confidence")):
         drafted, llm = generate(checkpoint, reqs, speculator=name, spec_schedule=schedule)
         assert drafted == plain, (name, schedule)

@@ -96,21 +96,6 @@ def test_draftless_rows_sample_exactly_like_the_sampler() -> None:
     assert [lp.logprob for lp in out.logprobs.get()] == [lp.logprob for lp in plain.logprobs]
 
 
-def test_unverified_rows_emit_as_if_they_had_no_draft() -> None:
-    # A device-side split leaves some drafts out after the lists were made: those rows equal draft-less ones.
-    gen = torch.Generator().manual_seed(4)
-    logits = torch.randn(8, V, generator=gen)
-    rows = [SampleRow(SamplingParams(temperature=0 if i % 3 == 0 else 1.2), 9, 20 + i, i) for i in range(8)]
-    drafts, probs = sample_drafts(WRONG_DRAFT.expand(8, V), rows, None)
-    unverified = torch.tensor([False, True, False, True, True, False, True, False])
-    out = verify(logits, rows, drafts.tolist(), probs, None, unverified=unverified)
-    kept = [-1 if u else d for u, d in zip(unverified.tolist(), drafts.tolist())]
-    ref = verify(logits, rows, kept, probs[~unverified], None)
-    assert out.tokens.tolist() == ref.tokens.tolist()
-    assert out.accepted.tolist() == ref.accepted.tolist()
-    assert not out.accepted[unverified].any() and ref.accepted[~unverified].any()
-
-
 def test_min_tokens_ban_rejects_an_early_eos_draft() -> None:
     eos = 0
     params = SamplingParams(temperature=0, min_tokens=4)

@@ -110,25 +110,6 @@ def test_device_split_of_the_host_total_is_the_host_choice(seed):
     assert device.tolist() == host.tolist()
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_scheduler_split_of_older_totals_is_the_best_split_of_the_newest_estimates(seed):
-    # The engine's asynchronous step: a total chosen from older estimates, split by the newest ones
-    # (conditional, in flight: NaN past each row's count) = the best prefixes of that size (brute force).
-    gen = torch.Generator().manual_seed(500 + seed)
-    requests, drafts = 1 + seed % 4, 1 + seed % 3
-    conditional = torch.randint(1, 17, (requests, drafts), generator=gen).float() / 16  # exact products
-    counts = torch.randint(0, drafts + 1, (requests,), generator=gen)
-    conditional[torch.arange(drafts) >= counts[:, None]] = float("nan")
-    cum = torch.cumprod(torch.nan_to_num(conditional).double(), dim=1)
-    scheduler = ConfidenceScheduler()
-    for total in range(int(counts.sum()) + 1):
-        split = scheduler.split(conditional, counts, total)
-        assert int(split.sum()) == total and (split <= counts).all()
-        best = max(float((cum * (torch.arange(drafts) < k[:, None])).sum())
-                   for k in _choices(requests, drafts, counts) if int(k.sum()) == total)
-        assert float((cum * (torch.arange(drafts) < split[:, None])).sum()) == best
-
-
 def test_device_split_ranks_float64_products_like_the_host():
     # In float32 the two second products tie (0.38350561); in float64 request 1's is the larger.
     conf = torch.tensor([[0.6808037757873535, 0.5633130073547363], [0.9559935331344604, 0.40115922689437866]])

@@ -16,10 +16,13 @@ and every step pays for it). `split_fixed_total` is the device half for a step p
 previous step's confidences reach the host: the host picks the total from the confidences it has (one
 step older) and the split is redone on the device from the newest ones (torch, fixed shapes, no host
 sync); given the host's total and the same confidences it reproduces the host's choice exactly. The
-engine's asynchronous steps use it (`ConfidenceScheduler.split`): the runtime builds step metadata
-from host positions, so such a step's forward runs every held draft and the split decides which of
-them are verified. `ConfidenceScheduler` is the engine-facing object: host lists in, the latency
-curve profiled and tracked inside.
+engine does not plan that way: the runtime builds step metadata from host positions, so a step's
+forward runs exactly the drafts the host planned, and verifying fewer of them than it ran would only
+lose tokens (measured: the H200, 2026-12-02 call B). An asynchronous engine step therefore plans each
+request's drafts on the host from the estimates of its drafts before (docs/performance.md,
+asynchronous speculation); the device split needs step metadata built on the device.
+`ConfidenceScheduler` is the engine-facing object: host lists in, the latency curve profiled and
+tracked inside.
 """
 
 from __future__ import annotations
@@ -217,12 +220,6 @@ class ConfidenceScheduler:
         # Zero past each row's count, whatever the padding holds (NaN included).
         proposed = np.where(np.arange(conf.shape[1]) < counts[:, None], conf, 0.0)
         return schedule_verification(np.cumprod(proposed, axis=1), step_ms, ragged).num_drafts
-
-    def split(self, confidences: torch.Tensor, num_drafts: torch.Tensor, total: int) -> torch.Tensor:
-        """`total` drafts (the sum of a `choose` made earlier) split among the rows by the newest conditional
-        estimates [R, K] (entries past a row's `num_drafts` [R] ignored): the drafts `choose` would pick
-        for that total from these estimates, on their device and without a host sync -> [R] int64."""
-        return split_fixed_total(cumulative_confidence(confidences), confidences.shape[0] + total, num_drafts)
 
     def record(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
         """A measured decode step: `num_tokens` query tokens of `num_seqs` sequences took `seconds`."""

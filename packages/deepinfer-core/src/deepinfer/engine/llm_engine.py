@@ -11,8 +11,8 @@ With a speculator (`EngineConfig.speculator`) a step emits several tokens per se
 one by one with the stop rules. Planning step N+1 needs step N's verification (how many drafts were
 accepted: the next segment's position) but not its drafting (only how many drafts follow: their ids
 stay on the device for the forward; a synchronous confidence schedule waits for their confidences, an
-asynchronous one splits its draft budget on the device), so async scheduling overlaps less than plain
-decoding: step N is committed first
+asynchronous one plans from the estimates of the drafts before), so async scheduling overlaps less than
+plain decoding: step N is committed first
 (tokens appended with the token-level stops: EOS, stop ids, length, grammar; the next drafts), step
 N+1 is planned and launched, and only then does step N's text-level work run
 (incremental detokenization and stop strings, outputs, stats) while step N+1 computes. A stop string
@@ -90,7 +90,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.cache, isinstance(model, SupportsFork), verify_scheduler)
         sampling_ops = get_ops(device=device, batch_invariant=True) if config.batch_invariant else None
         self.runner = ModelRunner(model, Sampler(model.eos_token_id, sampling_ops), self.proposer,
-                                  self.proposer.num_draft_tokens if self.proposer else 0, verify_scheduler)
+                                  self.proposer.num_draft_tokens if self.proposer else 0)
         self._async = config.async_scheduling
         self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
         self.scheduler.admissible = self.runner.structured.admissible
@@ -438,6 +438,11 @@ class LLMEngine:
             seq, spec = v.seq, v.seq.spec
             if spec is None or not v.tokens:  # discarded: it ended before this step was committed
                 continue
+            # the drafts this step consumed: their copy has landed (queued before this step's verification,
+            # whose tokens are on the host), even where none of them was verified
+            confidences = spec.next.confidences() if spec.next is not None else None
+            if confidences is not None:
+                spec.estimates = confidences
             if v.num_drafts:
                 self.stats.spec_verify_steps += 1
                 self.stats.spec_draft_tokens += v.num_drafts
@@ -445,11 +450,9 @@ class LLMEngine:
                 self.stats.count_accepted_positions(v.num_accepted)
                 spec.num_drafts += v.num_drafts
                 spec.num_accepted += v.num_accepted
-                # the drafts just verified (their host copy landed when verification read it)
-                if spec.next is not None and (confidences := spec.next.confidences()) is not None:
+                if confidences is not None:
                     spec.confidence_sum += sum(confidences[:v.num_drafts])
                     spec.num_estimated += v.num_drafts
-                    spec.estimates = confidences
             if seq.status is SeqStatus.FINISHED:
                 continue
             # rejected rows are rolled back: the cache holds everything before the newest token

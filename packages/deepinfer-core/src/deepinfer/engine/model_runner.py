@@ -14,11 +14,8 @@ speculating sequence that just sampled. The engine plans a speculative step only
 before it has returned, so its segments hold host token ids except for the drafts: a step returns
 once drafting is launched, and the next one feeds its drafts' ids to the forward from the proposal
 (`ProposedDrafts`, on the device) and reads their host copy only for verification, after launching
-the forward. Under an asynchronous confidence schedule the step brings a total of drafts to verify;
-after launching the forward the verification scheduler splits it among the sequences on the device,
-from the newest confidences, and verification treats the drafts left out as absent. Finished
-sequences are released to the proposer here, before a step, so that a release never races a step
-drafting for that sequence.
+the forward. Finished sequences are released to the proposer here, before a step, so that a release
+never races a step drafting for that sequence.
 """
 
 from __future__ import annotations
@@ -47,7 +44,7 @@ from deepinfer.sampling.sampler import (
     to_device,
 )
 from deepinfer.speculators.drafts import NextDrafts, ProposedDrafts
-from deepinfer.speculators.interface import History, ProposeBatch, Proposer, ProposeRequest, VerifyScheduler
+from deepinfer.speculators.interface import History, ProposeBatch, Proposer, ProposeRequest
 from deepinfer.speculators.verify import verify
 from deepinfer.structured.manager import StructuredManager
 
@@ -129,13 +126,12 @@ def _row_offsets(batch: ForwardBatch) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, sampler: Sampler, proposer: Proposer | None = None,
-                 num_draft_tokens: int = 0, verify_scheduler: VerifyScheduler | None = None):
+                 num_draft_tokens: int = 0):
         self.model = model
         self.sampler = sampler
         self.structured = StructuredManager(None, model.vocab_size, model.eos_token_id)  # engine's: tokenizer
         self.proposer = proposer
         self.num_draft_tokens = num_draft_tokens
-        self.verify_scheduler = verify_scheduler  # splits an asynchronous step's draft budget
         if proposer is not None and self._device.type == "cuda":
             self._load_fill_kernels()
         self._prev: SampleOutput | None = None  # the previous step's samples (tokens on the device)
@@ -242,8 +238,9 @@ class ModelRunner:
 
     def _load_fill_kernels(self) -> None:
         """Run `_fill` once at start-up. CUDA loads a kernel when it is first launched (lazy module
-        loading, the default), and loading may synchronise the context: the first speculative step
-        would otherwise wait there, before its forward, for the drafting queued ahead of it."""
+        loading, the default), and the load may wait for the device's queued work (the H200: a first
+        indexing launch waited for a running kernel): a first speculative step would otherwise wait
+        there, before its forward, for the drafting queued ahead of it."""
         ids = torch.zeros(1, dtype=torch.int64, device=self._device)
         index = to_device([0], self._device)
         _fill(ids, index, ids.clone(), index)
@@ -330,55 +327,19 @@ class ModelRunner:
             vocab, dev = picked.shape[-1], picked.device
             draft_probs = torch.cat([p if p is not None else F.one_hot(to_device(ds, dev), vocab).float()
                                      for p, ds in probs])
-        counts, unverified = (self._split_drafts(items, sched.verify_drafts, logits.device)
-                              if sched.verify_drafts is not None else (None, None))
-        out = verify(picked, sample_rows, drafts, draft_probs, self.sampler.eos_token_id, self.sampler.ops,
-                     unverified)
-        host = torch.cat([out.tokens, out.accepted.long(), *([] if counts is None else [counts])]).tolist()
-        tokens, accepted = host[:len(rows)], host[len(rows):2 * len(rows)]  # one device copy
-        checked = host[2 * len(rows):] or [s.num_drafts for _, s, _ in items]  # drafts verified
+        out = verify(picked, sample_rows, drafts, draft_probs, self.sampler.eos_token_id, self.sampler.ops)
+        tokens, accepted = torch.stack([out.tokens, out.accepted.long()]).tolist()  # one device copy
         logprobs = out.logprobs.get()
         verified, r = [], 0
-        for (seq, s, _), k in zip(items, checked, strict=True):
+        for seq, s, _ in items:
+            k = s.num_drafts
             n = next((j for j in range(k) if not accepted[r + j]), k)
             verified.append(Verified(seq, tokens[r:r + n + 1], logprobs[r:r + n + 1], k, n))
             if seq.request.params.structured_outputs is not None:
-                self._settle_grammar(seq, s.start_pos + len(s.token_ids) - s.num_drafts, verified[-1].tokens)
-            r += s.num_drafts + 1
+                self._settle_grammar(seq, s.start_pos + len(s.token_ids) - k, verified[-1].tokens)
+            r += k + 1
         self._propose(verified, logits.device)
         return verified
-
-    def _split_drafts(self, items: list[tuple[Sequence, ScheduledSegment, list[int]]], total: int,
-                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """An asynchronous step's `total` drafts to verify, split by the verification scheduler among the
-        drafting sequences from their newest confidences (still on the device: no host sync). Returns,
-        on `device`, the drafts each sampled sequence verifies [items] and which verification rows
-        leave their draft unverified [rows: k + 1 per sequence]."""
-        assert self.verify_scheduler is not None
-        # per proposal (one per step in practice): the confidence rows of its drafting sequences
-        groups: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
-        for i, (_, s, _) in enumerate(items):
-            if s.num_drafts:
-                proposal, row = s.drafts.proposal, s.drafts.row  # type: ignore[union-attr]
-                _, picked, where = groups.setdefault(id(proposal), (proposal.confidences, [], []))
-                picked.append(row)
-                where.append(i)
-        width = max(c.shape[1] for c, _, _ in groups.values())
-        conf = torch.cat([F.pad(c.index_select(0, to_device(picked, c.device)), (0, width - c.shape[1]))
-                          for c, picked, _ in groups.values()])
-        order = [i for _, _, where in groups.values() for i in where]
-        held = to_device([items[i][1].num_drafts for i in order], conf.device)
-        split = self.verify_scheduler.split(conf, held, total)
-        if split.device != device:  # estimates made on the host (a lookup proposer): host values
-            split = to_device(split.tolist(), device)
-        counts = torch.zeros(len(items), dtype=torch.int64, device=device)
-        counts.index_copy_(0, to_device(order, device), split)
-        item_of_row, place = [], []
-        for i, (_, s, _) in enumerate(items):
-            item_of_row += [i] * (s.num_drafts + 1)
-            place += range(s.num_drafts + 1)
-        unverified = to_device(place, device) >= counts.index_select(0, to_device(item_of_row, device))
-        return counts, unverified
 
     def _settle_grammar(self, seq: Sequence, position: int, emitted: list[int]) -> None:
         """Commit the grammar state through an emitted run that ends the sequence by EOS after an

@@ -15,11 +15,9 @@ A speculating decode (its sequence holds drafts; planned once the step before ha
 [newest token, d_1..d_k] with logits for every row, the drafts as `DRAFT` stand-ins (the model runner
 feeds their ids from the proposal, so planning needs only their count); k is capped by the token
 budget, the room left before the sequence's limit and, with a verification scheduler, by that
-scheduler's choice. That choice needs the drafts' confidences; under async scheduling they are still
-on their way to the host (drafting runs behind the step handed over), so then every held draft runs
-and the scheduler only fixes how many of them the step verifies in all (`verify_drafts`, chosen from
-the estimates of each sequence's previous drafts); the model runner splits that total among the
-sequences on the device by the newest confidences (the official engine's split of a fixed total).
+scheduler's choice. That choice needs the drafts' confidences; under async scheduling the newest ones
+are still on their way to the host (drafting runs behind the step handed over), so the choice is made
+from each sequence's estimates for the drafts it had before (`SpecState.estimates`), which are there.
 `num_computed` counts all k + 1 rows; the engine corrects it to the accepted length after
 verification (rejected rows are simply overwritten by the next segment).
 """
@@ -75,7 +73,6 @@ class SchedulerOutput:
     resets: list[int] = field(default_factory=list)  # slots to clear before the forward
     forks: list[ForkCopy] = field(default_factory=list)
     num_tokens: int = 0
-    verify_drafts: int | None = None  # drafts verified in all, split on the device (None: every one)
 
 
 class Scheduler:
@@ -135,37 +132,30 @@ class Scheduler:
             self._add_segment(out, seq, n, k)
             budget -= n
         self._admit(out, budget)
-        out.verify_drafts = self._verify_total(out)
         return out
 
     def _verify_counts(self) -> dict[int, int]:
-        """The verification scheduler's choice per speculating sequence that has confidences
-        (synchronous steps: their confidences are on the host by now)."""
-        if self.verify_scheduler is None or self.config.async_scheduling:
+        """The verification scheduler's choice per speculating sequence that has estimates: its drafts'
+        own (synchronous steps: waits for their copy) or, under async scheduling, those of the drafts
+        it had before (the last one repeated; none yet: all its drafts run)."""
+        if self.verify_scheduler is None:
             return {}
         seqs, confidences = [], []
-        for s in self.running:  # waits for the confidences of the step just committed
-            if s.spec is not None and s.spec.next is not None and (c := s.spec.next.confidences()):
+        for s in self.running:
+            if s.spec is None or s.spec.next is None:
+                continue
+            if self.config.async_scheduling:
+                known, held = s.spec.estimates, s.spec.next.count
+                c = (known + known[-1:] * held)[:held] if known else None
+            else:
+                c = s.spec.next.confidences()  # waits for the confidences of the step just committed
+            if c:
                 seqs.append(s)
                 confidences.append(c)
         if not seqs:
             return {}
         counts = self.verify_scheduler.choose(confidences)
         return {s.seq_id: c for s, c in zip(seqs, counts, strict=True)}
-
-    def _verify_total(self, out: SchedulerOutput) -> int | None:
-        """Asynchronous steps: how many of the planned drafts to verify, chosen from what the host knows
-        (each sequence's estimates for the drafts it verified last, the last one repeated; none yet:
-        certain); None (verify all) for synchronous steps or drafts without estimates."""
-        runs = [s for s in out.segments if s.num_drafts]
-        if (self.verify_scheduler is None or not self.config.async_scheduling or not runs
-                or any(s.drafts.proposal.confidences is None for s in runs)):  # type: ignore[union-attr]
-            return None
-        rows = []
-        for s in runs:
-            known = s.seq.spec.estimates or [1.0]  # type: ignore[union-attr]
-            rows.append((known + known[-1:] * s.num_drafts)[:s.num_drafts])
-        return sum(self.verify_scheduler.choose(rows))
 
     @staticmethod
     def _num_drafts(seq: Sequence, budget: int, verify: dict[int, int]) -> int:

@@ -56,8 +56,8 @@ class SpecState:
     num_accepted: int = 0  # of those, accepted
     confidence_sum: float = 0.0  # summed estimates of the verified drafts that had one
     num_estimated: int = 0
-    # the conditional estimates of the drafts it verified last (host): what an asynchronous confidence
-    # schedule plans from while its newest drafts' estimates are still on the device
+    # the conditional estimates of the drafts its last step consumed (host): what an asynchronous
+    # confidence schedule plans from while its newest drafts' estimates are still on their way
     estimates: list[float] | None = None
 
     def clear(self) -> None:

@@ -4,8 +4,7 @@ The draft ids stay where the proposer made them (DSpark: on the device) and are 
 behind the drafting, with the confidences. The next step is planned from the draft counts alone (on
 the host at once), its forward reads the ids on the device, and its verification reads their host
 copy only after that forward was launched. Only a synchronous confidence schedule waits for the copy
-before planning (it plans from the confidences); an asynchronous one splits its draft budget on the
-device, from `ProposedDrafts.confidences`.
+before planning (it plans from the confidences; an asynchronous one plans from older estimates).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ class ProposedDrafts:
     def __init__(self, proposal: Proposal) -> None:
         self.token_ids = proposal.token_ids  # [n, K] where the proposer made them
         self.probs = proposal.probs
-        self.confidences = proposal.confidences  # [n, K] where the proposer made them, or None
         confidences = [] if proposal.confidences is None else [proposal.confidences]
         self._copy = HostCopy(proposal.token_ids, *confidences)
         self._host: tuple[list[list[int]], list[list[float]] | None] | None = None

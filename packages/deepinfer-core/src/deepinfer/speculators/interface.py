@@ -128,11 +128,5 @@ class VerifyScheduler(Protocol):
         -> how many of them to verify now (0..m), to maximise expected tokens per unit of time."""
         ...
 
-    def split(self, confidences: torch.Tensor, num_drafts: torch.Tensor, total: int) -> torch.Tensor:
-        """Asynchronous steps: `total` drafts to verify (the sum of a `choose` made on the host from older
-        estimates) split among the rows by their newest conditional estimates [R, K] (rows past a
-        row's `num_drafts` [R] ignored), on their device without a host sync -> [R] int64 there."""
-        ...
-
     def record(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
         """A measured decode step (sequences, query tokens, forward + verification time)."""

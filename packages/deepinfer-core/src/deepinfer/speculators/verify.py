@@ -112,19 +112,15 @@ def verify(
     draft_probs: torch.Tensor | None,
     eos_token_id: int | None,
     ops: Ops | None = None,
-    unverified: torch.Tensor | None = None,
 ) -> VerifyOutput:
     """Verify rows of raw logits [R, V]: row i decides position rows[i].position and carries draft
     `drafts[i]` (-1: none). `draft_probs` [D, V] holds the draft distributions of the rows with a
-    draft, in order (None: every draft is deterministic). `unverified` [R] bool on the logits' device
-    (optional): rows whose draft this step leaves unverified (decided on the device, after the lists
-    were made): such a row emits as a draft-less row does and accepts nothing."""
+    draft, in order (None: every draft is deterministic)."""
     raw = logits.float()
     ops = ops or get_ops(device=raw.device)
     meta, logprob_rows = row_metadata(rows, raw.shape[-1], eos_token_id, raw.device)
     adjusted = ops.apply_penalties(raw, meta)
     tokens = ops.sample_tokens(adjusted, meta)  # what a draft-less row emits: exactly the sampler's
-    fresh = tokens
     accepted = torch.zeros_like(tokens, dtype=torch.bool)
     drafted = [i for i, d in enumerate(drafts) if d >= 0]
     greedy = [i for i in drafted if rows[i].params.greedy]
@@ -146,11 +142,7 @@ def verify(
         u_residual = rng.uniform(sub.seeds, sub.positions, rng.PURPOSE_RESIDUAL)
         ok, corrected = accept_drafts(q, p, d, u_accept, u_residual)
         accepted[idx] = ok
-        fresh = tokens.clone() if unverified is not None else tokens
         tokens[idx] = torch.where(ok, d, corrected)
-    if unverified is not None:
-        accepted &= ~unverified
-        tokens = torch.where(unverified, fresh, tokens)  # greedy rows: the argmax either way
     ks = [r.params.logprobs for r in rows]
     return VerifyOutput(tokens, accepted, PendingLogprobs(raw, tokens, ks, logprob_rows, ops))
 
