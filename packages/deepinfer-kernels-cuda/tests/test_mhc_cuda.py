@@ -13,6 +13,7 @@ pytestmark = [
 
 M = 4
 ONE_BF16_ULP = dict(atol=1e-5, rtol=2**-7)
+TWO_BF16_ULPS = dict(atol=1e-5, rtol=2**-6)  # two rounding points: the collapse, then the norm
 
 
 def _streams(t: int, h: int, seed: int) -> torch.Tensor:
@@ -101,4 +102,4 @@ def test_hc_collapse_norm_is_the_two_ops_bitwise(cuda_ops, ref_ops, poison, t, h
     w = (torch.rand(h, device="cuda") + 0.5).to(torch.bfloat16)
     got = cuda_ops.hc_collapse_norm(streams, pre, w, 1e-6)
     assert torch.equal(got, cuda_ops.rms_norm(cuda_ops.hc_collapse(streams, pre), w, 1e-6))
-    torch.testing.assert_close(got, ref_ops.hc_collapse_norm(streams, pre, w, 1e-6), **ONE_BF16_ULP)
+    torch.testing.assert_close(got, ref_ops.hc_collapse_norm(streams, pre, w, 1e-6), **TWO_BF16_ULPS)

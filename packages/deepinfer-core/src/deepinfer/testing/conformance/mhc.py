@@ -139,8 +139,9 @@ for _name, _rows, _hidden, _dtype in _COEFFICIENT_CASES:
     register(Case("hc_coefficients", _name, _coefficient_inputs(_rows, _hidden, _dtype), _coefficient_oracle))
 register(Case("hc_collapse", "ragged-width", _collapse_inputs(3, 100), _collapse_oracle, tol=_BF16_ULP))
 register(Case("hc_expand", "ragged-width", _expand_inputs(3, 100), _expand_oracle, tol=_BF16_ULP))
+# two bf16 rounding points (collapse, then norm): a one-ulp flip of the first can move the second by two
 register(Case("hc_collapse_norm", "ragged-width", _collapse_norm_inputs(3, 100), _collapse_norm_oracle,
-              tol=_BF16_ULP))
+              tol={torch.bfloat16: (1e-5, 2**-6)}))
 for _name, _rows in (("one-row", 1), ("rows", 5)):
     register(Case("hc_residual", _name, _residual_inputs(_rows, 32), _residual_oracle,
                   tol={torch.bfloat16: _BF16_ULP[torch.bfloat16], torch.float32: (2e-5, 2e-5)}))
