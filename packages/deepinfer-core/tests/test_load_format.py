@@ -105,7 +105,10 @@ def test_bench_workloads_on_dummy_weights(config_only, tmp_path, capsys):
             "--len-dist", "fixed", "--overhead-batches", "2", "--overhead-steps", "2", "--warmup",
             "--max-num-seqs", "4", "--cache-mb", "16", "--json-out", str(out)]
     assert main(argv) == 0
-    single, pair = json.loads(out.read_text())["throughput"]
+    result = json.loads(out.read_text())
+    single, pair = result["throughput"]
+    (overhead,) = result["overhead"]
+    assert overhead["running"] == 2 and overhead["step_s"] > 0
     assert (single["requests"], single["input_len"], pair["requests"], pair["input_len"]) == (1, 24, 2, 8)
     assert single["prefill_steps"] == 1 and single["prefill_tok_s"] > 0  # 24 tokens in one step
     assert (single["decode_batch"], pair["decode_batch"]) == (1, 2)

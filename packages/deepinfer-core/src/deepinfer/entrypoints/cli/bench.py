@@ -218,15 +218,20 @@ def _phases(steps: list[StepStat]) -> dict:
     decode = [s for s in steps if s.num_tokens == s.num_seqs]
     batch = max((s.num_seqs for s in decode), default=0)
     full = [s for s in decode if s.num_seqs == batch]
-    periods = [s.idle_s + s.device_s for s in full if s.idle_s is not None]
     prefill_s = sum(busy(s) for s in prefill)
     return {
         "prefill_steps": len(prefill),
         "prefill_tok_s": sum(s.num_tokens for s in prefill) / prefill_s if prefill_s else None,
         "decode_batch": batch, "decode_steps": len(full),
-        "decode_step_s": statistics.mean(periods) if periods else None,
+        "decode_step_s": _period(full),
         "decode_busy_s": statistics.mean(busy(s) for s in full) if full else None,
     }
+
+
+def _period(steps: list[StepStat]) -> float | None:
+    """Mean worker start-to-start time of `steps` (async only: sync steps record no worker idle)."""
+    periods = [s.idle_s + s.device_s for s in steps if s.idle_s is not None]
+    return statistics.mean(periods) if periods else None
 
 
 def _overhead(llm: LLM, batch: int, args: argparse.Namespace) -> dict:
@@ -244,17 +249,17 @@ def _overhead(llm: LLM, batch: int, args: argparse.Namespace) -> dict:
     while engine.has_unfinished_requests():
         engine.step()
     steps = [s for s in engine.stats.steps if s.num_seqs == batch][: args.overhead_steps]
-    return {"running": batch, "measured_steps": len(steps), **_step_summary(steps),
+    return {"running": batch, "measured_steps": len(steps), **_step_summary(steps), "step_s": _period(steps),
             "hidden_by_async": engine.stats.hidden_fraction()}
 
 
 def _print_overhead(overhead: list[dict]) -> None:
     if overhead:
         print(f"\n{'running':>8} {'schedule ms':>12} {'post ms':>8} {'CPU ms/step':>12} {'device ms':>10} "
-              f"{'GPU ms':>7} {'hidden':>7}")
+              f"{'GPU ms':>7} {'step ms':>8} {'hidden':>7}")
         for o in overhead:
             h = o.get("hidden_by_async")
             print(f"{o['running']:>8} {_ms(o.get('step_schedule_s')):>12} "
                   f"{_ms(o.get('step_postprocess_s')):>8} {_ms(o.get('step_cpu_overhead_s')):>12} "
                   f"{_ms(o.get('step_device_s')):>10} {_ms(o.get('step_gpu_s')):>7} "
-                  f"{'-' if h is None else f'{100 * h:.0f}%':>7}")
+                  f"{_ms(o.get('step_s')):>8} {'-' if h is None else f'{100 * h:.0f}%':>7}")
