@@ -399,12 +399,14 @@ class LLMEngine:
         logger.error("a step failed: %d request(s) finished with an error", len(touched))
 
     def _process(self, sched: SchedulerOutput, schedule_s: float, result: StepResult) -> list[RequestOutput]:
+        # waiting for the host copies is device time: a CUDA event's (spinning) wait would count as CPU time
+        sampled = result.sampled  # host copies (async: queued a step ago)
         t0 = time.thread_time()
         self._collect_prompt_logprobs(result)
         now = time.time()
         touched: dict[str, tuple[Request, list[Sequence]]] = {}  # requests with outputs due
         appended = 0
-        for seq, token, logprob in result.sampled:  # host copies (async: queued a step ago)
+        for seq, token, logprob in sampled:
             seq.num_inflight -= 1
             if seq.status is SeqStatus.FINISHED:
                 continue  # planned before its stop was seen (async) or aborted: discard
