@@ -253,10 +253,11 @@ def _chunk_prefix(hist_ptr, t, T, k, PASSES: tl.constexpr):
 
 @triton.jit
 def _chunk_histogram_kernel(
-    scores_ptr, allowed_ptr, hist_ptr, T, capacity, k, chunk,
+    scores_ptr, allowed_ptr, hist_ptr, chunk_hist_ptr, T, capacity, k, chunk, chunks,
     PASS: tl.constexpr, HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Radix step PASS, program (row, chunk): the chunk's digit counts added into hist[PASS, row]."""
+    """Radix step PASS, program (row, chunk): the chunk's digit counts added into hist[PASS, row] and
+    stored as chunk_hist[PASS, row, chunk]."""
     t, c = tl.program_id(0), tl.program_id(1)
     row, allowed_row = scores_ptr + t.to(tl.int64) * capacity, allowed_ptr + t.to(tl.int64) * capacity
     prefix, _ = _chunk_prefix(hist_ptr, t, T, k, PASS)
@@ -265,50 +266,47 @@ def _chunk_histogram_kernel(
     bins = tl.arange(0, 512)
     tl.atomic_add(hist_ptr + (PASS * T + t) * 256 + bins, hist, mask=(bins < 256) & (hist != 0),
                   sem="relaxed")
+    tl.store(chunk_hist_ptr + ((PASS * T + t) * chunks + c).to(tl.int64) * 256 + bins, hist, mask=bins < 256)
 
 
 @triton.jit
-def _chunk_count_kernel(
-    scores_ptr, allowed_ptr, hist_ptr, counts_ptr, T, capacity, k, chunk, chunks,
-    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """Program (row, chunk): how many of the chunk's keys are > and == the row's k-th largest key."""
-    t, c = tl.program_id(0), tl.program_id(1)
-    row, allowed_row = scores_ptr + t.to(tl.int64) * capacity, allowed_ptr + t.to(tl.int64) * capacity
-    prefix, _ = _chunk_prefix(hist_ptr, t, T, k, 4)
-    stop = tl.minimum(c * chunk + chunk, capacity)
+def _chunks_before(chunk_hist_ptr, t, T, chunks, prefix, c_stop):
+    """How many keys of chunks [0, c_stop) of row t are > and == the k-th largest key `prefix`, from
+    every pass's per-chunk digit counts: a key is greater where its first differing digit is."""
+    bins = tl.arange(0, 256)
     greater = tl.zeros((), tl.int32)
     equal = tl.zeros((), tl.int32)
-    for c0 in range(c * chunk, stop, BLOCK):
-        key, ok = _row_keys(row, allowed_row, c0 + tl.arange(0, BLOCK), stop, HAS_ALLOWED)
-        greater += tl.sum((ok & (key > prefix)).to(tl.int32), axis=0)
-        equal += tl.sum((ok & (key == prefix)).to(tl.int32), axis=0)
-    tl.store(counts_ptr + (t * chunks + c) * 2, greater)
-    tl.store(counts_ptr + (t * chunks + c) * 2 + 1, equal)
+    for c0 in range(0, c_stop, 16):
+        cs = c0 + tl.arange(0, 16)
+        for p in tl.static_range(4):
+            digit = ((prefix >> (24 - 8 * p)) & 0xFF).to(tl.int32)
+            at = chunk_hist_ptr + ((p * T + t) * chunks + cs[:, None]).to(tl.int64) * 256 + bins[None, :]
+            h = tl.load(at, mask=(cs < c_stop)[:, None], other=0)
+            greater += tl.sum(tl.sum(tl.where(bins[None, :] > digit, h, 0), axis=1), axis=0)
+            if p == 3:
+                equal += tl.sum(tl.sum(tl.where(bins[None, :] == digit, h, 0), axis=1), axis=0)
+    return greater, equal
 
 
 @triton.jit
 def _chunk_write_kernel(
-    scores_ptr, allowed_ptr, hist_ptr, counts_ptr, out_ptr, T, capacity, k, chunk, chunks,
-    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    scores_ptr, allowed_ptr, hist_ptr, chunk_hist_ptr, out_ptr, T, capacity, k, chunk, chunks,
+    HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (row, chunk): the chunk's selected ids at the slots after those of the chunks before it
-    (their counts scanned here); the row's last chunk writes the -1 padding."""
+    (counted here from their digit counts); the row's last chunk writes the -1 padding."""
     t, c = tl.program_id(0), tl.program_id(1)
     row, allowed_row = scores_ptr + t.to(tl.int64) * capacity, allowed_ptr + t.to(tl.int64) * capacity
     prefix, remaining = _chunk_prefix(hist_ptr, t, T, k, 4)
-    cs = tl.arange(0, BLOCK_C)
-    greater = tl.load(counts_ptr + (t * chunks + cs) * 2, mask=cs < chunks, other=0)
-    equal = tl.load(counts_ptr + (t * chunks + cs) * 2 + 1, mask=cs < chunks, other=0)
-    equal_before = tl.sum(tl.where(cs < c, equal, 0), axis=0)
-    taken = tl.sum(tl.where(cs < c, greater, 0), axis=0) + tl.minimum(equal_before, remaining)
+    greater_before, equal_before = _chunks_before(chunk_hist_ptr, t, T, chunks, prefix, c)
+    taken = greater_before + tl.minimum(equal_before, remaining)
     out_row = out_ptr + t.to(tl.int64) * k
     stop = tl.minimum(c * chunk + chunk, capacity)
     _write_ids(row, allowed_row, out_row, c * chunk, stop, prefix, remaining, taken, equal_before,
                HAS_ALLOWED, BLOCK)
     if c == chunks - 1:
-        total = tl.sum(greater, axis=0) + tl.minimum(tl.sum(equal, axis=0), remaining)
-        _pad(out_row, total, k, BLOCK_K)
+        greater, equal = _chunks_before(chunk_hist_ptr, t, T, chunks, prefix, chunks)
+        _pad(out_row, greater + tl.minimum(equal, remaining), k, BLOCK_K)
 
 
 def select_chunk(rows: int, capacity: int) -> int:
@@ -328,7 +326,8 @@ def topk_select(
 
     `chunk` = entries per program (default `select_chunk`): at chunk >= capacity one program per row
     runs the whole select; smaller chunks (a multiple of 1024, or a power of two below it) split each
-    row over several programs in 6 launches (4 digit passes with atomic counts, per-chunk counts, ids).
+    row over several programs in 5 launches (4 digit passes: row counts by atomics, and each chunk's
+    counts; then ids, each chunk placed after the keys the chunks before it take).
     Both paths compute the same digits, so the output is identical: the path, chosen from T and the
     capacity only, does not change a row's result (batch invariant). No host syncs (graph-capturable).
     `hist`: zeroed int32 [4, T, 256] digit counts for the several-programs path (None: zeroed here).
@@ -358,15 +357,14 @@ def topk_select(
     elif hist.shape != (4, rows, 256) or hist.dtype != torch.int32:
         raise ValueError(f"topk_select: hist must be int32 [4, {rows}, 256], got {hist.dtype} "
                          f"{tuple(hist.shape)}")
-    counts = torch.empty(rows, chunks, 2, dtype=torch.int32, device=scores.device)
+    chunk_hist = torch.empty(4, rows, chunks, 256, dtype=torch.int32, device=scores.device)
     common = {"HAS_ALLOWED": allowed is not None, "BLOCK": block, "num_warps": 4}
+    sizes = (rows, capacity, k, chunk, chunks)
     for p in range(4):
-        _chunk_histogram_kernel[(rows, chunks)](scores, allowed_arg, hist, rows, capacity, k, chunk,
-                                                PASS=p, **common)
-    grid, sizes = (rows, chunks), (rows, capacity, k, chunk, chunks)
-    _chunk_count_kernel[grid](scores, allowed_arg, hist, counts, *sizes, **common)
-    _chunk_write_kernel[grid](scores, allowed_arg, hist, counts, top, *sizes,
-                              BLOCK_C=triton.next_power_of_2(chunks), BLOCK_K=block_k, **common)
+        _chunk_histogram_kernel[(rows, chunks)](scores, allowed_arg, hist, chunk_hist, *sizes, PASS=p,
+                                                **common)
+    _chunk_write_kernel[(rows, chunks)](scores, allowed_arg, hist, chunk_hist, top, *sizes, BLOCK_K=block_k,
+                                        **common)
     return top
 
 
