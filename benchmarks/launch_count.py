@@ -6,11 +6,16 @@ Full C2, Full C1 candidate source, Reindex, Reuse; DSpark block), release cache.
 for CUDA graphs re-runs the step: its replay is what a graph would hold, and is what gets counted.
 Counted as launches: each Triton kernel launch, and each torch op that would launch a kernel on a GPU
 (every dispatched aten op but views, shape queries and allocations; the torch ops Triton's interpreter
-runs inside a launch are not counted). Families as profile_step.py's OP_FAMILIES (ops run inside other
+runs inside a launch are not counted). A decode step reads nothing back to the host, so which ops it
+launches does not depend on any value: by default the Triton kernels are not run at all (each launch
+zeroes its tensor arguments instead, so indices stay valid for the torch ops), the step starts from an
+empty cache, and a count takes seconds; `--run` interprets every kernel after a prefill (minutes).
+Families as profile_step.py's OP_FAMILIES (ops run inside other
 ops count for the outermost one, as profile_step attributes them to the innermost range: the cuda ops
 call no table op); the rest is "elementwise/copies/other".
 
-    python benchmarks/launch_count.py [--dtype bfloat16 float32] [--invariant] [--kernels] [--json out.json]
+    python benchmarks/launch_count.py [--dtype bfloat16 float32] [--invariant] [--kernels] [--context 2048]
+                                      [--run] [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from reference_forward import random_weights, token_map
 from torch.utils._python_dispatch import TorchDispatchMode
 from triton.runtime.interpreter import InterpretedFunction
 
+from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.config import ModelConfig, engram_table_rows
 from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -93,16 +99,21 @@ class AtenCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_triton(counts: Counts) -> Callable[[], None]:
-    """Counts every interpreted Triton launch into `counts` (and hides the torch ops the interpreter
-    runs for it) until the returned undo is called."""
+def count_triton(counts: Counts, execute: bool) -> Callable[[], None]:
+    """Counts every Triton launch into `counts` (and hides the torch ops the interpreter runs for it)
+    until the returned undo is called; without `execute`, a launch zeroes its tensor arguments instead."""
     run = InterpretedFunction.run
 
     def counted(self: InterpretedFunction, *args: Any, **kwargs: Any) -> Any:
         counts.add(self.fn.__name__)
         counts.in_triton += 1
         try:
-            return run(self, *args, **kwargs)
+            if execute:
+                return run(self, *args, **kwargs)
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, torch.Tensor):
+                    a.zero_()
+            return None
         finally:
             counts.in_triton -= 1
 
@@ -111,20 +122,21 @@ def count_triton(counts: Counts) -> Callable[[], None]:
 
 
 def slice_like_config() -> ModelConfig:
-    """profile_step's 5-layer Flash slice schedule at the tiny configs' widths."""
+    """profile_step's 5-layer Flash slice schedule, window and index sizes at the tiny configs' widths."""
     slice_text = flash_slice_config_dict(num_layers=5)["text_config"]
     cfg = tiny_config_dict("full")
     t = cfg["text_config"]
     for key in ("num_hidden_layers", "compress_ratios", "kv_source_layer_ids", "index_source_layer_ids",
                 "candidate_source_layer_id", "engram_layer_ids", "num_nextn_predict_layers",
-                "dspark_target_layer_ids"):
+                "dspark_target_layer_ids", "sliding_window", "index_topk", "candidate_topk_blocks",
+                "candidate_block_size", "index_n_heads", "index_head_dim"):
         t[key] = slice_text[key]
     t["engram_num_embeddings"] = engram_table_rows(t["engram_layer_ids"], t["engram_max_ngram_size"],
                                                    t["engram_n_heads"], t["engram_vocab_size"])
     return ModelConfig.from_hf_dict(cfg)
 
 
-def decode_step_launches(dtype: torch.dtype, invariant: bool, prompt: int = 40) -> Counts:
+def decode_step_launches(dtype: torch.dtype, invariant: bool, execute: bool, context: int) -> Counts:
     counts = Counts()
     config = slice_like_config()
     cuda, reference = CudaBackend(), ReferenceBackend()
@@ -149,16 +161,17 @@ def decode_step_launches(dtype: torch.dtype, invariant: bool, prompt: int = 40) 
         return out, replay
 
     runtime.graph_recorder = recorder
-    runtime.allocate_cache(8, 2)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, runtime.vocab_size, (prompt,), generator=gen).tolist()
-    table_blocks = [1]
-    runtime.forward(ForwardBatch([SequenceSegment(1, table_blocks, 0, ids)]))
-    step = ForwardBatch([SequenceSegment(1, table_blocks, prompt, [5])])
-    runtime.forward(step)  # captures
-    counts.launches.clear()
-    undo = count_triton(counts)
+    table_blocks = list(range(1, context // BLOCK_TOKENS + 2))
+    runtime.allocate_cache(len(table_blocks) + 1, 2)
+    undo = count_triton(counts, execute)
     try:
+        if execute:
+            gen = torch.Generator().manual_seed(0)
+            ids = torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist()
+            runtime.forward(ForwardBatch([SequenceSegment(1, table_blocks, 0, ids)]))
+        step = ForwardBatch([SequenceSegment(1, table_blocks, context, [5])])
+        runtime.forward(step)  # captures (and replays once)
+        counts.launches.clear()
         runtime.forward(step)  # replays
     finally:
         undo()
@@ -170,18 +183,20 @@ def main() -> None:
     p.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--invariant", action="store_true", help="also count the batch-invariant table")
     p.add_argument("--kernels", action="store_true", help="list every kernel / aten op per family")
+    p.add_argument("--context", type=int, default=2048, help="tokens before the decoded one (profile_step's)")
+    p.add_argument("--run", action="store_true", help="interpret every kernel, after a prefill (slow)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     results: dict[str, Any] = {}
     for dtype in args.dtype:
         for invariant in (False, True) if args.invariant else (False,):
-            counts = decode_step_launches(getattr(torch, dtype), invariant)
+            counts = decode_step_launches(getattr(torch, dtype), invariant, args.run, args.context)
             case = f"{dtype}{' invariant' if invariant else ''}"
             fams = counts.families()
             total = sum(fams.values())
             results[case] = {"total": total, "families": fams,
                              "kernels": {f"{f} | {k}": n for (f, k), n in sorted(counts.launches.items())}}
-            print(f"\n### decode b1, {case}: {total} launches/step")
+            print(f"\n### decode b1 after {args.context} tokens, {case}: {total} launches/step")
             for f, n in fams.items():
                 print(f"  {f:28s} {n:4d}")
                 if args.kernels:
