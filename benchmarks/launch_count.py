@@ -1,21 +1,19 @@
 """Device launches of one graphed decode step, per op family, without a GPU.
 
-The `cuda` backend's op table runs under Triton's CPU interpreter (TRITON_INTERPRET=1, set here before
-triton is imported) on a tiny model with the layer kinds of profile_step's 5-layer slice (SWA + Engram,
-Full C2, Full C1 candidate source, Reindex, Reuse; DSpark block), release cache. A recorder standing in
-for CUDA graphs re-runs the step: its replay is what a graph would hold, and is what gets counted.
-Counted as launches: each Triton kernel launch, and each torch op that would launch a kernel on a GPU
-(every dispatched aten op but views, shape queries and allocations; the torch ops Triton's interpreter
-runs inside a launch are not counted). A decode step reads nothing back to the host, so which ops it
-launches does not depend on any value: by default the Triton kernels are not run at all (each launch
-zeroes its tensor arguments instead, so indices stay valid for the torch ops), the step starts from an
-empty cache, and a count takes seconds; `--run` interprets every kernel after a prefill (minutes).
-Families as profile_step.py's OP_FAMILIES (ops run inside other
-ops count for the outermost one, as profile_step attributes them to the innermost range: the cuda ops
-call no table op); the rest is "elementwise/copies/other".
+The `cuda` backend's op table on the CPU (TRITON_INTERPRET=1, set here before triton is imported, makes
+every Triton kernel an interpreter object whose launches are intercepted) on a tiny model with the layer
+kinds, window and index sizes of profile_step's 5-layer slice (SWA + Engram, Full C2, Full C1 candidate
+source, Reindex, Reuse; DSpark block), release cache, one sequence decoding after --context tokens. A
+recorder standing in for CUDA graphs re-runs the step: its replay is what a graph would hold, and is
+what gets counted. A decode step reads nothing back to the host, so which ops it launches depends on no
+value: Triton kernels are counted and not run (each zeroes its tensor arguments instead, uncounted, so
+indices stay valid), torch ops run and count unless they would launch nothing on a GPU (views, shape
+queries, allocations). Families as profile_step.py's OP_FAMILIES (an op's launches count for the
+outermost table op around them, as profile_step's innermost range: the cuda ops call no table op); the
+rest is "elementwise/copies/other". Seconds per count.
 
     python benchmarks/launch_count.py [--dtype bfloat16 float32] [--invariant] [--kernels] [--context 2048]
-                                      [--run] [--json out.json]
+                                      [--json out.json]
 """
 
 from __future__ import annotations
@@ -99,17 +97,15 @@ class AtenCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_triton(counts: Counts, execute: bool) -> Callable[[], None]:
-    """Counts every Triton launch into `counts` (and hides the torch ops the interpreter runs for it)
-    until the returned undo is called; without `execute`, a launch zeroes its tensor arguments instead."""
+def count_triton(counts: Counts) -> Callable[[], None]:
+    """Counts every Triton launch into `counts` instead of running it (the launch zeroes its tensor
+    arguments, uncounted) until the returned undo is called."""
     run = InterpretedFunction.run
 
     def counted(self: InterpretedFunction, *args: Any, **kwargs: Any) -> Any:
         counts.add(self.fn.__name__)
         counts.in_triton += 1
         try:
-            if execute:
-                return run(self, *args, **kwargs)
             for a in (*args, *kwargs.values()):
                 if isinstance(a, torch.Tensor):
                     a.zero_()
@@ -136,7 +132,7 @@ def slice_like_config() -> ModelConfig:
     return ModelConfig.from_hf_dict(cfg)
 
 
-def decode_step_launches(dtype: torch.dtype, invariant: bool, execute: bool, context: int) -> Counts:
+def decode_step_launches(dtype: torch.dtype, invariant: bool, context: int) -> Counts:
     counts = Counts()
     config = slice_like_config()
     cuda, reference = CudaBackend(), ReferenceBackend()
@@ -163,12 +159,8 @@ def decode_step_launches(dtype: torch.dtype, invariant: bool, execute: bool, con
     runtime.graph_recorder = recorder
     table_blocks = list(range(1, context // BLOCK_TOKENS + 2))
     runtime.allocate_cache(len(table_blocks) + 1, 2)
-    undo = count_triton(counts, execute)
+    undo = count_triton(counts)
     try:
-        if execute:
-            gen = torch.Generator().manual_seed(0)
-            ids = torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist()
-            runtime.forward(ForwardBatch([SequenceSegment(1, table_blocks, 0, ids)]))
         step = ForwardBatch([SequenceSegment(1, table_blocks, context, [5])])
         runtime.forward(step)  # captures (and replays once)
         counts.launches.clear()
@@ -184,13 +176,12 @@ def main() -> None:
     p.add_argument("--invariant", action="store_true", help="also count the batch-invariant table")
     p.add_argument("--kernels", action="store_true", help="list every kernel / aten op per family")
     p.add_argument("--context", type=int, default=2048, help="tokens before the decoded one (profile_step's)")
-    p.add_argument("--run", action="store_true", help="interpret every kernel, after a prefill (slow)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     results: dict[str, Any] = {}
     for dtype in args.dtype:
         for invariant in (False, True) if args.invariant else (False,):
-            counts = decode_step_launches(getattr(torch, dtype), invariant, args.run, args.context)
+            counts = decode_step_launches(getattr(torch, dtype), invariant, args.context)
             case = f"{dtype}{' invariant' if invariant else ''}"
             fams = counts.families()
             total = sum(fams.values())
