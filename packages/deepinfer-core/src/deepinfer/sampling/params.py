@@ -170,6 +170,23 @@ class SamplingParams(BaseModel):
     def has_penalties(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
+    @cached_property  # read per sampled row by the sampler: computed once
+    def sampler_row(self) -> tuple[tuple[float, ...], bool]:
+        """The sampler's per-row values (sampler._DENSE order; top_k 0 when off, presence and frequency
+        as for a row with generated tokens) and whether a row also needs its per-row part (a bias, a
+        min_tokens ban, penalties or logprobs)."""
+        drawn = not self.greedy
+        counted = self.has_penalties and bool(self.presence_penalty or self.frequency_penalty)
+        repeated = self.has_penalties and self.repetition_penalty != 1.0
+        row = (
+            self.temperature if drawn else 1.0, self.top_p, self.min_p,
+            self.presence_penalty if counted else 0.0, self.frequency_penalty if counted else 0.0,
+            self.repetition_penalty if repeated else 1.0, float(max(self.top_k, 0)), float(not drawn),
+            float(drawn and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)),
+        )
+        special = self.logit_bias or self.min_tokens or self.has_penalties or self.logprobs is not None
+        return row, bool(special)
+
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the params mention must exist in the model's vocabulary."""
         ids = [*self.logit_bias, *self.stop_token_ids]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from deepinfer.ops import Ops, get_ops
@@ -158,21 +159,21 @@ def sampling_metadata(
     rows: Sequence[SampleRow], vocab: int, eos_token_id: int | None, device: torch.device
 ) -> tuple[SamplingMetadata, torch.Tensor]:
     """The step's `SamplingMetadata` and the device indices of the rows that want logprobs, built on
-    the host and moved in one copy."""
-    ints: dict[str, list[int]] = {k: [] for k in _INT_FIELDS}
-    floats: dict[str, list[float]] = {k: [] for k in _FLOAT_FIELDS}
-    flags: dict[str, list[bool]] = {"greedy": [], "filtered": []}
+    the host and moved in one copy. Each row's columns come from its params (`sampler_row`, computed
+    once per request) and are laid out by numpy; only rows with a bias, a min_tokens ban, penalties or
+    logprobs go through the per-row part."""
+    ints: dict[str, list[int]] = {k: [] for k in _SPARSE_INT_FIELDS}
+    floats: dict[str, list[float]] = {"bias_values": []}
+    dense, special = [], []
     for i, r in enumerate(rows):
+        row, extra = r.params.sampler_row
+        dense.append(row)
+        if extra:
+            special.append(i)
+    table = np.array(dense, dtype=np.float64).reshape(len(rows), len(_DENSE))
+    for i in special:
+        r = rows[i]
         p = r.params
-        drawn = not p.greedy
-        flags["greedy"].append(not drawn)
-        flags["filtered"].append(drawn and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0))
-        floats["temperature"].append(p.temperature if drawn else 1.0)
-        ints["top_k"].append(p.top_k if p.top_k > 0 else vocab)
-        floats["top_p"].append(p.top_p)
-        floats["min_p"].append(p.min_p)
-        ints["seeds"].append(r.seed)
-        ints["positions"].append(r.position)
         for token, value in p.logit_bias.items():
             ints["bias_rows"].append(i)
             ints["bias_ids"].append(token)
@@ -183,38 +184,44 @@ def sampling_metadata(
                 banned.append(eos_token_id)
             ints["ban_rows"] += [i] * len(banned)
             ints["ban_ids"] += banned
-        counted = p.has_penalties and bool(r.output_ids) and bool(p.presence_penalty or p.frequency_penalty)
-        floats["presence"].append(p.presence_penalty if counted else 0.0)
-        floats["frequency"].append(p.frequency_penalty if counted else 0.0)
-        if counted:
+        if not r.output_ids:  # nothing generated yet to count
+            table[i, _DENSE.index("presence")] = table[i, _DENSE.index("frequency")] = 0.0
+        elif table[i, _DENSE.index("presence")] or table[i, _DENSE.index("frequency")]:
             ints["output_rows"] += [i] * len(r.output_ids)
             ints["output_ids"] += r.output_ids
-        repeated = p.has_penalties and p.repetition_penalty != 1.0
-        floats["repetition"].append(p.repetition_penalty if repeated else 1.0)
-        if repeated:
+        if table[i, _DENSE.index("repetition")] != 1.0:
             seen = {*r.prompt_ids, *r.output_ids}
             ints["seen_rows"] += [i] * len(seen)
             ints["seen_ids"] += seen
         if p.logprobs is not None:
             ints["logprob_rows"].append(i)
-    host = [torch.tensor(v, dtype=torch.int64) for v in ints.values()]
-    host += [torch.tensor(v, dtype=torch.float32) for v in floats.values()]
-    host += [torch.tensor(v, dtype=torch.bool) for v in flags.values()]
-    names = [*ints, *floats, *flags]
-    fields = dict(zip(names, copy_to_device(host, device), strict=True))
+    col = {k: table[:, j].copy() for j, k in enumerate(_DENSE)}  # contiguous, as copy_to_device views them
+    host = {
+        "top_k": torch.tensor(np.where(col["top_k"] > 0, col["top_k"], vocab), dtype=torch.int64),
+        "seeds": torch.tensor([r.seed for r in rows], dtype=torch.int64),
+        "positions": torch.tensor([r.position for r in rows], dtype=torch.int64),
+        **{k: torch.tensor(v, dtype=torch.int64) for k, v in ints.items()},
+        **{k: torch.tensor(col[k], dtype=torch.float32) for k in _FLOAT_FIELDS},
+        "bias_values": torch.tensor(floats["bias_values"], dtype=torch.float32),
+        "greedy": torch.tensor(col["greedy"] != 0),
+        "filtered": torch.tensor(col["filtered"] != 0),
+    }
+    fields = dict(zip(host, copy_to_device(list(host.values()), device), strict=True))
     logprob_rows = fields.pop("logprob_rows")
     meta = SamplingMetadata(
         **fields,
-        any_drawn=not all(flags["greedy"]),
-        any_filtered=any(flags["filtered"]),
+        any_drawn=not bool(col["greedy"].all()),
+        any_filtered=bool(col["filtered"].any()),
         any_adjusted=bool(ints["bias_rows"] or ints["ban_rows"] or ints["output_rows"] or ints["seen_rows"]),
     )
     return meta, logprob_rows
 
 
-_INT_FIELDS = ("top_k", "seeds", "positions", "bias_rows", "bias_ids", "ban_rows", "ban_ids", "output_rows",
-               "output_ids", "seen_rows", "seen_ids", "logprob_rows")
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition", "bias_values")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")
+# per-row columns of SamplingParams.sampler_row (float64 holds each exactly: top_k is below 2**53)
+_DENSE = (*_FLOAT_FIELDS, "top_k", "greedy", "filtered")
+_SPARSE_INT_FIELDS = ("bias_rows", "bias_ids", "ban_rows", "ban_ids", "output_rows", "output_ids",
+                      "seen_rows", "seen_ids", "logprob_rows")
 
 
 def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -222,7 +229,7 @@ def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> lis
     CUDA, so it does not wait for queued device work); each part starts 8-byte aligned."""
     parts, spans, offset = [], [], 0
     for t in tensors:
-        raw = t.view(torch.uint8)
+        raw = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)  # empty: any stride
         pad = -raw.numel() % 8
         parts += [raw, torch.zeros(pad, dtype=torch.uint8)]
         spans.append((offset, raw.numel()))
