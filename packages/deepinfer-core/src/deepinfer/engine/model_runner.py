@@ -209,13 +209,17 @@ class ModelRunner:
         flat: list[int] = []
         # (source tensor, destinations, flat source indices): the previous samples, then per proposal
         fills: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+        prev_dst: list[int] = []  # placeholders: their flat index, and their row in the previous samples
+        prev_src: list[int] = []
+        if self._prev is not None:
+            fills[id(self._prev)] = self._prev.tokens, prev_dst, prev_src
+        prev_row = self._prev_row
         for s in sched.segments:
             ids = s.token_ids
             if ids[-1] == PLACEHOLDER:
                 assert self._prev is not None, "a placeholder without a previous step"
-                _, dst, src = fills.setdefault(id(self._prev), (self._prev.tokens, [], []))
-                dst.append(len(flat) + len(ids) - 1)
-                src.append(self._prev_row[s.seq.seq_id])
+                prev_dst.append(len(flat) + len(ids) - 1)
+                prev_src.append(prev_row[s.seq.seq_id])
             if s.num_drafts:
                 drafts, k = s.drafts, s.num_drafts
                 assert drafts is not None, "drafts to verify without their proposal"
@@ -229,6 +233,7 @@ class ModelRunner:
                     dst += range(len(flat) + len(ids) - k, len(flat) + len(ids))
                     src += range(drafts.row * table.shape[1], drafts.row * table.shape[1] + k)
             flat.extend(ids)
+        fills = {k: f for k, f in fills.items() if f[1]}
         if not fills:
             return None
         out = to_device(flat, device)

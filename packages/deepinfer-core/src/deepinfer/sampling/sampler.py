@@ -195,7 +195,7 @@ def sampling_metadata(
             ints["seen_ids"] += seen
         if p.logprobs is not None:
             ints["logprob_rows"].append(i)
-    col = {k: table[:, j].copy() for j, k in enumerate(_DENSE)}  # contiguous, as copy_to_device views them
+    col = {k: table[:, j] for j, k in enumerate(_DENSE)}
     host = {
         "top_k": torch.tensor(np.where(col["top_k"] > 0, col["top_k"], vocab), dtype=torch.int64),
         "seeds": torch.tensor([r.seed for r in rows], dtype=torch.int64),
@@ -227,15 +227,16 @@ _SPARSE_INT_FIELDS = ("bias_rows", "bias_ids", "ban_rows", "ban_ids", "output_ro
 def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """1-D host tensors -> the same on `device`, moved as one byte buffer (pinned and non-blocking on
     CUDA, so it does not wait for queued device work); each part starts 8-byte aligned."""
-    parts, spans, offset = [], [], 0
+    spans, offset = [], 0
     for t in tensors:
-        raw = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)  # empty: any stride
-        pad = -raw.numel() % 8
-        parts += [raw, torch.zeros(pad, dtype=torch.uint8)]
-        spans.append((offset, raw.numel()))
-        offset += raw.numel() + pad
-    buf = torch.cat(parts)
-    if device.type == "cuda":
-        buf = buf.pin_memory()
+        n = t.numel() * t.element_size()
+        spans.append((offset, n))
+        offset += n + -n % 8
+    # written in place through numpy: no per-part tensors, and on CUDA no second copy into pinned memory
+    buf = torch.zeros(offset, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    host = buf.numpy()
+    for t, (o, n) in zip(tensors, spans, strict=True):
+        if n:
+            host[o : o + n] = np.ascontiguousarray(t.numpy()).view(np.uint8)
     buf = buf.to(device, non_blocking=True)
     return [buf[o : o + n].view(t.dtype) for t, (o, n) in zip(tensors, spans, strict=True)]
