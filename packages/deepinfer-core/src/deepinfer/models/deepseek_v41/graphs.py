@@ -221,7 +221,10 @@ class DecodeGraphs:
         """The batch's graph key, or None when it runs eagerly."""
         segs = batch.segments
         num_seqs = bucket_for(len(segs), self.buckets) if segs else None
-        if num_seqs is None or any(s.logits == "none" for s in segs):
+        if num_seqs is None:
+            return None
+        kinds = {s.logits for s in segs}
+        if "none" in kinds:
             return None
         lens = [len(s.token_ids) for s in segs]
         longest = max(lens)
@@ -229,14 +232,15 @@ class DecodeGraphs:
         n = verify if 1 < longest <= verify else longest
         if n > self.builder.geo.max_fixed_tokens:
             return None
-        kinds = {s.logits for s in segs}
         padded = min(lens) < n or (n > 1 and len(kinds) > 1)
         if padded and n > self.max_backtrack + 1:
             return None  # a rollback could not reach back over the padded positions
         if padded and any(k > 1 and s.logits != "all" for k, s in zip(lens, segs, strict=True)):
             return None  # a prefill piece among decodes: padding every decode to it costs more than it saves
         logits = "last" if n == 1 else "all" if padded else kinds.pop()
-        blocks = max(max(len(s.block_table), -(-(s.start_pos + n) // BLOCK_TOKENS)) for s in segs)
+        # the longest table, or the blocks the furthest new positions reach (ceil is monotone)
+        furthest = max(s.start_pos for s in segs) + n
+        blocks = max(max(len(s.block_table) for s in segs), -(-furthest // BLOCK_TOKENS))
         return FixedShape(num_seqs, n, _table_width(blocks), logits)  # type: ignore[arg-type]
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput | None:
