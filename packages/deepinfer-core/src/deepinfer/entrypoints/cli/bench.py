@@ -217,14 +217,16 @@ def _phases(steps: list[StepStat]) -> dict:
     prefill = [s for s in steps if s.num_tokens > s.num_seqs]
     decode = [s for s in steps if s.num_tokens == s.num_seqs]
     batch = max((s.num_seqs for s in decode), default=0)
-    full = [s for s in decode if s.num_seqs == batch]
+    full = {i for i, s in enumerate(steps) if s.num_tokens == s.num_seqs == batch}
+    # steps after a full decode step: the first one's wait also covers the prefill before it
+    steady = [steps[i] for i in sorted(full) if i - 1 in full] or [steps[i] for i in sorted(full)]
     prefill_s = sum(busy(s) for s in prefill)
     return {
         "prefill_steps": len(prefill),
         "prefill_tok_s": sum(s.num_tokens for s in prefill) / prefill_s if prefill_s else None,
-        "decode_batch": batch, "decode_steps": len(full),
-        "decode_step_s": _period(full),
-        "decode_busy_s": statistics.mean(busy(s) for s in full) if full else None,
+        "decode_batch": batch, "decode_steps": len(steady),
+        "decode_step_s": _period(steady),
+        "decode_busy_s": statistics.mean(busy(s) for s in steady) if steady else None,
     }
 
 
