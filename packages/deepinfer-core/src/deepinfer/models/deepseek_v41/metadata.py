@@ -254,6 +254,13 @@ class SlotTables:
         self.lists[slot], self.lens[slot] = table, n
         return n
 
+    def update_segments(self, segs: list[SequenceSegment]) -> list[int]:
+        """`update` for each segment's slot and table; the lengths. The common decode case (the same,
+        unchanged list) is checked here, without a method call per sequence."""
+        lists, lens, update = self.lists, self.lens, self.update
+        return [lens[s.slot] if s.block_table is lists[s.slot] and len(s.block_table) == lens[s.slot]
+                else update(s.slot, s.block_table) for s in segs]
+
     def reserve(self, width: int) -> None:
         if width > self.rows.shape[1]:
             grown = np.zeros((self.rows.shape[0], 1 << (width - 1).bit_length()), dtype=np.int64)
@@ -531,7 +538,7 @@ class MetadataBuilder:
         lens = np.array([len(s.token_ids) for s in segs], dtype=np.int64)
         end = start + lens
         qsl = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-        table_lens = np.array([self.tables.update(s.slot, s.block_table) for s in segs], dtype=np.int64)
+        table_lens = np.array(self.tables.update_segments(segs), dtype=np.int64)
         short = slots[table_lens * BLOCK_TOKENS < end]
         if short.size:
             raise ValueError(f"block tables of slots {short.tolist()} do not cover their new positions")
