@@ -339,6 +339,18 @@ def test_config_values(key, value):
     assert time.monotonic() - started < 5, "validation must not blow up on large values"
 
 
+@pytest.mark.parametrize("key", ["engram_n_heads", "engram_max_ngram_size", "engram_vocab_size"])
+def test_engram_sizes_that_would_stall_the_prime_search(key):
+    """Validation searches one hash prime per (layer, order, head) above the Engram vocabulary: a huge
+    count or vocabulary is refused by name at once instead of searching (2**31 heads never finished)."""
+    data = tiny_config("full").to_hf_dict()
+    data["text_config"][key] = 2**31 if key != "engram_vocab_size" else 10**30
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=key):
+        ModelConfig.from_hf_dict(data)
+    assert time.monotonic() - started < 1
+
+
 @pytest.mark.parametrize("content", [
     b"\xff\xfe{}", b"", b"[" * 100_000 + b"]" * 100_000, b'{"architectures": NaN}', b"null", b"[1, 2]",
     b'{"architectures": ["DeepseekV41ForCausalLM"], "text_config": 1e400}',

@@ -99,9 +99,11 @@ class TextConfig(BaseModel):
     # --- Engram (absent / empty engram_layer_ids: no Engram)
     engram_layer_ids: list[int] = Field(default_factory=list)
     engram_num_embeddings: list[int] | None = None
-    engram_max_ngram_size: int | None = Field(default=None, ge=2)
-    engram_vocab_size: int | None = Field(default=None, gt=0)
-    engram_n_heads: int | None = Field(default=None, gt=0)
+    # bounded: validation searches layers x (max_ngram - 1) x heads hash primes above engram_vocab_size
+    # (a hostile 2**31 heads never finished); the prime test is deterministic below 3.3e24
+    engram_max_ngram_size: int | None = Field(default=None, ge=2, le=16)
+    engram_vocab_size: int | None = Field(default=None, gt=0, le=2**48)
+    engram_n_heads: int | None = Field(default=None, gt=0, le=256)
     engram_head_dim: int | None = Field(default=None, gt=0)
     engram_pad_token_id: int | None = Field(default=None, ge=0)
     engram_compressed_vocab_size: int | None = Field(default=None, gt=0)
