@@ -141,7 +141,7 @@ class DeepseekV41Train(nn.Module):
             h.multipliers = [t.to(device) for t in h.multipliers]
             h.primes = [t.to(device) for t in h.primes]
             h.offsets = [t.to(device) for t in h.offsets]
-        self.ropes = {k: Rope(r.freqs.to(device)) for k, r in self.ropes.items()}
+        self.ropes = {k: Rope(r.freqs.to(device), r.key) for k, r in self.ropes.items()}
         return out
 
     # --- forward
