@@ -176,8 +176,8 @@ class SamplingParams(BaseModel):
         as for a row with generated tokens) and whether a row also needs its per-row part (a bias, a
         min_tokens ban, penalties or logprobs)."""
         drawn = not self.greedy
-        counted = self.has_penalties and bool(self.presence_penalty or self.frequency_penalty)
-        repeated = self.has_penalties and self.repetition_penalty != 1.0
+        counted = bool(self.presence_penalty or self.frequency_penalty)
+        repeated = self.repetition_penalty != 1.0
         row = (
             self.temperature if drawn else 1.0, self.top_p, self.min_p,
             self.presence_penalty if counted else 0.0, self.frequency_penalty if counted else 0.0,
