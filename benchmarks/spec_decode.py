@@ -8,8 +8,9 @@ verification cost per K on a Flash-width slice.
         [--max-tokens 64] [--budget-s 90] [--sync] [--json-out FILE]
     # step cost per K (model runtime + exact verification, CUDA graphs as the engine replays them):
     # decode step, verification step of 1 + K rows per sequence, DSpark draft step; modelled speed-ups
-    python benchmarks/spec_decode.py cost [--slice-layers 5 | --tiny] [--batches 1,8,64] [--ks 1,2,3,4,5]
-        [--acceptance 0.5,0.7,0.9] [--budget-s 60] [--json-out FILE]
+    python benchmarks/spec_decode.py cost [--slice-layers 5 | --full-depth | --tiny [--shared-params]]
+        [--batches 1,8,64] [--ks 1,2,3,4,5] [--acceptance 0.5,0.7,0.9] [--anchor-length 3.51 --anchor-k 5]
+        [--engram-vocab 10000] [--budget-s 60] [--json-out FILE]
     # n-gram proposer host cost per request and step at long histories (CPU)
     python benchmarks/spec_decode.py ngram [--history 8192] [--batches 1,64]
 
@@ -40,6 +41,13 @@ DSpark proposer's step (draft forward, K Markov/sampling steps, confidences). Wi
 a verifying step emits E = (1 - a^(K+1)) / (1 - a) tokens per sequence, so the modelled per-user
 speed-up is E * t_dec / t_ver (prompt lookup: drafting is host work) or E * t_dec / (t_ver + t_draft)
 (DSpark); engine overheads are not in it (the engine sweep measures them on the trained model).
+--anchor-length L adds the a at which K = --anchor-k drafts emit L tokens (the official DSpark's 3.51
+at K = 5 on V4.1-Flash). Models: a Flash-width slice of --slice-layers layers, or --full-depth: the
+released Flash config (40 backbone layers of their real kinds and compress ratios, 3 DSpark blocks of
+Flash widths) whose layers share their parameters (`shared_weights`: one tensor per name inside the
+layer and shape, distinct within a layer, so every layer still streams its own ~0.27 GB of touched
+weights from HBM at batch 1, past the 50 MB L2), so that the 40 layers fit on one GPU; Engram tables
+over an --engram-vocab hash vocabulary.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -59,8 +68,13 @@ from typing import Any
 
 import torch
 
+from deepinfer.checkpoint.randomize import dummy_token_map, random_tensors, random_weights, weight_groups
+from deepinfer.config import ModelConfig, engram_table_rows
+from deepinfer.ops import Ops
 from deepinfer.sampling import SamplingParams
 from deepinfer.speculators import registry
+from deepinfer.testing.configs import flash_slice_config, tiny_config
+from deepinfer.testing.flash import flash_config_dict
 
 # prompts with some repetition, as real text and code have (what prompt lookup feeds on)
 TEXTS = [
@@ -268,23 +282,117 @@ def engine_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 # ---- verification cost per K ----------------------------------------------------------------------
 
 
-def build_slice(layers: int, tiny: bool, device: torch.device, graph_sizes: list[int]) -> Any:
-    """A runtime with random weights: the Flash-width slice (GPU) or the tiny `full` config (CPU check),
-    its CUDA graphs bucketed at `graph_sizes` (the measured batches: no step pads to a larger one)."""
+def full_depth_config(engram_vocab: int) -> ModelConfig:
+    """The released Flash config (40 backbone layers of their real kinds and compress ratios, 3 DSpark
+    blocks) with Engram tables over an `engram_vocab` hash vocabulary (Flash's 16M: 2 x 100 GB)."""
+    cfg = flash_config_dict()
+    t = cfg["text_config"]
+    t.update(engram_vocab_size=engram_vocab, engram_num_embeddings=engram_table_rows(
+        t["engram_layer_ids"], t["engram_max_ngram_size"], t["engram_n_heads"], engram_vocab))
+    return ModelConfig.from_hf_dict(cfg)
+
+
+def _slot(name: str) -> tuple[str, str]:
+    """(kind, name inside the layer) of a tensor: "layers" (backbone) or "mtp" (DSpark) without the
+    layer's index; ("", name) for a tensor outside the layers."""
+    m = re.fullmatch(r"(layers|mtp)\.\d+\.(.+)", name)
+    return (m[1], m[2]) if m else ("", name)
+
+
+def shared_weights(config: ModelConfig, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every tensor of `config`'s inventory, drawn once per (layer kind, name inside the layer, shape,
+    dtype) and aliased by every layer that has it: the backbone layers share one set, the DSpark blocks
+    another. Different tensors of one layer (the 384 experts, w1 and w3) stay distinct, so a step reads
+    as many different bytes per layer as the real model (a layer's weights far exceed the L2)."""
+    slots: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for group in weight_groups(config):
+        spec = group[0]
+        key = (*_slot(spec.name), tuple(spec.shape), spec.dtype)
+        if key not in slots:
+            drawn = random_tensors(spec, group[1] if len(group) > 1 else None, seed, device)
+            slots[key] = list(drawn.values())
+        tensors.update(zip((s.name for s in group), slots[key], strict=True))
+    return tensors
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal arguments: tensors of one shape, dtype and device with the same bits; tuples item by item."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and a.device == b.device
+                and torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                                b.contiguous().reshape(-1).view(torch.uint8)))
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+class ReusedPreparation:
+    """A prepare op (`prepare_linear`, `prepare_experts`) returning its earlier result for arguments equal
+    to an earlier call's: layers built from shared tensors then share their prepared weights too, although
+    the model stacks the experts and concatenates fused linears into a fresh tensor per layer first.
+    `forget()` drops the arguments held for the comparison (call it once the model is built)."""
+
+    def __init__(self, prepare: Callable[..., Any]) -> None:
+        self.prepare = prepare
+        self.done: list[tuple[tuple[Any, ...], Any]] = []
+        self.reused = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = (*args, *sorted(kwargs.items()))
+        for seen, prepared in self.done:
+            if _same(seen, key):
+                self.reused += 1
+                return prepared
+        prepared = self.prepare(*args, **kwargs)
+        self.done.append((key, prepared))
+        return prepared
+
+    def forget(self) -> None:
+        self.done.clear()
+
+
+def sharing_ops(ops: Ops) -> tuple[Ops, list[ReusedPreparation]]:
+    """`ops` with its weight preparation wrapped in `ReusedPreparation` (and the wrappers)."""
+    table = {name: getattr(ops, name) for name in ops.names}
+    wrapped = [ReusedPreparation(table[name]) for name in ("prepare_linear", "prepare_experts")]
+    table.update(prepare_linear=wrapped[0], prepare_experts=wrapped[1])
+    return Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant), wrapped
+
+
+def cost_config(args: argparse.Namespace) -> tuple[ModelConfig, str]:
+    """The model the cost sweep builds, and its description."""
+    if args.tiny:
+        return tiny_config("full"), "tiny full config"
+    if args.full_depth:
+        return full_depth_config(args.engram_vocab), "Flash config, 40 layers + 3 DSpark blocks"
+    config = flash_slice_config(num_layers=args.slice_layers, engram_vocab_size=args.engram_vocab)
+    return config, f"Flash slice, {args.slice_layers} layers"
+
+
+def build_cost_runtime(config: ModelConfig, device: torch.device, graph_sizes: list[int],
+                       shared: bool) -> Any:
+    """A runtime with random weights (`shared`: `shared_weights`, prepared once per distinct tensor), its
+    CUDA graphs bucketed at `graph_sizes` (the measured batches: no step pads to a larger one)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from reference_forward import _ops
 
-    from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
     from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
-    from deepinfer.testing.configs import flash_slice_config, tiny_config
 
-    config = tiny_config("full") if tiny else flash_slice_config(num_layers=layers)
     block = config.text.dspark_block_size or 0
     options = RuntimeOptions(cache_precision="release" if device.type == "cuda" else "exact",
                              max_backtrack=max(block, 5) + 1, cuda_graph_sizes=tuple(graph_sizes))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return build_runtime(config, random_weights(config, device), dtype=dtype, ops=_ops(None, device),
-                         engram_token_map=dummy_token_map(config), options=options)
+    ops, wrapped = _ops(None, device), []
+    if shared:
+        ops, wrapped = sharing_ops(ops)
+    tensors = shared_weights(config, device) if shared else random_weights(config, device)
+    runtime = build_runtime(config, tensors, dtype=dtype, ops=ops, engram_token_map=dummy_token_map(config),
+                            options=options)
+    for op in wrapped:
+        op.forget()
+    return runtime
 
 
 def timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:
@@ -302,6 +410,22 @@ def timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:
     return statistics.median(times)
 
 
+def emitted(a: float, k: int) -> float:
+    """Tokens a verifying step emits per sequence at i.i.d. per-draft acceptance a with K drafts."""
+    return k + 1.0 if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def acceptance_for(length: float, k: int) -> float:
+    """The per-draft acceptance a at which a step with K drafts emits `length` tokens (bisection)."""
+    if not 1 <= length < k + 1:
+        raise ValueError(f"mean accepted length {length} at K={k}: must be in [1, {k + 1})")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if emitted(mid, k) < length else (lo, mid)
+    return (lo + hi) / 2
+
+
 def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     from deepinfer.engine.model_runner import ModelRunner
     from deepinfer.sampling.sampler import Sampler
@@ -310,13 +434,16 @@ def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     device = torch.device(args.device)
     t0 = time.perf_counter()
     batches, ks = ints(args.batches), ints(args.ks)
-    runtime = build_slice(args.slice_layers, args.tiny, device, batches)
+    config, what = cost_config(args)
+    shared = args.full_depth or args.shared_params
+    runtime = build_cost_runtime(config, device, batches, shared)
     slots = list(range(1, max(batches) + 1))
     runtime.allocate_cache(num_blocks=len(slots) + 1, num_slots=len(slots) + 1)
     blocks = list(range(1, len(slots) + 1))  # one block per sequence: positions 0..K, well inside one
     runner = ModelRunner(runtime, Sampler(runtime.eos_token_id))
-    what = "tiny full config" if args.tiny else f"Flash slice, {args.slice_layers} layers"
-    print(f"{what} built in {time.perf_counter() - t0:.1f} s on {device}", flush=True)
+    memory = f", {torch.cuda.memory_allocated(device) / 2**30:.1f} GiB" if device.type == "cuda" else ""
+    print(f"{what}{' (shared parameters)' if shared else ''} built in {time.perf_counter() - t0:.1f} s "
+          f"on {device}{memory}", flush=True)
     drafter = None
     block = runtime.dspark.block_size if runtime.dspark is not None else 0
     if block:
@@ -324,9 +451,18 @@ def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
         drafter = DSparkProposer.build(runtime, SpeculatorConfig(min(max(ks), block)))
     greedy = SamplingParams(temperature=0)
+    rates = floats(args.acceptance)
+    if args.anchor_length:
+        anchor = round(acceptance_for(args.anchor_length, args.anchor_k), 3)
+        print(f"anchor: mean accepted length {args.anchor_length} at K={args.anchor_k} -> a = {anchor}")
+        rates = [anchor, *rates]
     deadline = time.perf_counter() + args.budget_s
     results: list[dict[str, Any]] = []
     for batch in batches:
+        if time.perf_counter() > deadline:
+            results += [{"batch": batch, "k": k, "skipped": "budget"} for k in ks]
+            continue
+
         def step(k: int, batch: int = batch) -> float:
             return runner.time_verification(batch * (k + 1), k + 1, slots[:batch], blocks[:batch])
 
@@ -347,16 +483,18 @@ def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             row = {"batch": batch, "k": k, "decode_ms": round(dec, 3), "verify_ms": round(ver, 3),
                    "verify_x_decode": round(ver / dec, 3), "dspark_draft_ms": None if draft is None else
                    round(draft, 3)}
-            for a in floats(args.acceptance):
-                emitted = (1 - a ** (k + 1)) / (1 - a)
-                row[f"ngram_x@{a}"] = round(emitted * dec / ver, 3)
-                row[f"dspark_x@{a}"] = None if draft is None else round(emitted * dec / (ver + draft), 3)
+            for a in rates:
+                tokens = emitted(a, k)
+                row[f"ngram_x@{a}"] = round(tokens * dec / ver, 3)
+                row[f"dspark_x@{a}"] = None if draft is None else round(tokens * dec / (ver + draft), 3)
             results.append(row)
             save(args, results)
     columns = ["batch", "k", "decode_ms", "verify_ms", "verify_x_decode", "dspark_draft_ms"]
-    columns += [f"{s}_x@{a}" for a in floats(args.acceptance) for s in ("ngram", "dspark")]
+    columns += [f"{s}_x@{a}" for a in rates for s in ("ngram", "dspark")]
     print(table(sorted((r for r in results if not r.get("skipped")), key=lambda r: (r["batch"], r["k"])),
                 columns))
+    if device.type == "cuda":
+        print(f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
     return results
 
 
@@ -419,10 +557,18 @@ def main() -> None:
     cost = sub.add_parser("cost", help="decode / verification / draft step cost per K")
     cost.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     cost.add_argument("--slice-layers", type=int, default=5, help="backbone layers of the Flash slice")
+    cost.add_argument("--full-depth", action="store_true",
+                      help="the whole Flash config instead (40 layers + 3 DSpark blocks, shared parameters)")
     cost.add_argument("--tiny", action="store_true", help="the tiny full config instead (CPU check)")
+    cost.add_argument("--shared-params", action="store_true",
+                      help="layers share parameters (implied by --full-depth; with --tiny: a CPU check)")
+    cost.add_argument("--engram-vocab", type=int, default=10_000, help="Engram hash vocabulary (Flash: 16M)")
     cost.add_argument("--batches", default="1,8,64")
     cost.add_argument("--ks", default="1,2,3,4,5")
     cost.add_argument("--acceptance", default="0.5,0.7,0.9")
+    cost.add_argument("--anchor-length", type=float, default=3.51,
+                      help="also model the acceptance of this mean accepted length at --anchor-k (0: off)")
+    cost.add_argument("--anchor-k", type=int, default=5)
     cost.add_argument("--reps", type=int, default=5)
     cost.add_argument("--budget-s", type=float, default=math.inf, help="measure no K after this")
     ngram = sub.add_parser("ngram", help="n-gram proposer CPU cost per request and step")
