@@ -34,7 +34,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
-from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, build_runtime
+from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.ops import Ops, get_ops
 from deepinfer.testing.configs import flash_slice_config, tiny_config
@@ -103,6 +103,7 @@ class Kernel:
     end: float
     family: str
     graph: int | None  # correlation id of the graph launch that ran it (None: launched eagerly)
+    launch: float | None = None  # host start of the launch call (us, the profiler's clock)
 
 
 def kernels(prof: profile, cuda: bool) -> list[Kernel]:
@@ -123,8 +124,8 @@ def kernels(prof: profile, cuda: bool) -> list[Kernel]:
             while p is not None and not p.name.startswith("aten::"):
                 p = p.cpu_parent
             return e.name.startswith("aten::") and p is None
-        return [Kernel(e.name, e.time_range.start, e.time_range.end, fam(e.time_range.start, e.name), None)
-                for e in events if e.device_type == DeviceType.CPU and top(e)]
+        return [Kernel(e.name, e.time_range.start, e.time_range.end, fam(e.time_range.start, e.name), None,
+                       e.time_range.start) for e in events if e.device_type == DeviceType.CPU and top(e)]
     launches = {e.id: e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("cu")}
     out = []
     for e in events:
@@ -133,7 +134,8 @@ def kernels(prof: profile, cuda: bool) -> list[Kernel]:
         launch = launches.get(e.id)
         graph = launch.id if launch is not None and "GraphLaunch" in launch.name else None
         name_fam = fam(launch.time_range.start, e.name) if launch is not None and graph is None else OTHER
-        out.append(Kernel(e.name, e.time_range.start, e.time_range.end, name_fam, graph))
+        out.append(Kernel(e.name, e.time_range.start, e.time_range.end, name_fam, graph,
+                          None if launch is None else launch.time_range.start))
     return sorted(out, key=lambda k: k.start)
 
 
@@ -229,18 +231,45 @@ def decode_case(bench: Bench, steps: int, cuda: bool) -> tuple[list[Kernel], int
     return graphed, steps, f"{steps} graph replays, families aligned with one profiled eager step", wall
 
 
-def prefill_case(bench: Bench, cuda: bool) -> tuple[list[Kernel], int, str, float]:
+def prefill_step(bench: Bench) -> Callable[[], torch.Tensor]:
     """One eager prefill of sequence 1's whole context (its cache slot reset first)."""
     gen = torch.Generator().manual_seed(1)
     seg = SequenceSegment(1, bench.tables[1], 0, torch.randint(3, bench.rt.vocab_size, (bench.prefill,),
                                                                generator=gen).tolist())
 
-    def step() -> object:
+    def step() -> torch.Tensor:
         bench.rt.reset_slot(1)
         return bench.rt.forward(ForwardBatch([seg])).logits
+    return step
 
+
+def prefill_case(bench: Bench, cuda: bool) -> tuple[list[Kernel], int, str, float]:
+    step = prefill_step(bench)
     wall = timed_ms(step, 2)
     return profiled(step, 1, cuda), 1, "one eager prefill", wall
+
+
+def slice_runtime(cpu_check: bool, layers: int, engram_vocab: int,
+                  batch_invariant: bool = False) -> tuple[DeepseekV41Runtime, dict[str, tuple[int, int]]]:
+    """The profiled runtime (its ops and LM head in ranges) and each case's (batch, context): the Flash
+    slice on the GPU, or with `cpu_check` the tiny config on the CPU."""
+    if cpu_check:
+        device, dtype, config, precision = torch.device("cpu"), torch.float32, tiny_config("full"), "exact"
+        shapes = {"decode1": (1, 20), "decode64": (3, 9), "prefill": (1, 20)}
+    else:
+        device, dtype, precision = torch.device("cuda"), torch.bfloat16, "release"
+        config = flash_slice_config(num_layers=layers, engram_vocab_size=engram_vocab)
+        shapes = {"decode1": (1, 2048), "decode64": (64, 512), "prefill": (1, 2048)}
+    backend = "cuda" if device.type == "cuda" else None
+    base = get_ops(backend, device, batch_invariant=True) if batch_invariant else _ops(backend, device)
+    runtime = build_runtime(config, random_weights(config, device), dtype=dtype, ops=annotated_ops(base),
+                            engram_token_map=dummy_token_map(config),
+                            options=RuntimeOptions(cache_precision=precision,
+                                                   batch_invariant=batch_invariant))
+    runtime.model.logits = annotate(runtime.model.logits, "LM head")
+    if cpu_check:
+        runtime.graph_recorder = rerun_recorder
+    return runtime, shapes
 
 
 def main() -> None:
@@ -257,23 +286,10 @@ def main() -> None:
     p.add_argument("--cpu-check", action="store_true", help="dry run of every code path on the CPU")
     args = p.parse_args()
     if args.cpu_check:
-        device, dtype, config, precision = torch.device("cpu"), torch.float32, tiny_config("full"), "exact"
-        shapes, args.steps = {"decode1": (1, 20), "decode64": (3, 9), "prefill": (1, 20)}, 2
-    else:
-        device, dtype, precision = torch.device("cuda"), torch.bfloat16, "release"
-        config = flash_slice_config(num_layers=args.layers, engram_vocab_size=args.engram_vocab)
-        shapes = {"decode1": (1, 2048), "decode64": (64, 512), "prefill": (1, 2048)}
-    cuda = device.type == "cuda"
-    backend = "cuda" if cuda else None
-    base = get_ops(backend, device, batch_invariant=True) if args.batch_invariant else _ops(backend, device)
-    runtime = build_runtime(config, random_weights(config, device), dtype=dtype, ops=annotated_ops(base),
-                            engram_token_map=dummy_token_map(config),
-                            options=RuntimeOptions(cache_precision=precision,
-                                                   batch_invariant=args.batch_invariant))
-    runtime.model.logits = annotate(runtime.model.logits, "LM head")
-    if args.cpu_check:
-        runtime.graph_recorder = rerun_recorder
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        args.steps = 2
+    runtime, shapes = slice_runtime(args.cpu_check, args.layers, args.engram_vocab, args.batch_invariant)
+    cuda = runtime.device.type == "cuda"
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(runtime.device) if cuda else "cpu",
                                "batch_invariant": args.batch_invariant, "layers": args.layers,
                                "engram_vocab": args.engram_vocab, "steps": args.steps}
     benches: dict[tuple[int, int], Bench] = {}

@@ -21,6 +21,7 @@ buffer) is made once per buffer and returned again by every later build.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Literal
 
 import numpy as np
@@ -572,7 +573,8 @@ class MetadataBuilder:
             picks.extend(rows)
             offsets.append(offsets[-1] + len(rows))
         arrays["logits_rows"] = np.array(picks, dtype=np.int64)
-        arrays["input_ids"] = np.fromiter((t for s in segs for t in s.token_ids), np.int64, int(qsl[-1]))
+        ids = chain.from_iterable(s.token_ids for s in segs)
+        arrays["input_ids"] = np.fromiter(ids, np.int64, int(qsl[-1]))
 
         names = list(arrays)
         t = dict(zip(names, (staging or self.staging).upload([arrays[n] for n in names]), strict=True))
@@ -612,22 +614,29 @@ class MetadataBuilder:
         begin = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64)
         pos = _ranges(first, end)
         seg = np.repeat(np.arange(len(n)), n)
-        keys = pos[:, None] - w + 1 + np.arange(w)  # [rows, W]
-        s = seg[:, None]
-        from_ring = keys < start[s]
-        ring_row = slots[s] * ring + keys % ring
-        current = geo.num_slots * ring + begin[s] + keys - first[s]
-        valid = (keys >= np.maximum(lo[s], 0)) & (from_ring | (keys >= first[s]))
+        count = int(n.sum())
+        # key w of row r is position pos_r - W + 1 + w; at or after max(first, lo) it is this set's row
+        # r - W + 1 + w, which holds for every key of most rows of a long segment: those rows take that
+        # one broadcast, the others (each sequence's first W - 1 rows, rows before lo) the general case
+        window = (geo.num_slots * ring - w + 1 + np.arange(count, dtype=np.int64))[:, None] + np.arange(w)
+        edge = np.flatnonzero(pos < (np.maximum(first, lo) + w - 1)[seg])
+        if edge.size:
+            keys = pos[edge, None] - w + 1 + np.arange(w)  # [edge rows, W]
+            s = seg[edge, None]
+            from_ring = keys < start[s]
+            ring_row = slots[s] * ring + keys % ring
+            valid = (keys >= np.maximum(lo[s], 0)) & (from_ring | (keys >= first[s]))
+            window[edge] = np.where(valid, np.where(from_ring, ring_row, window[edge]), -1)
         arrays[f"{prefix}.positions"] = pos
         arrays[f"{prefix}.row_seg"] = seg
-        arrays[f"{prefix}.window"] = np.where(valid, np.where(from_ring, ring_row, current), -1)
+        arrays[f"{prefix}.window"] = window
         stored = (pos >= lo[seg]) & (pos >= end[seg] - ring)  # newer rows would overwrite older ones
         arrays[f"{prefix}.ring_dest"] = (slots[seg] * ring + pos % ring)[stored]
         arrays[f"{prefix}.ring_src"] = np.flatnonzero(stored).astype(np.int64)
         for r in geo.ratios:
             arrays[f"{prefix}.visible{r}"] = (pos + 1) // r
         bounds = tuple(zip(begin.tolist(), (begin + n).tolist(), strict=True))
-        return bounds, int(n.sum())
+        return bounds, count
 
     def _compression(
         self, r: int, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,
