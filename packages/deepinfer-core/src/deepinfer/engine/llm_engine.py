@@ -107,7 +107,8 @@ class LLMEngine:
         self._arrivals = itertools.count()  # also names requests that come without an id
         self._guard = EngineGuard()
         self._late_aborts: list[str] = []  # aborts called back from inside an engine call
-        self._prev_end: float | None = None
+        # the previous step's end (worker perf_counter, CUDA end event) while steps follow back to back
+        self._prev_end: tuple[float, torch.cuda.Event | None] | None = None
         self._last_log = time.monotonic()
         self.stats = EngineStats()
 
@@ -427,10 +428,16 @@ class LLMEngine:
 
     def _record_step(self, result: StepResult, schedule_s: float, process_s: float) -> None:
         self.stats.num_preemptions = self.scheduler.num_preemptions
-        idle = None if self._prev_end is None else max(0.0, result.start - self._prev_end)
-        self._prev_end = result.end
+        gpu_s = result.gpu_s  # waits for the step's end event: both events can be read from here on
+        idle = gpu_idle = None
+        if self._prev_end is not None:
+            prev_end, prev_event = self._prev_end
+            idle = max(0.0, result.start - prev_end)
+            if prev_event is not None and result.gpu is not None:
+                gpu_idle = max(0.0, prev_event.elapsed_time(result.gpu[0]) / 1e3)
+        self._prev_end = result.end, result.gpu[1] if result.gpu is not None else None
         self.stats.steps.append(StepStat(result.num_seqs, result.num_tokens, schedule_s, process_s,
-                                         result.end - result.start, idle, result.gpu_s))
+                                         result.end - result.start, idle, gpu_s, gpu_idle))
 
     def _record_speculation(self, sched: SchedulerOutput, result: StepResult) -> None:
         """Counters, the cache position after verification, the next drafts of each sequence, and the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -11,10 +12,30 @@ class StepStat:
     num_seqs: int  # sequences in the step
     num_tokens: int
     schedule_s: float  # engine thread CPU time planning this step
-    process_s: float  # engine thread CPU time turning this step's samples into outputs
+    process_s: float  # engine thread CPU time turning this step's samples into outputs (after they arrive)
     device_s: float  # worker: resets + forward + sampling
     idle_s: float | None  # worker idle between the previous step's end and this one's start
     gpu_s: float | None = None  # CUDA: GPU time from the step's first to its last queued work
+    # CUDA, a step in flight before: the GPU's idle time from that step's end event to this one's start
+    # event (zero when this step was queued before the GPU ran out of work)
+    gpu_idle_s: float | None = None
+
+
+def hidden_share(steps: Iterable[StepStat]) -> float | None:
+    """Share of the engine's CPU work per step (schedule + post-process) that the GPU did not wait for.
+
+    Over the steps with a measured GPU gap (CUDA events, a step in flight before: async scheduling):
+    1 - (GPU idle between steps) / (engine CPU time), clamped at 0. Between two steps the GPU waits for
+    nothing but the engine thread (post-processing the step before, planning the next) and the hand-off
+    to the worker (the worker's own host time lies inside a step's span), so idle time past the CPU time
+    is hand-off or GIL waiting: it does not make the share negative. None where nothing was measured
+    (no CUDA events, or synchronous steps, where the GPU waits for all of it by design)."""
+    timed = [s for s in steps if s.gpu_idle_s is not None]
+    cpu = sum(s.schedule_s + s.process_s for s in timed)
+    if not cpu:
+        return None
+    idle = sum(s.gpu_idle_s for s in timed)  # type: ignore[misc]
+    return max(0.0, 1.0 - idle / cpu)
 
 
 @dataclass
@@ -40,11 +61,3 @@ class EngineStats:
         if not self.spec_verify_steps:
             return None
         return 1.0 + self.spec_accepted_tokens / self.spec_verify_steps
-
-    def hidden_fraction(self) -> float | None:
-        """Share of the per-step CPU work (schedule + post-process) during which the device was busy."""
-        timed = [s for s in self.steps if s.idle_s is not None]
-        cpu = sum(s.schedule_s + s.process_s for s in timed)
-        if not cpu:
-            return None
-        return max(0.0, 1.0 - sum(s.idle_s for s in timed) / cpu)  # type: ignore[misc]

@@ -6,8 +6,18 @@ TTFT/TPOT percentiles, prefill tokens/s and the time of a decode step at the ful
 overhead and the share of it hidden by async scheduling. Several values of --num-requests /
 --input-len / --output-len run one throughput workload each, in order (a single value applies to all),
 e.g. `--num-requests 1 64 --input-len 2048 512 --output-len 128`. Overhead: for each batch size in
-`--overhead-batches`, keeps exactly that many sequences decoding and reports the scheduler +
-post-processing time per step (the engine's CPU cost, independent of the model's speed).
+`--overhead-batches`, keeps exactly that many sequences decoding and reports per step (means): the
+engine thread's CPU time planning it (schedule) and turning its samples into outputs (post, timed after
+the samples reach the host), the worker's wall time queuing it (worker), the GPU's span from the step's
+first to its last queued work (CUDA events, kernels and gaps), the GPU's idle time before the step
+(from the previous step's end event to this one's start event) and the period (worker start to start).
+
+Hidden by async = 1 - (GPU idle between steps) / (engine CPU time), summed over the steps, clamped at
+0: between two steps the GPU waits only for the engine thread and the hand-off to the worker, so 100%
+means the engine's work never kept the GPU waiting; idle time beyond the CPU time (hand-off, GIL waits)
+does not make it negative. Without CUDA events (CPU) or with --sync (every gap waits for the engine by
+design) it is not measured: '-' here, null in the JSON. The worker's host time is not in it: compare
+worker ms with GPU span ms (a worker slower than the GPU leaves idle time inside the spans).
 """
 
 from __future__ import annotations
@@ -17,10 +27,11 @@ import json
 import random
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepinfer.engine.stats import EngineStats, StepStat
+from deepinfer.engine.stats import EngineStats, StepStat, hidden_share
 from deepinfer.entrypoints.cli.engine_args import add_engine_args, llm_from_args
 from deepinfer.entrypoints.cli.errors import UsageError, finite_float, positive_int, positive_rate
 from deepinfer.sampling import SamplingParams
@@ -97,8 +108,8 @@ def _print_throughput(t: dict, cfg: dict) -> None:
               f"step(s); decode at batch {t['decode_batch']}: {_ms(t['decode_step_s'])} ms/step "
               f"(busy {_ms(t['decode_busy_s'])}) over {t['decode_steps']} steps")
     hidden = t.get("hidden_by_async")
-    print(f"steps {t.get('steps')}, device {_ms(t.get('step_device_s'))} ms/step (GPU "
-          f"{_ms(t.get('step_gpu_s'))}), CPU overhead "
+    print(f"steps {t.get('steps')}, worker {_ms(t.get('step_device_s'))} ms/step (GPU span "
+          f"{_ms(t.get('step_gpu_s'))}, GPU idle {_ms(t.get('step_gpu_idle_s'))}), CPU overhead "
           f"{_ms(t.get('step_cpu_overhead_s'))} ms/step, hidden by async "
           f"{'-' if hidden is None else f'{100 * hidden:.0f}%'}, preemptions {t['preemptions']}", flush=True)
 
@@ -122,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_model_len = max(i + o for _, ins, outs in lengths for i, o in zip(ins, outs)) + 8
     llm = llm_from_args(args)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    result: dict = {"config": config, "throughput": [], "overhead": []}
+    result: dict = {"config": config, "definitions": DEFINITIONS, "throughput": [], "overhead": []}
     try:  # each workload printed as measured: an interrupted run keeps what it had
         for mean, ins, outs in lengths:
             result["throughput"].append(_throughput(llm, rng, mean, ins, outs, args))
@@ -166,7 +177,7 @@ def _throughput(llm: LLM, rng: random.Random, mean: tuple[int, int], ins: list[i
         "tpot_s": {f"p{q}": _pct(tpot, q) for q in (50, 90, 99)},
         **_step_summary(steps),
         **(_phases(steps) if args.speculator == "none" else {}),
-        "hidden_by_async": engine.stats.hidden_fraction(),
+        "hidden_by_async": hidden_share(steps),
         "preemptions": engine.stats.num_preemptions,
     }
 
@@ -195,11 +206,13 @@ def _step_summary(steps: list[StepStat]) -> dict:
     if not steps:
         return {}
     gpu = [s.gpu_s for s in steps if s.gpu_s is not None]
+    gaps = [s.gpu_idle_s for s in steps if s.gpu_idle_s is not None]
     return {
         "steps": len(steps),
         "step_device_s": statistics.mean(s.device_s for s in steps),
         # CUDA only: the GPU's own time per step (device_s is the worker's wall time, host work included)
         "step_gpu_s": statistics.mean(gpu) if gpu else None,
+        "step_gpu_idle_s": statistics.mean(gaps) if gaps else None,
         "step_schedule_s": statistics.mean(s.schedule_s for s in steps),
         "step_postprocess_s": statistics.mean(s.process_s for s in steps),
         "step_cpu_overhead_s": statistics.mean(s.schedule_s + s.process_s for s in steps),
@@ -237,7 +250,17 @@ def _period(steps: list[StepStat]) -> float | None:
 
 
 def _overhead(llm: LLM, batch: int, args: argparse.Namespace) -> dict:
-    """Keep `batch` sequences decoding and time the engine's CPU work per decode step."""
+    """Keep `batch` sequences decoding and time the engine's CPU work per decode step (--warmup: the same
+    round once untimed first, so first-use compilations at this batch size stay out)."""
+    if args.warmup:
+        _decode_round(llm, batch, args)
+    steps = _decode_round(llm, batch, args)
+    return {"running": batch, "measured_steps": len(steps), **_step_summary(steps), "step_s": _period(steps),
+            "hidden_by_async": hidden_share(steps), "per_step": [asdict(s) for s in steps]}
+
+
+def _decode_round(llm: LLM, batch: int, args: argparse.Namespace) -> list[StepStat]:
+    """`batch` short prompts prefilled, then the first --overhead-steps decode steps of all of them."""
     engine = llm.engine
     rng = random.Random(batch)
     params = SamplingParams(max_tokens=args.overhead_steps + 4, ignore_eos=True,
@@ -250,18 +273,37 @@ def _overhead(llm: LLM, batch: int, args: argparse.Namespace) -> dict:
     engine.stats = EngineStats()
     while engine.has_unfinished_requests():
         engine.step()
-    steps = [s for s in engine.stats.steps if s.num_seqs == batch][: args.overhead_steps]
-    return {"running": batch, "measured_steps": len(steps), **_step_summary(steps), "step_s": _period(steps),
-            "hidden_by_async": engine.stats.hidden_fraction()}
+    # decode steps only: under async the last prefill step is still in flight when the stats are reset
+    return [s for s in engine.stats.steps if s.num_seqs == s.num_tokens == batch][: args.overhead_steps]
+
+
+# what the JSON's per-step figures mean (means over the steps named; null: not measured)
+DEFINITIONS = {
+    "step_schedule_s": "engine thread CPU time planning a step",
+    "step_postprocess_s": "engine thread CPU time turning a step's samples into outputs, from when they "
+                          "reach the host (the wait for them is device time)",
+    "step_cpu_overhead_s": "schedule + post-process",
+    "step_device_s": "worker thread wall time queuing a step (resets, forward, sampling; on CUDA mostly host "
+                     "time, kernels run asynchronously)",
+    "step_gpu_s": "CUDA: GPU span of a step, its start event to its end event (kernels and gaps in between)",
+    "step_gpu_idle_s": "CUDA, async: GPU idle before a step, the previous step's end event to its start "
+                       "event",
+    "step_s": "async: worker start to start (the wall time per step)",
+    "hidden_by_async": "1 - sum(GPU idle before steps) / sum(engine CPU per step), clamped at 0: the share "
+                       "of the engine's CPU work the GPU did not wait for; null without CUDA events or with "
+                       "--sync",
+    "per_step": "overhead phase: every measured step (engine.stats.StepStat fields, seconds)",
+}
 
 
 def _print_overhead(overhead: list[dict]) -> None:
     if overhead:
-        print(f"\n{'running':>8} {'schedule ms':>12} {'post ms':>8} {'CPU ms/step':>12} {'device ms':>10} "
-              f"{'GPU ms':>7} {'step ms':>8} {'hidden':>7}")
+        print(f"\n{'running':>8} {'schedule ms':>12} {'post ms':>8} {'CPU ms':>7} {'worker ms':>10} "
+              f"{'GPU span ms':>12} {'GPU idle ms':>12} {'step ms':>8} {'hidden':>7}")
         for o in overhead:
             h = o.get("hidden_by_async")
             print(f"{o['running']:>8} {_ms(o.get('step_schedule_s')):>12} "
-                  f"{_ms(o.get('step_postprocess_s')):>8} {_ms(o.get('step_cpu_overhead_s')):>12} "
-                  f"{_ms(o.get('step_device_s')):>10} {_ms(o.get('step_gpu_s')):>7} "
-                  f"{_ms(o.get('step_s')):>8} {'-' if h is None else f'{100 * h:.0f}%':>7}")
+                  f"{_ms(o.get('step_postprocess_s')):>8} {_ms(o.get('step_cpu_overhead_s')):>7} "
+                  f"{_ms(o.get('step_device_s')):>10} {_ms(o.get('step_gpu_s')):>12} "
+                  f"{_ms(o.get('step_gpu_idle_s')):>12} {_ms(o.get('step_s')):>8} "
+                  f"{'-' if h is None else f'{100 * h:.0f}%':>7}")

@@ -9,9 +9,9 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from deepinfer.engine.llm_engine import token_ids
-from deepinfer.engine.loader import DTYPES, default_cache_precision
+from deepinfer.engine.loader import LOAD_FORMATS, default_cache_precision
 from deepinfer.entrypoints.cli.engine_args import add_runtime_args, option_names
-from deepinfer.entrypoints.cli.errors import UsageError, positive_int
+from deepinfer.entrypoints.cli.errors import UsageError, non_negative_int, positive_int
 
 # the model's two compute dtypes (the spec's fp32 and bf16), by the names every command uses
 SCORE_DTYPES = ("bfloat16", "float32")
@@ -26,7 +26,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "is a list of token-id lists (keys `prompt.0`, `prompt.1`, ...) or an object name -> token ids "
         "(keys = names).",
     )
-    parser.add_argument("--model", required=True, help="checkpoint directory (config.json, safetensors)")
+    parser.add_argument("--model", required=True,
+                        help="checkpoint directory (config.json, safetensors; config.json alone with "
+                        "--load-format dummy)")
+    parser.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                        help="auto: read the checkpoint's safetensors; dummy: random weights drawn from "
+                        "--seed in the release storage formats from config.json (the weights `deepinfer "
+                        "bench --load-format dummy` runs with the same --seed and --device)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed of the --load-format dummy weights")
     parser.add_argument("--input", required=True, help="prompts JSON")
     parser.add_argument("--out", required=True, help="output .safetensors")
     parser.add_argument("--dtype", choices=SCORE_DTYPES, default="float32", help="compute dtype")
@@ -61,8 +69,8 @@ def read_prompts(path: str | Path) -> dict[str, list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from deepinfer.engine.loader import load_model
     from deepinfer.entrypoints.llm import SettingError, runtime_options
-    from deepinfer.models.registry import load_model
 
     try:
         options = runtime_options(args.cache_precision or default_cache_precision(args.device),
@@ -70,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     except SettingError as exc:
         raise UsageError(option_names(str(exc))) from None
     prompts = read_prompts(args.input)
-    runtime = load_model(args.model, dtype=DTYPES[args.dtype], device=args.device, backend=args.backend,
-                         options=options)
+    runtime = load_model(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+                         load_format=args.load_format, seed=args.seed, options=options)
     for name, ids in prompts.items():
         if max(ids) >= runtime.vocab_size:
             raise ValueError(f"prompt {name!r}: token id {max(ids)} >= vocab size {runtime.vocab_size}")

@@ -1,0 +1,82 @@
+"""`deepinfer bench`'s overhead report (its JSON keys and what is not measured on the CPU) and `deepinfer
+score --load-format dummy` (the weights bench runs, from config.json alone) on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from deepinfer import LLM
+from deepinfer.engine.stats import StepStat
+from deepinfer.entrypoints.cli.bench import DEFINITIONS
+from deepinfer.entrypoints.cli.main import main
+
+PER_STEP = ("step_schedule_s", "step_postprocess_s", "step_cpu_overhead_s", "step_device_s", "step_gpu_s",
+            "step_gpu_idle_s")
+
+
+@pytest.fixture(scope="module")
+def config_only(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("config-only")
+    assert main(["make-checkpoint", "--config", "swa_only", "--config-only", "--out", str(out)]) == 0
+    return str(out)
+
+
+def test_bench_overhead_report(config_only, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["--log-level", "WARNING", "bench", "--model", config_only, "--load-format", "dummy",
+            "--device", "cpu", "--num-requests", "2", "--input-len", "8", "--output-len", "3",
+            "--overhead-batches", "1,3", "--overhead-steps", "3", "--max-num-seqs", "4", "--cache-mb", "16",
+            "--json-out", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert [o["running"] for o in result["overhead"]] == [1, 3]
+    for o in result["overhead"]:
+        assert o["measured_steps"] == len(o["per_step"]) == 3
+        assert all(o[k] > 0 for k in ("step_schedule_s", "step_postprocess_s", "step_device_s", "step_s"))
+        # no CUDA events on the CPU: the GPU columns and the hidden share are not measured, not 0
+        assert o["step_gpu_s"] is None and o["step_gpu_idle_s"] is None and o["hidden_by_async"] is None
+        assert [set(row) for row in o["per_step"]] == [set(StepStat.__slots__)] * 3
+        assert all(row["num_seqs"] == row["num_tokens"] == o["running"] for row in o["per_step"])
+    (t,) = result["throughput"]
+    assert t["hidden_by_async"] is None and t["step_gpu_idle_s"] is None
+    reported = {*PER_STEP, "step_s", "hidden_by_async", "per_step"}
+    assert reported <= set(result["definitions"]) == set(DEFINITIONS)
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.strip().startswith("running"))
+    assert header.split() == ["running", "schedule", "ms", "post", "ms", "CPU", "ms", "worker", "ms", "GPU",
+                              "span", "ms", "GPU", "idle", "ms", "step", "ms", "hidden"]
+    rows = printed.splitlines()[printed.splitlines().index(header) + 1:][:2]
+    assert [r.split()[0] for r in rows] == ["1", "3"] and all(r.split()[-1] == "-" for r in rows)
+
+
+def test_bench_help_explains_hidden_share(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Hidden by async = 1 - (GPU idle between steps) / (engine CPU time)" in text
+    assert "clamped at 0" in text and "not measured" in text
+
+
+def test_score_load_format_dummy(config_only, tmp_path, capsys):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"a": [0, 5, 17, 33, 2], "b": [9, 4]}))
+    base = ["score", "--model", config_only, "--input", str(prompts), "--device", "cpu"]
+    # a config-only directory has no weights to read: the error says to use dummy weights
+    assert main([*base, "--out", str(tmp_path / "x.safetensors")]) == 1
+    assert "--load-format dummy" in capsys.readouterr().err
+    out = tmp_path / "dummy.safetensors"
+    assert main([*base, "--load-format", "dummy", "--seed", "1", "--out", str(out)]) == 0
+    got = load_file(str(out))
+    assert [tuple(got[k].shape) for k in ("a", "b")] == [(5, got["a"].shape[1]), (2, got["a"].shape[1])]
+    # the weights the engine draws from the same seed (bench --load-format dummy --seed 1)
+    llm = LLM(config_only, load_format="dummy", seed=1, device="cpu", max_model_len=64, max_num_seqs=1,
+              cache_bytes=16 << 20)
+    try:
+        want = llm.engine.model.score([[0, 5, 17, 33, 2]])[0].float()
+    finally:
+        llm.close()
+    torch.testing.assert_close(got["a"], want)
