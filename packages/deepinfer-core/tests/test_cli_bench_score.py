@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from deepinfer import LLM
 from deepinfer.engine.stats import StepStat
+from deepinfer.entrypoints.cli import bench
 from deepinfer.entrypoints.cli.bench import DEFINITIONS
 from deepinfer.entrypoints.cli.main import main
 
@@ -33,7 +34,7 @@ def test_bench_overhead_report(config_only, tmp_path, capsys):
             "--json-out", str(out)]
     assert main(argv) == 0
     result = json.loads(out.read_text())
-    assert [o["running"] for o in result["overhead"]] == [1, 3]
+    assert result["complete"] and [o["running"] for o in result["overhead"]] == [1, 3]
     for o in result["overhead"]:
         assert o["measured_steps"] == len(o["per_step"]) == 3
         assert all(o[k] > 0 for k in ("step_schedule_s", "step_postprocess_s", "step_device_s", "step_s"))
@@ -51,6 +52,27 @@ def test_bench_overhead_report(config_only, tmp_path, capsys):
                               "span", "ms", "GPU", "idle", "ms", "step", "ms", "hidden"]
     rows = printed.splitlines()[printed.splitlines().index(header) + 1:][:2]
     assert [r.split()[0] for r in rows] == ["1", "3"] and all(r.split()[-1] == "-" for r in rows)
+
+
+def test_bench_interrupted_reports_what_it_measured(config_only, tmp_path, monkeypatch, capsys):
+    overhead = bench._overhead
+
+    def cut_at_three(llm, batch, args):  # Ctrl-C (`timeout -s INT`) during the second overhead batch
+        if batch == 3:
+            raise KeyboardInterrupt
+        return overhead(llm, batch, args)
+
+    monkeypatch.setattr(bench, "_overhead", cut_at_three)
+    out = tmp_path / "bench.json"
+    argv = ["--log-level", "WARNING", "bench", "--model", config_only, "--load-format", "dummy",
+            "--device", "cpu", "--num-requests", "1", "--input-len", "4", "--output-len", "2",
+            "--overhead-batches", "2,3", "--overhead-steps", "2", "--max-num-seqs", "4", "--cache-mb", "16",
+            "--json-out", str(out)]
+    assert main(argv) == 130
+    result = json.loads(out.read_text())
+    assert not result["complete"] and len(result["throughput"]) == 1
+    assert [o["running"] for o in result["overhead"]] == [2]
+    assert "interrupted" in capsys.readouterr().err
 
 
 def test_bench_help_explains_hidden_share(capsys):

@@ -133,19 +133,22 @@ def run(args: argparse.Namespace) -> int:
         args.max_model_len = max(i + o for _, ins, outs in lengths for i, o in zip(ins, outs)) + 8
     llm = llm_from_args(args)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    result: dict = {"config": config, "definitions": DEFINITIONS, "throughput": [], "overhead": []}
-    try:  # each workload printed as measured: an interrupted run keeps what it had
+    result: dict = {"config": config, "definitions": DEFINITIONS, "complete": False, "throughput": [],
+                    "overhead": []}
+    try:  # each workload printed as measured
         for mean, ins, outs in lengths:
             result["throughput"].append(_throughput(llm, rng, mean, ins, outs, args))
             _print_throughput(result["throughput"][-1], config)
-        result["overhead"] = [_overhead(llm, b, args) for b in args.overhead_batches
-                              if b <= args.max_num_seqs]
-    finally:
+        for b in args.overhead_batches:
+            if b <= args.max_num_seqs:
+                result["overhead"].append(_overhead(llm, b, args))
+        result["complete"] = True
+    finally:  # an interrupted run (e.g. `timeout -s INT`) still reports what it measured
         llm.close()
-    _print_overhead(result["overhead"])
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2, default=str) + "\n")
-        print(f"wrote {args.json_out}")
+        _print_overhead(result["overhead"])
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+            print(f"wrote {args.json_out}")
     return 0
 
 
@@ -293,6 +296,7 @@ DEFINITIONS = {
                        "of the engine's CPU work the GPU did not wait for; null without CUDA events or with "
                        "--sync",
     "per_step": "overhead phase: every measured step (engine.stats.StepStat fields, seconds)",
+    "complete": "false: the run was interrupted (or failed) and holds the workloads measured before",
 }
 
 
