@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from deepinfer.ops import get_ops
@@ -49,11 +50,13 @@ def test_rows_sampled_alone_equal_their_batch():
 
 
 def test_metadata_moves_in_one_aligned_buffer():
-    parts = [torch.tensor([1, -2**63], dtype=torch.int64), torch.tensor([0.5, -1.25, 3.0]),
-             torch.tensor([True, False, True]), torch.tensor([], dtype=torch.int64), torch.tensor([7])]
+    parts = [np.array([1, -2**63], dtype=np.int64), np.array([0.5, -1.25, 3.0], dtype=np.float32),
+             np.array([True, False, True]), np.array([], dtype=np.int64), np.array([7], dtype=np.int64),
+             np.arange(6, dtype=np.float32).reshape(2, 3)]
     out = copy_to_device(parts, torch.device("cpu"))
-    assert [torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(out, parts)] == [True] * 5
+    assert [torch.equal(a, torch.from_numpy(b)) for a, b in zip(out, parts)] == [True] * 6
     assert len({t.untyped_storage().data_ptr() for t in out}) == 1  # views of one transfer
+    assert all(t.data_ptr() % 8 == 0 for t in out)
 
 
 def test_sampling_ops_read_no_device_values():

@@ -178,7 +178,9 @@ class ModelRunner:
                     sample_seqs.append(seq)
         result = None
         if rows:
-            logits = out.logits.index_select(0, to_device(rows, out.logits.device))
+            logits = out.logits
+            if len(rows) != len(logits) or rows != list(range(len(rows))):  # not every row, in order
+                logits = logits.index_select(0, to_device(rows, logits.device))
             logits = self.structured.apply(  # structured output: mask the constrained rows
                 logits, sample_seqs, [r.position for r in sample_rows],
                 lambda seq: self._prev.token_ids[self._prev_row[seq.seq_id]], self.sampler.ops)  # type: ignore[union-attr]
@@ -237,9 +239,17 @@ class ModelRunner:
         fills = {k: f for k, f in fills.items() if f[1]}
         if not fills:
             return None
-        out = to_device(flat, device)
-        for source, dst, src in fills.values():
-            _fill(out, to_device(dst, device), source, to_device(src, device))
+        if (len(prev_dst) == len(flat) == len(self._prev.tokens) and len(fills) == 1  # type: ignore[union-attr]
+                and prev_src == prev_dst):
+            return self._prev.tokens  # every id is last step's sample, in its order (decode after decode)
+        # one upload: the ids, then each fill's destinations and sources
+        values = flat + [i for _, dst, src in fills.values() for i in (*dst, *src)]
+        uploaded = to_device(values, device)
+        out, at = uploaded[: len(flat)], len(flat)
+        for source, dst, _ in fills.values():
+            n = len(dst)
+            _fill(out, uploaded[at : at + n], source, uploaded[at + n : at + 2 * n])
+            at += 2 * n
         return out
 
     def _load_fill_kernels(self) -> None:

@@ -160,24 +160,54 @@ def sampling_metadata(
 ) -> tuple[SamplingMetadata, torch.Tensor]:
     """The step's `SamplingMetadata` and the device indices of the rows that want logprobs, built on
     the host and moved in one copy. Each row's columns come from its params (`sampler_row`, computed
-    once per request) and are laid out by numpy; only rows with a bias, a min_tokens ban, penalties or
-    logprobs go through the per-row part."""
-    ints: dict[str, list[int]] = {k: [] for k in _SPARSE_INT_FIELDS}
-    floats: dict[str, list[float]] = {"bias_values": []}
+    once per request) and are laid out by numpy straight into the copy's buffer; only rows with a bias,
+    a min_tokens ban, penalties or logprobs go through the per-row part, and a step without any shares
+    one set of empty device tensors for the (row, token) pair fields."""
+    n = len(rows)
     dense, special = [], []
     for i, r in enumerate(rows):
         row, extra = r.params.sampler_row
         dense.append(row)
         if extra:
             special.append(i)
-    table = np.array(dense, dtype=np.float64).reshape(len(rows), len(_DENSE))
+    table = np.array(dense, dtype=np.float64).reshape(n, len(_DENSE))
+    sparse = _sparse_fields(rows, special, table, eos_token_id) if special else None
+    top_k = table[:, _DENSE.index("top_k")]
+    # grouped by dtype, one [fields, rows] array each: the device side is three views and unbinds
+    ints = np.stack([np.where(top_k > 0, top_k, vocab).astype(np.int64),
+                     np.array([r.seed for r in rows], dtype=np.int64),
+                     np.array([r.position for r in rows], dtype=np.int64)])
+    floats = np.ascontiguousarray(table[:, : len(_FLOAT_FIELDS)].T, dtype=np.float32)
+    flags = np.ascontiguousarray(table[:, _DENSE.index("greedy") :].T != 0)  # greedy, filtered
+    parts = copy_to_device([ints, floats, flags, *(sparse.values() if sparse else ())], device)
+    fields = dict(zip(("top_k", "seeds", "positions"), parts[0].unbind(0), strict=True))
+    fields.update(zip(_FLOAT_FIELDS, parts[1].unbind(0), strict=True))
+    fields["greedy"], fields["filtered"] = parts[2].unbind(0)
+    fields.update(zip(sparse, parts[3:], strict=True) if sparse else _no_pairs(device).items())
+    logprob_rows = fields.pop("logprob_rows")
+    meta = SamplingMetadata(
+        **fields,
+        any_drawn=not bool(flags[0].all()),
+        any_filtered=bool(flags[1].any()),
+        any_adjusted=sparse is not None and any(sparse[k].size for k in _ADJUSTING),
+    )
+    return meta, logprob_rows
+
+
+def _sparse_fields(rows: Sequence[SampleRow], special: list[int], table: np.ndarray,
+                   eos_token_id: int | None) -> dict[str, np.ndarray]:
+    """The (row, token) pair fields and logprob rows of the `special` rows; zeroes the presence and
+    frequency of those rows with nothing generated yet (in `table`)."""
+    ints: dict[str, list[int]] = {k: [] for k in _SPARSE_INT_FIELDS}
+    bias_values: list[float] = []
+    presence, frequency = _DENSE.index("presence"), _DENSE.index("frequency")
     for i in special:
         r = rows[i]
         p = r.params
         for token, value in p.logit_bias.items():
             ints["bias_rows"].append(i)
             ints["bias_ids"].append(token)
-            floats["bias_values"].append(value)
+            bias_values.append(value)
         if r.num_outputs < p.min_tokens:
             banned = [*p.stop_token_ids]
             if not p.ignore_eos and eos_token_id is not None:
@@ -185,8 +215,8 @@ def sampling_metadata(
             ints["ban_rows"] += [i] * len(banned)
             ints["ban_ids"] += banned
         if not r.output_ids:  # nothing generated yet to count
-            table[i, _DENSE.index("presence")] = table[i, _DENSE.index("frequency")] = 0.0
-        elif table[i, _DENSE.index("presence")] or table[i, _DENSE.index("frequency")]:
+            table[i, presence] = table[i, frequency] = 0.0
+        elif table[i, presence] or table[i, frequency]:
             ints["output_rows"] += [i] * len(r.output_ids)
             ints["output_ids"] += r.output_ids
         if table[i, _DENSE.index("repetition")] != 1.0:
@@ -195,26 +225,8 @@ def sampling_metadata(
             ints["seen_ids"] += seen
         if p.logprobs is not None:
             ints["logprob_rows"].append(i)
-    col = {k: table[:, j] for j, k in enumerate(_DENSE)}
-    host = {
-        "top_k": torch.tensor(np.where(col["top_k"] > 0, col["top_k"], vocab), dtype=torch.int64),
-        "seeds": torch.tensor([r.seed for r in rows], dtype=torch.int64),
-        "positions": torch.tensor([r.position for r in rows], dtype=torch.int64),
-        **{k: torch.tensor(v, dtype=torch.int64) for k, v in ints.items()},
-        **{k: torch.tensor(col[k], dtype=torch.float32) for k in _FLOAT_FIELDS},
-        "bias_values": torch.tensor(floats["bias_values"], dtype=torch.float32),
-        "greedy": torch.tensor(col["greedy"] != 0),
-        "filtered": torch.tensor(col["filtered"] != 0),
-    }
-    fields = dict(zip(host, copy_to_device(list(host.values()), device), strict=True))
-    logprob_rows = fields.pop("logprob_rows")
-    meta = SamplingMetadata(
-        **fields,
-        any_drawn=not bool(col["greedy"].all()),
-        any_filtered=bool(col["filtered"].any()),
-        any_adjusted=bool(ints["bias_rows"] or ints["ban_rows"] or ints["output_rows"] or ints["seen_rows"]),
-    )
-    return meta, logprob_rows
+    return {**{k: np.array(v, dtype=np.int64) for k, v in ints.items()},
+            "bias_values": np.array(bias_values, dtype=np.float32)}
 
 
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")
@@ -222,21 +234,38 @@ _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence", "frequency", "repe
 _DENSE = (*_FLOAT_FIELDS, "top_k", "greedy", "filtered")
 _SPARSE_INT_FIELDS = ("bias_rows", "bias_ids", "ban_rows", "ban_ids", "output_rows", "output_ids",
                       "seen_rows", "seen_ids", "logprob_rows")
+_ADJUSTING = ("bias_rows", "ban_rows", "output_rows", "seen_rows")  # pairs that change logits
+_EMPTY: dict[torch.device, dict[str, torch.Tensor]] = {}
 
 
-def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """1-D host tensors -> the same on `device`, moved as one byte buffer (pinned and non-blocking on
-    CUDA, so it does not wait for queued device work); each part starts 8-byte aligned."""
+def _no_pairs(device: torch.device) -> dict[str, torch.Tensor]:
+    """The pair fields and logprob rows of a step without per-row parts: empty device tensors, made
+    once per device (never written)."""
+    if device not in _EMPTY:
+        ints = torch.empty(0, dtype=torch.int64, device=device)
+        _EMPTY[device] = {**{k: ints for k in _SPARSE_INT_FIELDS},
+                          "bias_values": torch.empty(0, dtype=torch.float32, device=device)}
+    return _EMPTY[device]
+
+
+def copy_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Contiguous numpy arrays -> tensors of the same dtypes and shapes on `device`, moved as one byte
+    buffer (pinned and non-blocking on CUDA, so it does not wait for queued device work); each part
+    starts 8-byte aligned."""
     spans, offset = [], 0
-    for t in tensors:
-        n = t.numel() * t.element_size()
-        spans.append((offset, n))
-        offset += n + -n % 8
+    for a in arrays:
+        spans.append((offset, a.nbytes))
+        offset += a.nbytes + -a.nbytes % 8
     # written in place through numpy: no per-part tensors, and on CUDA no second copy into pinned memory
-    buf = torch.zeros(offset, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    buf = torch.empty(offset, dtype=torch.uint8, pin_memory=device.type == "cuda")
     host = buf.numpy()
-    for t, (o, n) in zip(tensors, spans, strict=True):
+    for a, (o, n) in zip(arrays, spans, strict=True):
         if n:
-            host[o : o + n] = np.ascontiguousarray(t.numpy()).view(np.uint8)
+            host[o : o + n] = a.reshape(-1).view(np.uint8)
     buf = buf.to(device, non_blocking=True)
-    return [buf[o : o + n].view(t.dtype) for t, (o, n) in zip(tensors, spans, strict=True)]
+    return [buf[o : o + n].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
+            for a, (o, n) in zip(arrays, spans, strict=True)]
+
+
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32,
+                 np.dtype(np.bool_): torch.bool}
