@@ -2,9 +2,9 @@
 
 profile_step's slice and runtime (ops in ranges), one eager prefill of its 2048-token prompt:
 - without the profiler (--repeat steps): the host's time to enqueue the step (until forward returns)
-  against its synchronised wall time and GPU span (CUDA events), and host ms per part (metadata build,
-  each layer's attention and MoE sub-layer, LM head): when enqueueing takes as long as the wall, the
-  host is the bound;
+  against its synchronised wall time and GPU span (CUDA events), host ms per part (metadata build,
+  each layer's attention and MoE sub-layer, LM head) and Python's garbage collections: when enqueueing
+  takes as long as the wall, the host is the bound;
 - device waits: torch.cuda.set_sync_debug_mode("warn") over one step, each warning with its stack;
 - under torch.profiler: GPU busy and idle in the step (idle before the first kernel, then each gap
   split into host-late, where the next kernel's launch call began after the GPU ran dry, and the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import time
 import traceback
@@ -67,12 +68,32 @@ def instrument(rt: DeepseekV41Runtime, step: Callable[[], torch.Tensor], parts: 
     return parts.wrap(step, STEP)
 
 
+class Collections:
+    """Python garbage collections (count, seconds) while active: a host stall no profiler range names."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self.active, self._t0 = 0, 0.0, False, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if not self.active:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+
 def timing(step: Callable[[], Any], parts: Parts, repeat: int, cuda: bool) -> dict[str, Any]:
-    """Mean host enqueue ms, wall ms and GPU span ms per step, and host ms per part."""
+    """Mean host enqueue ms, wall ms and GPU span ms per step, host ms per part, and the garbage
+    collections during the steps."""
     step()
     sync()
     parts.seconds.clear()
     host = wall = span = 0.0
+    collections = Collections()
+    gc.callbacks.append(collections)
+    collections.active = True
     for _ in range(repeat):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -86,9 +107,11 @@ def timing(step: Callable[[], Any], parts: Parts, repeat: int, cuda: bool) -> di
         wall += time.perf_counter() - t0
         if cuda:
             span += start.elapsed_time(end) / 1e3
+    gc.callbacks.remove(collections)
     ms = {name: 1e3 * s / repeat for name, s in parts.seconds.items()}
     return {"host_ms": 1e3 * host / repeat, "wall_ms": 1e3 * wall / repeat,
-            "gpu_span_ms": 1e3 * span / repeat if cuda else None, "parts_ms": ms}
+            "gpu_span_ms": 1e3 * span / repeat if cuda else None, "parts_ms": ms,
+            "gc_per_step": collections.count / repeat, "gc_ms_per_step": 1e3 * collections.seconds / repeat}
 
 
 def device_waits(step: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -173,6 +196,7 @@ def report(r: dict[str, Any]) -> str:
     lines = [f"\n### eager prefill of {r['tokens']} tokens: host enqueue {t['host_ms']:.2f} ms, wall "
              f"{t['wall_ms']:.2f} ms, GPU span {span} ms ({r['tokens'] / t['wall_ms']:.0f} tok/s wall)\n",
              "host ms per part (no profiler): " + ", ".join(f"{k} {v:.2f}" for k, v in t["parts_ms"].items()),
+             f"garbage collections per step: {t['gc_per_step']:.1f} ({t['gc_ms_per_step']:.2f} ms)",
              f"\nsynchronising calls in one step: {len(r['device_waits'])}"]
     lines += [f"- {w['message']}\n    " + "\n    ".join(w["stack"][-6:]) for w in r["device_waits"]]
     lines += [f"\nprofiled step {g['step_us']:.0f} us: GPU busy {g['busy_us']:.0f} us in {g['kernels']} "
