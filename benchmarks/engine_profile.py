@@ -49,6 +49,7 @@ PARTS = [
     (metadata.MetadataBuilder, "build", "metadata"),
     (manager.StructuredManager, "apply", "structured"),
     (sampler.Sampler, "__call__", "sampler"),
+    (sampler.SamplingGraphs, "sample", "sampling graph"),
     (sampler, "sampling_metadata", "sampling metadata"),
     (sampler.HostCopy, "__init__", "host copies"),
 ]
@@ -124,10 +125,12 @@ def collect(prof: profile, cuda: bool) -> list[Step]:
         if launch is None or (st := step_of(launch.time_range.start)) is None:
             continue
         t = launch.time_range.start
-        in_graph = "GraphLaunch" in launch.name
-        op = _stack_label([(s, en, n) for s, en, n in aten], t) if not in_graph else GRAPH
+        part = _stack_label(parts, t)
+        replay = "GraphLaunch" in launch.name
+        in_graph = replay and part == "graph step"  # the forward's graph; the sampler's is outside it
+        op = GRAPH if replay else _stack_label([(s, en, n) for s, en, n in aten], t)
         op = e.name if op == "runner" else op
-        label = GRAPH if in_graph else f"{_stack_label(parts, t)} / {op}"
+        label = GRAPH if in_graph else f"{part} / {op}"
         st.acts.append(Activity(e.name, e.time_range.start, e.time_range.end, label, in_graph,
                                 launch.time_range.end))
     return steps

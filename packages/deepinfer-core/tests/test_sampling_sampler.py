@@ -110,3 +110,65 @@ def test_rows_do_not_depend_on_the_batch():
     lp = batch.logprobs[4]
     assert lp is not None and len(lp.top) == 2
     assert lp.logprob == pytest.approx(float(torch.log_softmax(x[4], -1)[lp.token_id]))
+
+
+def rerun_recorder(step):
+    out = step()
+    return out, lambda: out.copy_(step())
+
+
+def test_recorded_sampling_draws_the_eager_tokens():
+    """Plain rows of up to 16 go through recorded `sample_tokens` (one per bucket, drawn and filtered
+    kind), padded with greedy rows; other steps, and every step after a failed recording, run eagerly.
+    Tokens equal the eager sampler's throughout."""
+    g = torch.Generator().manual_seed(3)
+    kinds = [dict(temperature=0), dict(temperature=1.0, seed=5), dict(temperature=0.7, top_k=5, seed=2),
+             dict(temperature=1.3, top_p=0.8, min_p=0.05, seed=9)]
+    eager, graphed = Sampler(eos_token_id=0), Sampler(eos_token_id=0)
+    graphed.recorder = rerun_recorder
+    for n, pick in ((1, [1]), (3, [0, 0, 0]), (3, [1, 0, 1]), (5, [2, 3, 1, 0, 1]), (16, [1] * 16),
+                    (3, [1, 1, 0]), (17, [1] * 17)):
+        logits = torch.randn(n, V, generator=g) * 3
+        rows = [row(position=11 + i, **kinds[k]) for i, k in enumerate(pick)]
+        assert graphed(logits, rows).token_ids == eager(logits, rows).token_ids, (n, pick)
+    assert set(graphed._graphs.graphs) == {(1, True, False), (4, False, False), (4, True, False),
+                                           (8, True, True), (16, True, False)}
+    special = [row(temperature=1.0, seed=1, logprobs=2), row(temperature=0, presence_penalty=0.5)]
+    logits = torch.randn(2, V, generator=g)
+    out = graphed(logits, special)
+    assert out.token_ids == eager(logits, special).token_ids and out.logprobs[0] is not None
+    assert len(graphed._graphs.graphs) == 5  # eager: nothing recorded
+
+    def failing(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    broken = Sampler(eos_token_id=0)
+    broken.recorder = failing
+    rows = [row(temperature=1.0, seed=4)]
+    logits = torch.randn(1, V, generator=g)
+    assert broken(logits, rows).token_ids == eager(logits, rows).token_ids
+    assert broken._graphs.failed and broken(logits, rows).token_ids == eager(logits, rows).token_ids
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_recorded_sampling_on_cuda_draws_the_eager_tokens():
+    """The cuda backend's `sample_tokens` captured in CUDA graphs (the decode graphs' recorder) draws
+    the eager kernels' tokens at the real vocabulary, across buckets, kinds and steps."""
+    from deepinfer.models.deepseek_v41.graphs import CudaRecorder
+    from deepinfer.ops import get_ops
+
+    device, vocab = torch.device("cuda"), 129280
+    ops = get_ops("cuda", device)
+    eager, graphed = Sampler(0, ops), Sampler(0, ops)
+    graphed.recorder = CudaRecorder(device)
+    g = torch.Generator(device=device).manual_seed(1)
+    kinds = [dict(temperature=0), dict(temperature=1.0, seed=5), dict(temperature=0.8, top_p=0.9, seed=2)]
+    for step in range(3):
+        for n, pick in ((1, [1]), (3, [1, 0, 1]), (2, [2, 1]), (16, [1] * 16)):
+            logits = torch.randn(n, vocab, generator=g, device=device) * 4
+            rows = [row(position=100 * step + i, **kinds[k]) for i, k in enumerate(pick)]
+            assert graphed(logits, rows).token_ids == eager(logits, rows).token_ids, (step, n, pick)
+    assert not graphed._graphs.failed
+    assert set(graphed._graphs.graphs) == {(1, True, False), (4, True, False), (2, True, True),
+                                           (16, True, False)}

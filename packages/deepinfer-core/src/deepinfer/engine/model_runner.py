@@ -129,6 +129,8 @@ class ModelRunner:
                  num_draft_tokens: int = 0):
         self.model = model
         self.sampler = sampler
+        # a model that records CUDA graphs of its steps records the sampler's too (graphs off: None)
+        sampler.recorder = getattr(model, "graph_recorder", None)
         self.structured = StructuredManager(None, model.vocab_size, model.eos_token_id)  # engine's: tokenizer
         self.proposer = proposer
         self.num_draft_tokens = num_draft_tokens

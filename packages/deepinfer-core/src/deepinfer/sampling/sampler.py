@@ -11,8 +11,10 @@ as the ops `apply_penalties`, `sample_tokens` and `compute_logprobs` over the wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -20,6 +22,8 @@ import torch
 from deepinfer.ops import Ops, get_ops
 from deepinfer.ops.sampling import SamplingMetadata
 from deepinfer.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -140,19 +144,106 @@ class SampleOutput:
 
 class Sampler:
     """Logits rows -> `SampleOutput`, through the sampling ops of `ops` (default: the best installed
-    backend of the logits' device)."""
+    backend of the logits' device). With a graph `recorder` (the model's: set by the model runner),
+    steps of up to GRAPH_ROWS plain rows replay recorded graphs of `sample_tokens` (`SamplingGraphs`)."""
 
     def __init__(self, eos_token_id: int | None, ops: Ops | None = None):
         self.eos_token_id = eos_token_id
         self.ops = ops
+        self.recorder: Recorder | None = None
+        self._graphs: SamplingGraphs | None = None
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
         raw = logits.float()
         ops = self.ops or get_ops(device=raw.device)
+        if self.recorder is not None and len(rows) <= GRAPH_ROWS and raw.is_contiguous():
+            table, special = _dense_table(rows)
+            if not special:
+                if self._graphs is None or self._graphs.ops is not ops:
+                    self._graphs = SamplingGraphs(ops, raw.shape[-1], raw.device, self.recorder)
+                tokens = self._graphs.sample(raw, rows, table)
+                if tokens is not None:
+                    return SampleOutput(tokens, PendingLogprobs(raw, tokens, [None] * len(rows)))
         meta, logprob_rows = sampling_metadata(rows, raw.shape[-1], self.eos_token_id, raw.device)
         tokens = ops.sample_tokens(ops.apply_penalties(raw, meta), meta)
         logprobs = PendingLogprobs(raw, tokens, [r.params.logprobs for r in rows], logprob_rows, ops)
         return SampleOutput(tokens, logprobs)
+
+
+class Recorder(Protocol):
+    def __call__(self, step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Record `step`; return its output (a static tensor every replay rewrites) and the replay."""
+        ...
+
+
+GRAPH_ROWS = 16  # most rows a sampling graph takes (its static logits: 16 x vocab float32)
+_GRAPH_BUCKETS = (1, 2, 4, 8, 16)
+# a padding row of a graph's bucket: greedy over the earlier (finite) logits left in its static row
+_PAD_ROW = np.array(SamplingParams(temperature=0.0).sampler_row[0], dtype=np.float64)
+
+
+@dataclass
+class _SamplingGraph:
+    upload: torch.Tensor  # the device bytes its metadata views read
+    tokens: torch.Tensor  # its output: [bucket] int64
+    replay: Callable[[], None]
+
+
+class SamplingGraphs:
+    """Recorded `sample_tokens` for steps of plain rows (no bias, min_tokens ban, penalties or
+    logprobs: `apply_penalties` and `compute_logprobs` have nothing to do): one graph per (row bucket,
+    any drawn row, any filtered row), recorded at first use. A step copies its logits rows into the
+    static logits and its dense metadata (padded to the bucket with greedy rows) into the graph's
+    static metadata in one upload, replays, and clones the tokens out: the same kernels on the same
+    values as the eager path, so the same tokens, with one launch instead of the op's several. A
+    recording that fails leaves every later step eager (logged once)."""
+
+    def __init__(self, ops: Ops, vocab: int, device: torch.device, recorder: Recorder) -> None:
+        self.ops, self.vocab, self.device, self.recorder = ops, vocab, device, recorder
+        self.logits = torch.zeros(GRAPH_ROWS, vocab, dtype=torch.float32, device=device)
+        self.graphs: dict[tuple[int, bool, bool], _SamplingGraph] = {}
+        self.failed = False
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow], table: np.ndarray
+               ) -> torch.Tensor | None:
+        """Tokens of `rows` (plain, `table` their dense columns); None when the graphs are off."""
+        n = len(rows)
+        bucket = next(b for b in _GRAPH_BUCKETS if b >= n)
+        padded = np.concatenate([table, np.broadcast_to(_PAD_ROW, (bucket - n, len(_DENSE)))])
+        seeds = [r.seed for r in rows] + [0] * (bucket - n)
+        positions = [r.position for r in rows] + [0] * (bucket - n)
+        arrays = _dense_arrays(padded, seeds, positions, self.vocab)
+        flags = arrays[2]
+        key = (bucket, not bool(flags[0].all()), bool(flags[1].any()))
+        graph = self.graphs.get(key) or self._record(key, arrays)
+        if graph is None:
+            return None
+        host, _ = _pack(arrays, pin=self.device.type == "cuda")
+        graph.upload.copy_(host, non_blocking=True)
+        self.logits[:n].copy_(logits)
+        graph.replay()
+        return graph.tokens[:n].clone()
+
+    def _record(self, key: tuple[int, bool, bool], arrays: list[np.ndarray]) -> _SamplingGraph | None:
+        if self.failed:
+            return None
+        bucket, drawn, filtered = key
+        host, spans = _pack(arrays, pin=self.device.type == "cuda")
+        upload = host.to(self.device)
+        ints, floats, flags = _views(upload, arrays, spans)
+        pairs = {k: t for k, t in _no_pairs(self.device).items() if k != "logprob_rows"}
+        meta = SamplingMetadata(**_dense_fields(ints, floats, flags), **pairs, any_drawn=drawn,
+                                any_filtered=filtered, any_adjusted=False)
+        x = self.logits[:bucket]
+        try:
+            tokens, replay = self.recorder(lambda: self.ops.sample_tokens(x, meta))
+        except RuntimeError as exc:  # an op that cannot be recorded: sample eagerly from now on
+            logger.warning("sampling graphs: recording %s failed, sampling runs eagerly: %s", key, exc)
+            self.failed = True
+            return None
+        graph = _SamplingGraph(upload, tokens, replay)
+        self.graphs[key] = graph
+        return graph
 
 
 def sampling_metadata(
@@ -163,26 +254,11 @@ def sampling_metadata(
     once per request) and are laid out by numpy straight into the copy's buffer; only rows with a bias,
     a min_tokens ban, penalties or logprobs go through the per-row part, and a step without any shares
     one set of empty device tensors for the (row, token) pair fields."""
-    n = len(rows)
-    dense, special = [], []
-    for i, r in enumerate(rows):
-        row, extra = r.params.sampler_row
-        dense.append(row)
-        if extra:
-            special.append(i)
-    table = np.array(dense, dtype=np.float64).reshape(n, len(_DENSE))
+    table, special = _dense_table(rows)
     sparse = _sparse_fields(rows, special, table, eos_token_id) if special else None
-    top_k = table[:, _DENSE.index("top_k")]
-    # grouped by dtype, one [fields, rows] array each: the device side is three views and unbinds
-    ints = np.stack([np.where(top_k > 0, top_k, vocab).astype(np.int64),
-                     np.array([r.seed for r in rows], dtype=np.int64),
-                     np.array([r.position for r in rows], dtype=np.int64)])
-    floats = np.ascontiguousarray(table[:, : len(_FLOAT_FIELDS)].T, dtype=np.float32)
-    flags = np.ascontiguousarray(table[:, _DENSE.index("greedy") :].T != 0)  # greedy, filtered
+    ints, floats, flags = _dense_arrays(table, [r.seed for r in rows], [r.position for r in rows], vocab)
     parts = copy_to_device([ints, floats, flags, *(sparse.values() if sparse else ())], device)
-    fields = dict(zip(("top_k", "seeds", "positions"), parts[0].unbind(0), strict=True))
-    fields.update(zip(_FLOAT_FIELDS, parts[1].unbind(0), strict=True))
-    fields["greedy"], fields["filtered"] = parts[2].unbind(0)
+    fields = _dense_fields(*parts[:3])
     fields.update(zip(sparse, parts[3:], strict=True) if sparse else _no_pairs(device).items())
     logprob_rows = fields.pop("logprob_rows")
     meta = SamplingMetadata(
@@ -192,6 +268,37 @@ def sampling_metadata(
         any_adjusted=sparse is not None and any(sparse[k].size for k in _ADJUSTING),
     )
     return meta, logprob_rows
+
+
+def _dense_table(rows: Sequence[SampleRow]) -> tuple[np.ndarray, list[int]]:
+    """Each row's `sampler_row` columns [rows, len(_DENSE)] and the rows that need the per-row part."""
+    dense, special = [], []
+    for i, r in enumerate(rows):
+        row, extra = r.params.sampler_row
+        dense.append(row)
+        if extra:
+            special.append(i)
+    return np.array(dense, dtype=np.float64).reshape(len(rows), len(_DENSE)), special
+
+
+def _dense_arrays(table: np.ndarray, seeds: Sequence[int], positions: Sequence[int], vocab: int
+                  ) -> list[np.ndarray]:
+    """The per-row fields grouped by dtype, one [fields, rows] array each: int64 (top_k, seeds,
+    positions), float32 (_FLOAT_FIELDS), bool (greedy, filtered)."""
+    top_k = table[:, _DENSE.index("top_k")]
+    ints = np.stack([np.where(top_k > 0, top_k, vocab).astype(np.int64), np.array(seeds, dtype=np.int64),
+                     np.array(positions, dtype=np.int64)])
+    floats = np.ascontiguousarray(table[:, : len(_FLOAT_FIELDS)].T, dtype=np.float32)
+    flags = np.ascontiguousarray(table[:, _DENSE.index("greedy") :].T != 0)
+    return [ints, floats, flags]
+
+
+def _dense_fields(ints: torch.Tensor, floats: torch.Tensor, flags: torch.Tensor) -> dict[str, torch.Tensor]:
+    """SamplingMetadata's per-row fields from the device views of `_dense_arrays`."""
+    fields = dict(zip(("top_k", "seeds", "positions"), ints.unbind(0), strict=True))
+    fields.update(zip(_FLOAT_FIELDS, floats.unbind(0), strict=True))
+    fields["greedy"], fields["filtered"] = flags.unbind(0)
+    return fields
 
 
 def _sparse_fields(rows: Sequence[SampleRow], special: list[int], table: np.ndarray,
@@ -252,17 +359,27 @@ def copy_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[t
     """Contiguous numpy arrays -> tensors of the same dtypes and shapes on `device`, moved as one byte
     buffer (pinned and non-blocking on CUDA, so it does not wait for queued device work); each part
     starts 8-byte aligned."""
+    host, spans = _pack(arrays, pin=device.type == "cuda")
+    return _views(host.to(device, non_blocking=True), arrays, spans)
+
+
+def _pack(arrays: Sequence[np.ndarray], pin: bool) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The arrays' bytes in one host buffer, each part 8-byte aligned, and each part's (offset, bytes)."""
     spans, offset = [], 0
     for a in arrays:
         spans.append((offset, a.nbytes))
         offset += a.nbytes + -a.nbytes % 8
     # written in place through numpy: no per-part tensors, and on CUDA no second copy into pinned memory
-    buf = torch.empty(offset, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    buf = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
     host = buf.numpy()
     for a, (o, n) in zip(arrays, spans, strict=True):
         if n:
             host[o : o + n] = a.reshape(-1).view(np.uint8)
-    buf = buf.to(device, non_blocking=True)
+    return buf, spans
+
+
+def _views(buf: torch.Tensor, arrays: Sequence[np.ndarray], spans: list[tuple[int, int]]
+           ) -> list[torch.Tensor]:
     return [buf[o : o + n].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
             for a, (o, n) in zip(arrays, spans, strict=True)]
 
