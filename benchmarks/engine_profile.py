@@ -255,6 +255,7 @@ class Profiler:
                 if self.trace:
                     self.prof.export_chrome_trace(self.trace)  # type: ignore[union-attr]
                 self.report = report(collect(self.prof, cuda), self.settle, cuda, self.batch)
+                print(self.report, flush=True)  # now: a run cut short later keeps it
             return result
 
         model_runner.ModelRunner.execute = profiled  # type: ignore[method-assign]
@@ -276,8 +277,9 @@ def main() -> int:
     prof = Profiler(args.batch, args.skip, args.steps, args.settle, args.trace)
     prof.install()
     rc = deepinfer_main(argv)
-    print(prof.report or f"profiled nothing: {prof.seen} decode steps at batch {args.batch} "
-          f"(--skip {args.skip} + --steps {args.steps} needed)", flush=True)
+    if prof.report is None:
+        print(f"profiled nothing: {prof.seen} decode steps at batch {args.batch} (--skip {args.skip} + "
+              f"--steps {args.steps} needed)", flush=True)
     return rc
 
 
