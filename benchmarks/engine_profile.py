@@ -128,7 +128,7 @@ def collect(prof: profile, cuda: bool) -> list[Step]:
         part = _stack_label(parts, t)
         replay = "GraphLaunch" in launch.name
         in_graph = replay and part == "graph step"  # the forward's graph; the sampler's is outside it
-        op = GRAPH if replay else _stack_label([(s, en, n) for s, en, n in aten], t)
+        op = GRAPH if replay else _stack_label(aten, t)
         op = e.name if op == "runner" else op
         label = GRAPH if in_graph else f"{part} / {op}"
         st.acts.append(Activity(e.name, e.time_range.start, e.time_range.end, label, in_graph,
@@ -276,6 +276,9 @@ def main() -> int:
     argv = args.deepinfer_args[1:] if args.deepinfer_args[:1] == ["--"] else args.deepinfer_args
     prof = Profiler(args.batch, args.skip, args.steps, args.settle, args.trace)
     prof.install()
+    if torch.cuda.is_available():  # the profiler's one-time set-up (CUPTI) on this thread, before the run
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            torch.zeros(1, device="cuda")
     rc = deepinfer_main(argv)
     if prof.report is None:
         print(f"profiled nothing: {prof.seen} decode steps at batch {args.batch} (--skip {args.skip} + "
