@@ -11,8 +11,8 @@ case (64 heads x 512, two value halves). Value halves at every width cost the in
 on two loaded CPU cores (2026-12-02), hence the long timeout.
 
 Decode tile variants (DECODE_VARIANTS): each against the reference, raw and release caches, with
-split keys, windows that end inside a key tile, padding keys, a row without keys, value halves; the ring
-bytes stored after the reads equal the reference's. Half a minute.
+split keys, windows that end inside a key tile, padding keys, a row without keys, value halves, a ring
+whose slots are not adjacent; the ring bytes stored after the reads equal the reference's. A minute.
 """
 
 import pytest
@@ -126,9 +126,12 @@ g = torch.Generator().manual_seed(1)
 HEADS, DIM, SLOTS, RING_LEN, PER_BLOCK, BLOCKS = 4, 64, 2, 32, 16, 12
 
 
-def step(fmt, t, n_win, n_top):
+def step(fmt, t, n_win, n_top, padded):
     ring_codec, pool_codec = Codec(fmt[0], DIM, torch.float32), Codec(fmt[1], DIM, torch.float32)
     ring = ring_codec.encode(torch.randn(SLOTS * RING_LEN, DIM, generator=g), QUANT_OPS)
+    ring = ring.view(SLOTS, RING_LEN, -1)
+    if padded:  # slots further apart than RING_LEN rows: the kernel's ring addressing by slot and entry
+        ring = torch.cat((ring, torch.zeros_like(ring[:, :3])), dim=1)[:, :RING_LEN]
     pool = pool_codec.encode(torch.randn(BLOCKS * PER_BLOCK, DIM, generator=g), QUANT_OPS)
     window = torch.randint(0, SLOTS * RING_LEN, (t, n_win), generator=g)
     window[:, -1] = SLOTS * RING_LEN + torch.arange(t)  # each row's own key of the step
@@ -140,7 +143,7 @@ def step(fmt, t, n_win, n_top):
     kv = torch.randint(-8, 9, (t, DIM), generator=g).float() / 4
     ring_dest = torch.randperm(SLOTS * RING_LEN, generator=g)[:t]  # stored after the reads
     ring_src = torch.randint(0, t, (t,), generator=g)
-    args = [torch.randn(t, HEADS, DIM, generator=g), kv, ring.view(SLOTS, RING_LEN, -1), ring_codec, window,
+    args = [torch.randn(t, HEADS, DIM, generator=g), kv, ring, ring_codec, window,
             ring_dest, ring_src, torch.randn(HEADS, generator=g), DIM**-0.5]
     kwargs = dict(pool=pool.view(BLOCKS, PER_BLOCK, -1), pool_codec=pool_codec, topk=topk,
                   block_tables=torch.randint(0, BLOCKS, (2, 4), generator=g),
@@ -148,8 +151,9 @@ def step(fmt, t, n_win, n_top):
     return args, kwargs
 
 
-cases = [(fmt, *shape) for fmt in (("raw", "raw"), ("fp8", "nvfp4")) for shape in ((1, 32, 61), (5, 7, 40))]
-steps = [step(fmt, t, n_win, n_top) for fmt, t, n_win, n_top in cases]
+cases = [(fmt, *shape) for fmt in (("raw", "raw"), ("fp8", "nvfp4"))
+         for shape in ((1, 32, 61, False), (5, 7, 40, True))]
+steps = [step(*case) for case in cases]
 for name, tiles in ker.DECODE_VARIANTS.items():
     ker.DECODE_TILES = ker.FEW_ROWS_DECODE_TILES = tiles
     for case, (args, kwargs) in zip(cases, steps):

@@ -70,6 +70,8 @@ class Tiles:
 # 640 keys a row: B = 8 and 64 are not timed.
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
+    "v1s2": Tiles(halves=False, block_n=64, num_warps=8, num_stages=2),
+    "v1s3": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3),
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
 }
 DECODE_TILES = DECODE_VARIANTS["v1"]
@@ -95,33 +97,44 @@ def _attend(q, q2, rows, valid, dvb, D, m_i, l_i, acc, scale_log2, FMT: tl.const
     if HALVES:
         v = decode_rows(rows, 0, valid, dvb * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
         k2 = decode_rows(rows, 0, valid, (1 - dvb) * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
-        if dvb == 0:
+    else:
+        v = decode_rows(rows, 0, valid, 0, D, FMT, BLOCK_D, TY, ASM)
+    # Scores to probabilities under a branch always taken (D > 0): Triton then does not see a chain of
+    # two products and spreads the score tile's keys over the warpgroups, where for a chain every
+    # warpgroup would compute all the scores (8 warps: twice the score products and softmax work).
+    if D > 0:
+        if not HALVES:
+            logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+        elif dvb == 0:
             logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
             logits = tl.dot(q2, tl.trans(k2), logits, input_precision=PRECISION)
         else:
             logits = tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
             logits = tl.dot(q, tl.trans(v), logits, input_precision=PRECISION)
+        logits = tl.where(valid[None, :], logits * scale_log2, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(logits - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = p.to(v.dtype)
     else:
-        v = decode_rows(rows, 0, valid, 0, D, FMT, BLOCK_D, TY, ASM)
-        logits = tl.dot(q, tl.trans(v), input_precision=PRECISION)
-    logits = tl.where(valid[None, :], logits * scale_log2, -float("inf"))
-    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(logits - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_new, alpha = m_i, tl.full(m_i.shape, 1.0, tl.float32)
+        p = tl.zeros((q.shape[0], v.shape[0]), v.dtype)
+    acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
-def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
-          cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
-          bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
+def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows,
+          cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, bt_ptr,
+          bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN: tl.constexpr, PER_BLOCK: tl.constexpr,
+          RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
           HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, HALVES: tl.constexpr, BLOCK_H: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
           TY: tl.constexpr, ASM: tl.constexpr):
     """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries).
-    Key ids in int32 (fewer registers), byte offsets in int64."""
+    Key ids in int32 (fewer registers), byte offsets in int64. Ring rows are flat (RING_LEN 0: row r at
+    r * ring_s1) or RING_LEN to a ring; the divisions by RING_LEN and PER_BLOCK are by constants."""
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
@@ -131,7 +144,11 @@ def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, 
         r = tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int32)
         in_ring = (r >= 0) & (r < ring_rows)
         rr = tl.where(in_ring, r, 0)
-        rows = ring_ptr + ((rr // ring_len).to(tl.int64) * ring_s0 + (rr % ring_len).to(tl.int64) * ring_s1)
+        if RING_LEN == 0:
+            rows = ring_ptr + rr.to(tl.int64) * ring_s1
+        else:
+            slot, entry = (rr // RING_LEN).to(tl.int64), (rr % RING_LEN).to(tl.int64)
+            rows = ring_ptr + (slot * ring_s0 + entry * ring_s1)
         if HAS_CURRENT:  # this step's encoded rows past the ring: one load through per-row pointers
             rows = tl.where(in_ring, rows, cur_ptr + tl.maximum(r - ring_rows, 0).to(tl.int64) * cur_stride)
         m_i, l_i, acc = _attend(q, q2, rows, r >= 0, dvb, D, m_i, l_i, acc, scale_log2, RING_FMT, HALVES,
@@ -142,8 +159,8 @@ def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, 
             n = start + tl.arange(0, BLOCK_N)
             j = tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1).to(tl.int32)
             jj = tl.where(j >= 0, j, 0)
-            block = tl.load(bt_ptr + seq * bt_stride + jj // per_block, mask=j >= 0, other=0).to(tl.int64)
-            rows = pool_ptr + (block * pool_s0 + (jj % per_block) * pool_s1)
+            block = tl.load(bt_ptr + seq * bt_stride + jj // PER_BLOCK, mask=j >= 0, other=0).to(tl.int64)
+            rows = pool_ptr + (block * pool_s0 + (jj % PER_BLOCK) * pool_s1)
             m_i, l_i, acc = _attend(q, q2, rows, j >= 0, dvb, D, m_i, l_i, acc, scale_log2, POOL_FMT, HALVES,
                                     BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
     return m_i, l_i, acc
@@ -183,9 +200,10 @@ def _fold(top, den, num, lse, o):
 def _attention_kernel(
     q_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr, heads, D, keys_per_split, n_splits, win_splits, pool_base,
     scale_log2, q_stride_t, q_stride_h,
-    win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows, cur_ptr, cur_stride,
-    topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr,
-    RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr, HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
+    win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride,
+    topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, bt_ptr, bt_stride, seg_ptr,
+    RING_LEN: tl.constexpr, PER_BLOCK: tl.constexpr, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
+    HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
     SPLIT: tl.constexpr, FOLD: tl.constexpr, HALVES: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
     TY: tl.constexpr, ASM: tl.constexpr,
@@ -209,10 +227,10 @@ def _attention_kernel(
         for s in range(n_splits):
             lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
             m_i, l_i, acc = _keys(
-                q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
-                cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
-                bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL,
-                HALVES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
+                q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows,
+                cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, bt_ptr,
+                bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN, PER_BLOCK, RING_FMT, POOL_FMT, HAS_CURRENT,
+                HAS_POOL, HALVES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
             lse, o = _normalise(m_i, l_i, acc)
             top, den, num = _fold(top, den, num, lse, o)
         tl.store(out_at, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
@@ -220,10 +238,10 @@ def _attention_kernel(
         s = tl.program_id(1)
         lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
         m_i, l_i, acc = _keys(
-            q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_len, ring_rows,
-            cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr,
-            bt_stride, seg_ptr, dvb, D, scale_log2, RING_FMT, POOL_FMT, HAS_CURRENT, HAS_POOL, HALVES,
-            BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
+            q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows,
+            cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, bt_ptr,
+            bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN, PER_BLOCK, RING_FMT, POOL_FMT, HAS_CURRENT,
+            HAS_POOL, HALVES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
         if SPLIT:
             row = (t * n_splits + s).to(tl.int64) * heads + h
             lse, o = _normalise(m_i, l_i, acc)
@@ -342,10 +360,11 @@ def _attention(
     _attention_kernel[grid](
         q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
         q.stride(0), q.stride(1),
-        window, window.stride(0), w, ring.data, ring.stride0, ring.stride1, ring_len, ring_rows,
+        window, window.stride(0), w, ring.data, ring.stride0, ring.stride1, ring_rows,
         current, current.stride(-2), topk, topk.stride(0), k - w,
-        pool.data, pool.stride0, pool.stride1, pool.data.shape[1], block_tables, block_tables.stride(0),
-        row_seg,
+        pool.data, pool.stride0, pool.stride1, block_tables, block_tables.stride(0), row_seg,
+        RING_LEN=0 if ring.stride0 == ring_len * ring.stride1 else ring_len,
+        PER_BLOCK=pool.data.shape[1] if has_pool else 1,
         RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
         FOLD=fold, HALVES=halves,
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
@@ -380,8 +399,8 @@ def sparse_attention_sink(
                          f"{tuple(indices.shape)}, sink {tuple(sink.shape)} do not fit")
     if kv.stride(-1) != 1:
         kv = kv.contiguous()
-    ring = CacheRegion(kv, FORMATS["raw"], 0, kv.stride(0))
     n = max(1, kv.shape[0])
+    ring = CacheRegion(kv, FORMATS["raw"], n * kv.stride(0), kv.stride(0))  # flat rows
     return _attention(q, sink, scale, indices, ring, n, n, None, fp32=kv.dtype == torch.float32,
                       batch_invariant=batch_invariant)
 
