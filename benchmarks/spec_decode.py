@@ -474,10 +474,12 @@ def cost_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             ver = timed(lambda k=k: step(k), device, args.reps)
             draft = None
             if drafter is not None and k <= block:
-                history = [History([3] * 8, [])] * batch  # drafts after position 7 (a cleared slot)
-                reqs = [ProposeRequest(i, s, 7, h, greedy, i, k) for i, (s, h) in enumerate(
-                    zip(slots[:batch], history, strict=True))]
-                sampled = torch.full((batch,), 3, dtype=torch.int64, device=device)
+                # drafts after position 7 (a cleared slot), each sequence from its own token (as
+                # time_verification's rows: equal ones would route every sequence to the same experts)
+                golden = [(3 + i) * 7919 % runtime.vocab_size for i in range(batch)]
+                reqs = [ProposeRequest(i, s, 7, History([g] * 8, []), greedy, i, k)
+                        for i, (s, g) in enumerate(zip(slots[:batch], golden, strict=True))]
+                sampled = torch.tensor(golden, dtype=torch.int64, device=device)
                 draft = timed(lambda reqs=reqs, sampled=sampled: drafter.propose(ProposeBatch(reqs, sampled)),
                               device, args.reps)
             row = {"batch": batch, "k": k, "decode_ms": round(dec, 3), "verify_ms": round(ver, 3),

@@ -303,11 +303,14 @@ class ModelRunner:
     def time_verification(self, num_tokens: int, width: int, slots: list[int], blocks: list[int]) -> float:
         """Milliseconds of a decode-shaped step: `num_tokens` query tokens as segments of `width` (one per
         slot, at position 0, one block each), logits for every row, greedy verification of a draft on
-        every row but the segments' last. The slots are reset afterwards."""
+        every row but the segments' last. The slots are reset afterwards. Every row has its own token
+        (spread over the vocabulary): equal rows would all route to the same experts, so an MoE step
+        would read a fraction of a real batch's expert weights."""
         segments, drafts = [], []
         for i, first in enumerate(range(0, num_tokens, width)):
             n = min(width, num_tokens - first)
-            segments.append(SequenceSegment(slots[i], [blocks[i]], 0, [0] * n, "all"))
+            ids = [(1 + first + j) * 7919 % self.model.vocab_size for j in range(n)]
+            segments.append(SequenceSegment(slots[i], [blocks[i]], 0, ids, "all"))
             drafts += [0] * (n - 1) + [-1]
         rows = [SampleRow(_PROFILE_PARAMS, 0, j, 0) for j in range(num_tokens)]
         for s in segments:
