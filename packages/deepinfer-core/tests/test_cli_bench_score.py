@@ -54,6 +54,15 @@ def test_bench_overhead_report(config_only, tmp_path, capsys):
     assert [r.split()[0] for r in rows] == ["1", "3"] and all(r.split()[-1] == "-" for r in rows)
 
 
+def test_steady_decode_steps():
+    """Under async a step's period is the GPU time of the step two before it: a decode step counts once
+    the two steps before it were decode steps of the same batch too."""
+    shapes = [(4, 32), (4, 4), (4, 4), (4, 4), (4, 4), (3, 3), (4, 4), (4, 4), (4, 4), (4, 9), (4, 4)]
+    steps = [StepStat(seqs, tokens, float(i), 0.0, 0.0, None) for i, (seqs, tokens) in enumerate(shapes)]
+    assert [s.schedule_s for s in bench._steady(steps, 4)] == [3, 4, 8]
+    assert bench._steady(steps[:3], 4) == []
+
+
 def test_bench_interrupted_reports_what_it_measured(config_only, tmp_path, monkeypatch, capsys):
     overhead = bench._overhead
 

@@ -101,7 +101,7 @@ def test_load_format_options(config_only, capsys):
 def test_bench_workloads_on_dummy_weights(config_only, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--log-level", "WARNING", "bench", "--model", config_only, "--load-format", "dummy",
-            "--device", "cpu", "--num-requests", "1", "2", "--input-len", "24", "8", "--output-len", "4",
+            "--device", "cpu", "--num-requests", "1", "2", "--input-len", "24", "8", "--output-len", "5",
             "--len-dist", "fixed", "--overhead-batches", "2", "--overhead-steps", "2", "--warmup",
             "--max-num-seqs", "4", "--cache-mb", "16", "--json-out", str(out)]
     assert main(argv) == 0

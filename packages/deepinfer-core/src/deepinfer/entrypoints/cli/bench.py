@@ -10,7 +10,9 @@ e.g. `--num-requests 1 64 --input-len 2048 512 --output-len 128`. Overhead: for 
 engine thread's CPU time planning it (schedule) and turning its samples into outputs (post, timed after
 the samples reach the host), the worker's wall time queuing it (worker), the GPU's span from the step's
 first to its last queued work (CUDA events, kernels and gaps), the GPU's idle time before the step
-(from the previous step's end event to this one's start event) and the period (worker start to start).
+(from the previous step's end event to this one's start event) and the period (the worker's idle time
+before the step + its own: the wall time per step), over steady decode steps (the first two after the
+prefill carry its wait).
 
 Hidden by async = 1 - (GPU idle between steps) / (engine CPU time), summed over the steps, clamped at
 0: between two steps the GPU waits only for the engine thread and the hand-off to the worker, so 100%
@@ -226,16 +228,14 @@ def _phases(steps: list[StepStat]) -> dict:
     """Prefill speed and the decode step at the full batch (without speculation, where a step holding
     more tokens than sequences holds prompt tokens). Busy times are the GPU's on CUDA (async launches
     return early), the worker's elsewhere; under async a decode step's period also counts the worker's
-    wait before it (worker start to start: the wall time per step; sync mode: see TPOT)."""
+    wait before it (the wall time per step; sync mode: see TPOT)."""
     def busy(s: StepStat) -> float:
         return s.gpu_s if s.gpu_s is not None else s.device_s
 
     prefill = [s for s in steps if s.num_tokens > s.num_seqs]
     decode = [s for s in steps if s.num_tokens == s.num_seqs]
     batch = max((s.num_seqs for s in decode), default=0)
-    full = {i for i, s in enumerate(steps) if s.num_tokens == s.num_seqs == batch}
-    # steps after a full decode step: the first one's wait also covers the prefill before it
-    steady = [steps[i] for i in sorted(full) if i - 1 in full] or [steps[i] for i in sorted(full)]
+    steady = _steady(steps, batch) or [s for s in steps if s.num_tokens == s.num_seqs == batch]
     prefill_s = sum(busy(s) for s in prefill)
     return {
         "prefill_steps": len(prefill),
@@ -246,8 +246,17 @@ def _phases(steps: list[StepStat]) -> dict:
     }
 
 
+def _steady(steps: list[StepStat], batch: int) -> list[StepStat]:
+    """The decode steps of `batch` sequences whose two steps before were such steps too. Under async a
+    step is handed to the worker once the samples of the step two before it are on the host, so its
+    period (the worker's idle before it + its own time) is that step's GPU time when the GPU is the
+    bottleneck: a prefill two steps before would count in it (the one right before hides in the wait)."""
+    full = [s.num_tokens == s.num_seqs == batch for s in steps]
+    return [s for i, s in enumerate(steps) if i >= 2 and full[i] and full[i - 1] and full[i - 2]]
+
+
 def _period(steps: list[StepStat]) -> float | None:
-    """Mean worker start-to-start time of `steps` (async only: sync steps record no worker idle)."""
+    """Mean worker end-to-end time of `steps` (async only: sync steps record no worker idle)."""
     periods = [s.idle_s + s.device_s for s in steps if s.idle_s is not None]
     return statistics.mean(periods) if periods else None
 
@@ -263,10 +272,10 @@ def _overhead(llm: LLM, batch: int, args: argparse.Namespace) -> dict:
 
 
 def _decode_round(llm: LLM, batch: int, args: argparse.Namespace) -> list[StepStat]:
-    """`batch` short prompts prefilled, then the first --overhead-steps decode steps of all of them."""
+    """`batch` short prompts prefilled, then --overhead-steps steady decode steps of all of them."""
     engine = llm.engine
     rng = random.Random(batch)
-    params = SamplingParams(max_tokens=args.overhead_steps + 4, ignore_eos=True,
+    params = SamplingParams(max_tokens=args.overhead_steps + 6, ignore_eos=True,
                             temperature=args.temperature, seed=1)
     for _ in range(batch):
         engine.add_request(_prompt(rng, engine.vocab_size, 8), params)
@@ -276,8 +285,8 @@ def _decode_round(llm: LLM, batch: int, args: argparse.Namespace) -> list[StepSt
     engine.stats = EngineStats()
     while engine.has_unfinished_requests():
         engine.step()
-    # decode steps only: under async the last prefill step is still in flight when the stats are reset
-    return [s for s in engine.stats.steps if s.num_seqs == s.num_tokens == batch][: args.overhead_steps]
+    # under async the last prefill step is still in flight when the stats are reset
+    return _steady(list(engine.stats.steps), batch)[: args.overhead_steps]
 
 
 # what the JSON's per-step figures mean (means over the steps named; null: not measured)
@@ -291,7 +300,7 @@ DEFINITIONS = {
     "step_gpu_s": "CUDA: GPU span of a step, its start event to its end event (kernels and gaps in between)",
     "step_gpu_idle_s": "CUDA, async: GPU idle before a step, the previous step's end event to its start "
                        "event",
-    "step_s": "async: worker start to start (the wall time per step)",
+    "step_s": "async: the worker's idle time before a step + its own (the wall time per step)",
     "hidden_by_async": "1 - sum(GPU idle before steps) / sum(engine CPU per step), clamped at 0: the share "
                        "of the engine's CPU work the GPU did not wait for; null without CUDA events or with "
                        "--sync",
