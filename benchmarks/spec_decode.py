@@ -45,7 +45,7 @@ speed-up is E * t_dec / t_ver (prompt lookup: drafting is host work) or E * t_de
 at K = 5 on V4.1-Flash). Models: a Flash-width slice of --slice-layers layers, or --full-depth: the
 released Flash config (40 backbone layers of their real kinds and compress ratios, 3 DSpark blocks of
 Flash widths) whose layers share their parameters (`shared_weights`: one tensor per name inside the
-layer and shape, distinct within a layer, so every layer still streams its own ~0.27 GB of touched
+layer and shape, distinct within a layer, so every layer still streams its own ~0.3 GB of touched
 weights from HBM at batch 1, past the 50 MB L2), so that the 40 layers fit on one GPU; Engram tables
 over an --engram-vocab hash vocabulary.
 """
