@@ -208,8 +208,9 @@ class ModelRunner:
     def _input_ids(self, sched: SchedulerOutput) -> torch.Tensor | None:
         """Ids on the model's device with the stand-ins filled there: `PLACEHOLDER` from the previous
         step's sampled tokens, `DRAFT` from the proposal the drafts came from; None when every token
-        is known on the host (then the lists are the values). Drafts proposed off the model's device
-        (a host lookup) are written into the segment lists instead, which the forward shares."""
+        is known on the host (then the lists are the values). A decode after a decode whose sequences
+        keep their order gets the previous samples' tensor itself. Drafts proposed off the model's
+        device (a host lookup) are written into the segment lists instead, which the forward shares."""
         device = self._device
         flat: list[int] = []
         # (source tensor, destinations, flat source indices): the previous samples, then per proposal
