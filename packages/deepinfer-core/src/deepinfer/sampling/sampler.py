@@ -5,8 +5,10 @@ penalties -> greedy argmax, or temperature -> top-k -> top-p -> min-p -> inverse
 counter-based uniform of (seed, position). Every operation is row-wise, so a row's result does not
 depend on the other rows. Reported log-probabilities are those of the raw model distribution.
 
-The rows become one `SamplingMetadata` per step (host lists, one copy to the device); the pipeline runs
-as the ops `apply_penalties`, `sample_tokens` and `compute_logprobs` over the whole batch.
+The rows become one `SamplingMetadata` per step (host arrays, one copy to the device); the pipeline
+runs as the ops `apply_penalties`, `sample_tokens` and `compute_logprobs` over the whole batch. Where
+the model records CUDA graphs, small steps of rows without penalties or logprobs replay a recorded
+`sample_tokens` instead (`SamplingGraphs`: the same kernels, so the same tokens, launched at once).
 """
 
 from __future__ import annotations
