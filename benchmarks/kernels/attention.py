@@ -1,8 +1,8 @@
 """Sparse sink attention (64 heads x 512, one shared K=V head, bf16) against the reference op.
 
-Decode, the kernel's default tiles ("default": chosen by row count) and each decode tile variant
-(`DECODE_VARIANTS`, forced for every row count) on the same inputs, at 8k and 64k
-context, B = 1, 8, 64, 128, both cache precisions:
+Decode, the kernel's default tiles ("default": chosen by row count and cache format) and each decode
+tile variant (`DECODE_VARIANTS`, forced for every case) on the same inputs, at 8k and 64k context,
+B = 1, 8, 64, 128, both cache precisions:
 * bf16 (sparse_attention_sink over a gathered buffer): B sequences, each with its own compressed
   stream of ctx/2 entries (ratio 2) and a 128-key window; every query row attends to its 128 window
   keys plus 512 distinct random entries (K = 640);
@@ -111,15 +111,16 @@ def decode_case(make, nbytes: int, op, ref_op, copy: float) -> list[list[object]
     return rows
 
 
-DEFAULT_TILES = (kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES)
+DECODE_CHOICES = ("DECODE_TILES", "STAGED_DECODE_TILES", "FEW_ROWS_DECODE_TILES")  # picked by rows and cache
+DEFAULT_TILES = {name: getattr(kernel, name) for name in DECODE_CHOICES}
 
 
 def use_variant(variant: str) -> None:
-    """"default": the kernel's choice by row count; else one `DECODE_VARIANTS` entry for every row count."""
-    if variant == "default":
-        kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES = DEFAULT_TILES
-    else:
-        kernel.DECODE_TILES = kernel.FEW_ROWS_DECODE_TILES = kernel.DECODE_VARIANTS[variant]
+    """"default": the kernel's choice by row count and cache format; else one `DECODE_VARIANTS` entry for
+    every case."""
+    for name in DECODE_CHOICES:
+        tiles = DEFAULT_TILES[name] if variant == "default" else kernel.DECODE_VARIANTS[variant]
+        setattr(kernel, name, tiles)
 
 
 def _build(variant: str, paged: bool) -> None:
@@ -193,10 +194,11 @@ def sweep(cuda, ref, copy: float, prefill: tuple, out) -> None:
     decode = {b: input_sets(lambda b=b: decode_inputs(b, 65536), touched_bytes(b)) for b in (1, 64, 128)}
     want = {batch: ref.sparse_attention_sink(*sets[0]).float() for batch, sets in decode.items()}
     want[2048] = ref.sparse_attention_sink(*prefill).float()
-    defaults = (kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES, kernel.PREFILL_TILES)
+    prefill_default = kernel.PREFILL_TILES
     rows = []
     for tiles in SWEEP:
-        kernel.DECODE_TILES = kernel.FEW_ROWS_DECODE_TILES = kernel.PREFILL_TILES = tiles
+        for name in (*DECODE_CHOICES, "PREFILL_TILES"):
+            setattr(kernel, name, tiles)
         row = [tiles.halves, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.programs_per_sm]
         worst = 0.0
         try:
@@ -212,7 +214,8 @@ def sweep(cuda, ref, copy: float, prefill: tuple, out) -> None:
         except Exception as e:  # a tile that does not fit (shared memory) is reported, not fatal
             row += [f"failed: {type(e).__name__}"]
         rows.append(row)
-    kernel.DECODE_TILES, kernel.FEW_ROWS_DECODE_TILES, kernel.PREFILL_TILES = defaults
+    use_variant("default")
+    kernel.PREFILL_TILES = prefill_default
     emit("tile sweep (decode ctx 64k: graph µs, % of copy at B 1, 64, 128; prefill 2048: eager µs, TFLOP/s)",
          ["halves", "BLOCK_N", "warps", "stages", "programs/SM", "B1 µs", "B1 %", "B64 µs", "B64 %",
           "B128 µs", "B128 %", "prefill µs", "prefill TFLOP/s", "max rel err"], rows, out)

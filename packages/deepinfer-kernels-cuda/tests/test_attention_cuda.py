@@ -105,6 +105,7 @@ def test_decode_variants_match_reference(cuda_ops, ref_ops, poison, monkeypatch,
     """Every decode tile variant (split keys, padding inside rows, a row without keys, a 16-key row)
     at Flash width, gathered bf16 buffer and release-precision paged caches."""
     monkeypatch.setattr(attention, "DECODE_TILES", attention.DECODE_VARIANTS[variant])
+    monkeypatch.setattr(attention, "STAGED_DECODE_TILES", attention.DECODE_VARIANTS[variant])
     monkeypatch.setattr(attention, "FEW_ROWS_DECODE_TILES", attention.DECODE_VARIANTS[variant])
     # buffer sizes multiples of 16, as in benchmarks/kernels/attention.py: the same compiled kernels
     for t, n, k in ((1, 20000, 640), (8, 3008, 640), (64, 5008, 640), (3, 112, 16)):

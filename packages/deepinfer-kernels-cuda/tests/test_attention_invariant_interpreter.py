@@ -155,7 +155,7 @@ cases = [(fmt, *shape) for fmt in (("raw", "raw"), ("fp8", "nvfp4"))
          for shape in ((1, 32, 61, False), (5, 7, 40, True))]
 steps = [step(*case) for case in cases]
 for name, tiles in ker.DECODE_VARIANTS.items():
-    ker.DECODE_TILES = ker.FEW_ROWS_DECODE_TILES = tiles
+    ker.DECODE_TILES = ker.STAGED_DECODE_TILES = ker.FEW_ROWS_DECODE_TILES = tiles
     for case, (args, kwargs) in zip(cases, steps):
         mine, theirs = list(args), list(args)
         mine[2], theirs[2] = args[2].clone(), args[2].clone()  # each op stores the step's keys in its ring

@@ -55,19 +55,17 @@ class Tiles:
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
 
 
-# Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 01:29, Triton 3.6,
-# ctx 64k (8k alike), graph µs at B = 1 / 128, bf16 | release caches (FP8 ring + NVFP4 pool):
+# Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 07:31, Triton 3.6,
+# ctx 64k (8k alike), graph µs at B = 1 / 64 / 128, bf16 | release caches (FP8 ring + NVFP4 pool):
 # * "v1": all 512 value channels in one program ([64, 512] float32 accumulator: one program per SM),
-#   64-key tiles: 14.9 / 80.3 | 35.0 / 116.4 (with the float32 cache decodes of before: 40.1 / 156.4);
+#   64-key tiles: 12.7 / 45.7 / 66.1 | 21.4 / 53.0 / 77.4;
+# * "v1s2", "v1s3": the same with the key tiles (raw caches) or their bytes (decoded ones) loaded 2 or 3
+#   deep (asynchronous copies into shared memory): 12.7 / 38.3 / 58.1, 14.7 / 40.0 / 53.7 | 26.3 / 71.2
+#   / 103.7, 26.7 / 60.9 / 85.3: the decoded formats stage bytes they then load, decode and store again;
 # * "h32w4": value halves with one warpgroup, 32-key tiles, two programs per SM, keys split down to 32
-#   per program: 10.6 / 82.3 | 27.7 / 126.3: more programs when there are few rows.
-# Slower in every case and dropped: 16-key halves (12.7 / 119 | 28.8 / 171), the same 3 deep (12.3 / 99 |
-# 30.4 / 185); in session 5: 16/32-key tiles 3-4 deep, rescaling only when a maximum grew.
-# At 8 warps Triton gives the [64, n] scores to both warpgroups alike (each computes all of them).
-# h32w4 was timed before both halves summed their scores in one order (the GPU batch-invariance test
-# caught the two programs' log-sum-exps racing); that change also removed its release spills (sm_90,
-# Triton 3.6: 242 registers, no spill; v1 255 and 776 bytes). FEW_ROWS_DECODE_TILES takes B <= 13 at
-# 640 keys a row: B = 8 and 64 are not timed.
+#   per program: 10.8 / 50.5 / 78.9 | 18.2 / 66.9 / 105.5: more programs when there are few rows.
+# Dropped in session 6: 16-key halves, also 3 deep; in session 5: 16/32-key tiles 3-4 deep, rescaling
+# only when a maximum grew. FEW_ROWS_DECODE_TILES takes B <= 13 at 640 keys a row (B = 8 not timed).
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
     "v1s2": Tiles(halves=False, block_n=64, num_warps=8, num_stages=2),
@@ -75,6 +73,8 @@ DECODE_VARIANTS = {
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
 }
 DECODE_TILES = DECODE_VARIANTS["v1"]
+# DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory
+STAGED_DECODE_TILES = DECODE_VARIANTS["v1s3"]
 # decode steps too small for DECODE_TILES to give every SM a program (rows x its most splits < SMs)
 FEW_ROWS_DECODE_TILES = DECODE_VARIANTS["h32w4"]
 PREFILL_TILES = Tiles(halves=False, block_n=64, num_warps=8, num_stages=1)
@@ -321,6 +321,8 @@ def _attention(
     sms = _sm_count(q.device)
     row_programs = t * triton.cdiv(heads, block_h)
     few_rows = row_programs * (2 if PREFILL_TILES.halves else 1) < sms
+    ty = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
+    ty = tl.float32 if fp32 else ty
     if batch_invariant:  # each segment in fixed chunks from its own start: splits set by the row's keys
         tiles, keys_per_split = INVARIANT_TILES, INVARIANT_SPLIT_KEYS
         win_splits, pool_base = triton.cdiv(w, keys_per_split), w
@@ -329,7 +331,8 @@ def _attention(
     else:
         tiles, splits, win_splits, pool_base, fold = PREFILL_TILES, 1, 0, 0, False
         if few_rows:  # split the keys
-            tiles = DECODE_TILES
+            staged = ring.fmt == FORMATS["raw"] and (pool is None or pool.fmt == FORMATS["raw"])
+            tiles = STAGED_DECODE_TILES if staged and ty != tl.float32 else DECODE_TILES
             if row_programs * triton.cdiv(k, tiles.min_split_keys) < sms:
                 tiles = FEW_ROWS_DECODE_TILES
             programs = row_programs * (2 if tiles.halves else 1)
@@ -352,8 +355,6 @@ def _attention(
         topk, block_tables, row_seg = topk.contiguous(), block_tables.contiguous(), row_seg.contiguous()
     else:
         topk, block_tables, row_seg, pool = window, window, window, ring  # unused
-    ty = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
-    ty = tl.float32 if fp32 else ty
     # invariant mode: no contraction into FMAs, so FOLD and _fold_kernel round every step alike
     exact = {"enable_fp_fusion": False} if batch_invariant else {}
     grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * (2 if halves else 1))
