@@ -43,7 +43,8 @@ def test_bench_overhead_report(config_only, tmp_path, capsys):
         assert [set(row) for row in o["per_step"]] == [set(StepStat.__slots__)] * 3
         assert all(row["num_seqs"] == row["num_tokens"] == o["running"] for row in o["per_step"])
     (t,) = result["throughput"]
-    assert t["hidden_by_async"] is None and t["step_gpu_idle_s"] is None
+    assert t["hidden_by_async"] is None and t["step_gpu_idle_s"] is None and t["decode_gpu_idle_s"] is None
+    assert t["decode_step_s"] >= t["decode_worker_s"] > 0 and t["decode_steps"] >= 1
     reported = {*PER_STEP, "step_s", "hidden_by_async", "per_step"}
     assert reported <= set(result["definitions"]) == set(DEFINITIONS)
     printed = capsys.readouterr().out

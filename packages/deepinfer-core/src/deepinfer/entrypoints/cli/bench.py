@@ -108,7 +108,8 @@ def _print_throughput(t: dict, cfg: dict) -> None:
         prefill = t["prefill_tok_s"]
         print(f"prefill {'-' if prefill is None else f'{prefill:.0f}'} tok/s over {t['prefill_steps']} "
               f"step(s); decode at batch {t['decode_batch']}: {_ms(t['decode_step_s'])} ms/step "
-              f"(busy {_ms(t['decode_busy_s'])}) over {t['decode_steps']} steps")
+              f"(busy {_ms(t['decode_busy_s'])}, worker {_ms(t['decode_worker_s'])}, GPU idle before "
+              f"{_ms(t['decode_gpu_idle_s'])}) over {t['decode_steps']} steps")
     hidden = t.get("hidden_by_async")
     print(f"steps {t.get('steps')}, worker {_ms(t.get('step_device_s'))} ms/step (GPU span "
           f"{_ms(t.get('step_gpu_s'))}, GPU idle {_ms(t.get('step_gpu_idle_s'))}), CPU overhead "
@@ -237,12 +238,15 @@ def _phases(steps: list[StepStat]) -> dict:
     batch = max((s.num_seqs for s in decode), default=0)
     steady = _steady(steps, batch) or [s for s in steps if s.num_tokens == s.num_seqs == batch]
     prefill_s = sum(busy(s) for s in prefill)
+    gaps = [s.gpu_idle_s for s in steady if s.gpu_idle_s is not None]
     return {
         "prefill_steps": len(prefill),
         "prefill_tok_s": sum(s.num_tokens for s in prefill) / prefill_s if prefill_s else None,
         "decode_batch": batch, "decode_steps": len(steady),
         "decode_step_s": _period(steady),
         "decode_busy_s": statistics.mean(busy(s) for s in steady) if steady else None,
+        "decode_worker_s": statistics.mean(s.device_s for s in steady) if steady else None,
+        "decode_gpu_idle_s": statistics.mean(gaps) if gaps else None,
     }
 
 
@@ -301,6 +305,9 @@ DEFINITIONS = {
     "step_gpu_idle_s": "CUDA, async: GPU idle before a step, the previous step's end event to its start "
                        "event",
     "step_s": "async: the worker's idle time before a step + its own (the wall time per step)",
+    "decode_step_s": "throughput: step_s of the steady decode steps at the full batch (decode_busy_s: "
+                     "their GPU span, the worker's time off CUDA; decode_worker_s, decode_gpu_idle_s: "
+                     "step_device_s, step_gpu_idle_s of those steps)",
     "hidden_by_async": "1 - sum(GPU idle before steps) / sum(engine CPU per step), clamped at 0: the share "
                        "of the engine's CPU work the GPU did not wait for; null without CUDA events or with "
                        "--sync",
