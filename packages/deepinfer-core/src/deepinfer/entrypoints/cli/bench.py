@@ -254,7 +254,8 @@ def _steady(steps: list[StepStat], batch: int) -> list[StepStat]:
     """The decode steps of `batch` sequences whose two steps before were such steps too. Under async a
     step is handed to the worker once the samples of the step two before it are on the host, so its
     period (the worker's idle before it + its own time) is that step's GPU time when the GPU is the
-    bottleneck: a prefill two steps before would count in it (the one right before hides in the wait)."""
+    bottleneck: a prefill two steps before would count in it, and a step right after a prefill was queued
+    while the worker still queued the prefill (its period: its own host time alone)."""
     full = [s.num_tokens == s.num_seqs == batch for s in steps]
     return [s for i, s in enumerate(steps) if i >= 2 and full[i] and full[i - 1] and full[i - 2]]
 
