@@ -60,7 +60,8 @@ def _reference_scores(ref_ops, q, w, pool, codec, block_tables, row_seg, visible
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "raw"])
 @pytest.mark.parametrize("t,capacity,extra", [(1, 4096, None), (5, 4096, "allowed"), (70, 1024, "candidates"),
-                                              (3, 32768, None), (2, 4096, "all blocks")])
+                                              (3, 32768, None), (2, 4096, "all blocks"),
+                                              (160, 2048, None), (160, 2048, "all blocks")])  # row tiles
 def test_indexer_topk_selects_the_best_entries(cuda_ops, ref_ops, poison, fmt, t, capacity, extra):
     assert "indexer_topk" not in cuda_ops.fallbacks
     args = _topk_inputs(t, fmt, capacity, seed=t)

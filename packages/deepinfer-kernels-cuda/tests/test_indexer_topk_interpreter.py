@@ -3,8 +3,9 @@ chunks forced) gives exactly the one-program path's ids, and both equal a torch 
 rule (largest by order key, ties to the lowest ids, ids ascending, then -1), on tied scores, -inf tails,
 allowed masks, k above the visible count and capacities that are no multiple of the chunk. Then the
 whole op (paged raw keys, the path chosen on the host) against the reference op on integer inputs whose
-scores are exact in any summation order, and its candidate-block mask. The interpreter must be switched
-on before triton is imported, hence a subprocess."""
+scores are exact in any summation order, and its candidate-block mask; the scores kernel's row tiles
+(prefill) against one row per program. The interpreter must be switched on before triton is imported,
+hence a subprocess."""
 
 import pytest
 
@@ -15,7 +16,7 @@ import torch
 from deepinfer.cache.codecs import Codec
 from deepinfer.ops.reference.cache_quant import QUANT_OPS
 from deepinfer.ops.reference.indexer import candidate_blocks, indexer_logits, indexer_topk as ref_topk
-from deepinfer_kernels_cuda.indexer import indexer_topk, select_chunk, topk_select
+from deepinfer_kernels_cuda.indexer import indexer_topk, paged_scores, select_chunk, tile_rows, topk_select
 
 INF = float("inf")
 
@@ -106,6 +107,29 @@ for kw in ({}, {"allowed": allowed}):
 for topk_blocks in (263, 300, 100):
     _, mask = indexer_topk(*args, candidates=(topk_blocks, 8))
     assert torch.equal(mask, candidate_blocks(scores, visible, topk_blocks, 8)), topk_blocks
+
+# row tiles (prefill): the same scores, candidate mask and zeroed digit counts as one row per program, with
+# tiles of one sequence and tiles that mix three (one pass per sequence) and partial tiles and entry blocks
+assert tile_rows(127, 32, False) == 1 and tile_rows(128, 32, False) == 4 and tile_rows(4096, 32, True) == 1
+t, capacity = 21, 200
+q = torch.randint(-4, 5, (t, heads, dim), generator=g).float()
+w = torch.randint(1, 3, (t, heads), generator=g).float()
+row_seg = torch.cat([torch.zeros(8, dtype=torch.long), torch.randint(0, 2, (13,), generator=g)])
+visible = torch.randint(0, capacity + 1, (t,), generator=g)
+visible[:8] = torch.arange(8) * 25
+out = {}
+for block_t in (1, 8):
+    hist = torch.full((4, t, 256), 7, dtype=torch.int32)
+    got = (torch.empty(t, capacity), torch.empty(t, capacity, dtype=torch.bool), hist)
+    paged_scores(q, w, pool, codec, block_tables, row_seg, visible, got[0], mask=got[1], cand=8, hist=got[2],
+                 block_t=block_t)
+    out[block_t] = got
+entries = torch.arange(capacity)
+want = torch.stack([indexer_logits(q[r : r + 1], seq_keys[row_seg[r], :capacity], w[r : r + 1])[0]
+                    for r in range(t)]).masked_fill(entries >= visible[:, None], -INF)
+for got in out.values():
+    assert torch.equal(got[0], want) and torch.equal(got[1], candidate_blocks(want, visible, 100, 8))
+    assert not got[2].any()
 print("ok")
 """
 

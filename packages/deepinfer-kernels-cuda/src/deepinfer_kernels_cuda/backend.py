@@ -16,8 +16,7 @@ class CudaBackend(Backend):
     # one program per row (or per group of a row) with launch configs chosen from the row length only;
     # kernels whose configs depend on the number of rows take `batch_invariant` instead
     row_wise = frozenset({
-        "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "rms_norm_rope", "indexer_topk",
-        "hc_collapse_norm",
+        "rms_norm", "hc_collapse", "hc_expand", "rope_interleaved", "rms_norm_rope", "hc_collapse_norm",
         "fp8_quantize", "fp8_dequantize", "nvfp4_quantize", "nvfp4_dequantize", "mxfp4_quantize",
         "mxfp4_dequantize", "prepare_linear", "prepare_experts", "cache_write", "compressor_update",
         "engram_hash", "engram_lookup", "engram_gate",

@@ -95,6 +95,20 @@ def _all_blocks_mask(scores, visible, CAND: tl.constexpr, BLOCK_N: tl.constexpr)
     return keep & (scores > -float("inf")) & (scores < float("inf"))
 
 
+@triton.jit
+def _all_blocks_mask_rows(scores, visible, CAND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_all_blocks_mask` of BLOCK_T rows at once: scores [BLOCK_T, BLOCK_N], visible [BLOCK_T]."""
+    nb: tl.constexpr = BLOCK_N // CAND
+    live = tl.reshape((scores > -float("inf")).to(tl.int32), (BLOCK_T, nb, CAND))
+    nan = tl.reshape((scores != scores).to(tl.int32), (BLOCK_T, nb, CAND))
+    pooled = (tl.max(live, axis=2) > 0) & (tl.max(nan, axis=2) == 0)  # [BLOCK_T, nb]
+    latest = tl.where(visible > 0, (visible - 1) // CAND, -1)
+    b = (tl.program_id(1) * BLOCK_N) // CAND + tl.arange(0, nb)
+    kept = (b[None, :] == latest[:, None]) | pooled
+    keep = tl.reshape(tl.broadcast_to(kept[:, :, None], (BLOCK_T, nb, CAND)), (BLOCK_T, BLOCK_N))
+    return keep & (scores > -float("inf")) & (scores < float("inf"))
+
+
 @triton.jit(do_not_specialize=["bt_stride"])  # table widths: no new kernel per width
 def _paged_scores_kernel(
     q_ptr, w_ptr, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr, visible_ptr, out_ptr,
@@ -132,6 +146,60 @@ def _paged_scores_kernel(
     if CAND > 0:
         keep = _all_blocks_mask(scores, visible, CAND, BLOCK_N)
         tl.store(mask_ptr + t.to(tl.int64) * capacity + n, keep, mask=n < capacity)
+
+
+@triton.jit(do_not_specialize=["bt_stride", "T"])  # table widths, row counts: no new kernel per value
+def _paged_scores_tile_kernel(
+    q_ptr, w_ptr, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr, visible_ptr, out_ptr,
+    mask_ptr, hist_ptr, T, heads, D, capacity, q_stride_t, q_stride_h, w_stride_t,
+    FMT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, CAND: tl.constexpr, ZERO_HIST: tl.constexpr,
+):
+    """`_paged_scores_kernel` for BLOCK_T rows per program (many rows: a prefill): each key tile is decoded
+    once for the tile's rows of one sequence and multiplied with all their heads in one product
+    ([BLOCK_T * BLOCK_H] query rows). Rows of several sequences in one tile take one pass per sequence."""
+    tt = tl.arange(0, BLOCK_T)
+    t = tl.program_id(0) * BLOCK_T + tt
+    live = t < T
+    if ZERO_HIST:
+        bins = tl.arange(0, 256)
+        first = bins < tl.where(tl.program_id(1) == 0, 256, 0)  # only the rows' first programs store
+        for p in tl.static_range(4):
+            tl.store(hist_ptr + ((p * T + t) * 256)[:, None] + bins[None, :],
+                     tl.zeros((BLOCK_T, 256), tl.int32), mask=live[:, None] & first[None, :])
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    r = tl.arange(0, BLOCK_T * BLOCK_H)
+    rt = tl.program_id(0) * BLOCK_T + r // BLOCK_H
+    h = r % BLOCK_H
+    q = tl.load(q_ptr + rt[:, None].to(tl.int64) * q_stride_t + h[:, None] * q_stride_h + d[None, :],
+                mask=((rt < T) & (h < heads))[:, None] & (d < D)[None, :], other=0.0)
+    w = tl.load(w_ptr + rt.to(tl.int64) * w_stride_t + h, mask=(rt < T) & (h < heads), other=0.0)
+    w = w.to(tl.float32)
+    seqs = tl.load(seg_ptr + t, mask=live, other=-1)
+    visible = tl.load(visible_ptr + t, mask=live, other=0)
+    ty = q_ptr.dtype.element_ty
+    todo = live
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        lead = tl.min(tl.where(todo, tt, BLOCK_T), axis=0)
+        seq = tl.sum(tl.where(tt == lead, seqs, 0), axis=0)
+        mine = todo & (seqs == seq)
+        valid = n < tl.max(tl.where(mine, visible, 0), axis=0)
+        j = tl.where(valid, n, 0).to(tl.int64)
+        block = tl.load(bt_ptr + seq.to(tl.int64) * bt_stride + j // per_block, mask=valid, other=0)
+        block = block.to(tl.int64)
+        k = decode_rows(pool_ptr, block * pool_s0 + (j % per_block) * pool_s1, valid, 0, D, FMT, BLOCK_D, ty)
+        dots = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ty).to(tl.float32), 0.0)
+        terms = (dots * w[:, None]).to(ty).to(tl.float32)
+        scores = tl.sum(tl.reshape(terms, (BLOCK_T, BLOCK_H, BLOCK_N)), axis=1)
+        scores = tl.where(n[None, :] < visible[:, None], scores, -float("inf"))
+        at = t[:, None].to(tl.int64) * capacity + n[None, :]
+        stored = mine[:, None] & (n < capacity)[None, :]
+        tl.store(out_ptr + at, scores, mask=stored)
+        if CAND > 0:
+            keep = _all_blocks_mask_rows(scores, visible, CAND, BLOCK_T, BLOCK_N)
+            tl.store(mask_ptr + at, keep, mask=stored)
+        todo = todo & (seqs != seq)
 
 
 @triton.jit
@@ -309,6 +377,18 @@ def _chunk_write_kernel(
         _pad(out_row, greater + tl.minimum(equal, remaining), k, BLOCK_K)
 
 
+TILE_ROWS = 128  # rows from which the scores take row tiles (below: decode and verification steps)
+_TILE_MMA_ROWS = 128  # query rows (heads of the tile's rows) per product
+
+
+def tile_rows(rows: int, heads: int, batch_invariant: bool) -> int:
+    """Query rows per program of the scores kernel: 1, or for TILE_ROWS rows or more (and not
+    `batch_invariant`) as many as fill a _TILE_MMA_ROWS-row product with their heads."""
+    if batch_invariant or rows < TILE_ROWS:
+        return 1
+    return max(1, _TILE_MMA_ROWS // max(16, triton.next_power_of_2(heads)))
+
+
 def select_chunk(rows: int, capacity: int) -> int:
     """Entries per program of the top-k select: whole rows (one program per row) once `rows` fill the
     GPU, else chunks of whole _BLOCK steps so that rows * chunks is about _TARGET_PROGRAMS."""
@@ -368,6 +448,40 @@ def topk_select(
     return top
 
 
+_SCORE_ENTRIES = 64  # entries per program of the scores kernels
+
+
+def paged_scores(
+    q: torch.Tensor, weights: torch.Tensor, pool: torch.Tensor, codec: Codec, block_tables: torch.Tensor,
+    row_seg: torch.Tensor, visible: torch.Tensor, scores: torch.Tensor, *, mask: torch.Tensor | None = None,
+    cand: int = 0, hist: torch.Tensor | None = None, block_t: int = 1,
+) -> None:
+    """Scores [T, capacity] (float32, -inf past each row's visible count) of q [T, heads, D] against
+    its sequence's paged keys, written into `scores`; `cand` > 0: also the all-blocks-kept candidate mask
+    of blocks of `cand` entries into `mask`; `hist`: zeroes the [4, T, 256] digit counts of the select.
+    `block_t` rows per program (1: `_paged_scores_kernel`, else the row tiles)."""
+    t, heads, d = q.shape
+    capacity = scores.shape[1]
+    if not t or not capacity:
+        return
+    region = cache_region(pool, codec.format, codec.dtype)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    weights = weights.to(q.dtype).contiguous()
+    args = (q, weights, region.data, region.stride0, region.stride1, region.data.shape[1], block_tables,
+            block_tables.stride(0), row_seg, visible, scores, scores if mask is None else mask,
+            scores if hist is None else hist, t, heads, d, capacity, q.stride(0), q.stride(1),
+            weights.stride(0))
+    config = {"FMT": region.fmt, "BLOCK_H": max(16, triton.next_power_of_2(heads)),
+              "BLOCK_N": _SCORE_ENTRIES, "BLOCK_D": max(16, triton.next_power_of_2(d)),
+              "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "CAND": cand,
+              "ZERO_HIST": hist is not None, "num_warps": 4}
+    entry_blocks = triton.cdiv(capacity, _SCORE_ENTRIES)
+    if block_t > 1:
+        _paged_scores_tile_kernel[(triton.cdiv(t, block_t), entry_blocks)](*args, BLOCK_T=block_t, **config)
+    else:
+        _paged_scores_kernel[(t, entry_blocks)](*args, **config)
+
+
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -381,40 +495,32 @@ def indexer_topk(
     *,
     allowed: torch.Tensor | None = None,
     candidates: tuple[int, int] | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each row's top-k visible (and allowed) compressed entries of its own sequence, from the paged
     pool: scores as `indexer_logits` into a [T, capacity] float32 buffer, then `topk_select` (one
-    program per row, or several per row when few rows: the same result either way).
+    program per row, or several per row when few rows: the same result either way). From TILE_ROWS
+    rows on (a prefill), unless `batch_invariant`, the scores take tiles of several rows per program
+    (`tile_rows`: another tensor-core product shape, so a row's scores may differ in rounding).
     Same contract as the reference op, except the order of the -1 padding: ids ascending, then -1s.
     The candidate-block mask (candidate sources) is computed from the scores by the reference's torch code,
     or, when every block is kept, by the scores kernel.
     """
-    t, heads, d = q.shape
+    t, heads = q.shape[:2]
     scores = torch.empty(t, capacity, dtype=torch.float32, device=q.device)
-    block_n = 64
     # every candidate block kept (the row width holds at most topk_blocks): the scores kernel writes the mask
     in_kernel = candidates is not None and triton.cdiv(capacity, candidates[1]) <= candidates[0] \
-        and block_n % candidates[1] == 0
-    mask = torch.empty(t, capacity, dtype=torch.bool, device=q.device) if in_kernel else scores
+        and _SCORE_ENTRIES % candidates[1] == 0
+    mask = torch.empty(t, capacity, dtype=torch.bool, device=q.device) if in_kernel else None
     # the select's digit counts (several programs per row) zeroed by the scores kernel: one launch fewer
-    chunked = select_chunk(t, capacity) < capacity
-    hist = torch.empty(4, t, 256, dtype=torch.int32, device=q.device) if chunked else scores
-    if t and capacity:
-        region = cache_region(pool, codec.format, codec.dtype)
-        q = q if q.stride(-1) == 1 else q.contiguous()
-        weights = weights.to(q.dtype).contiguous()
-        _paged_scores_kernel[(t, triton.cdiv(capacity, block_n))](
-            q, weights, region.data, region.stride0, region.stride1, region.data.shape[1],
-            block_tables, block_tables.stride(0), row_seg, visible, scores, mask, hist, t, heads, d, capacity,
-            q.stride(0), q.stride(1), weights.stride(0),
-            FMT=region.fmt, BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
-            BLOCK_D=max(16, triton.next_power_of_2(d)),
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", CAND=candidates[1] if in_kernel else 0,
-            ZERO_HIST=chunked, num_warps=4,
-        )
+    chunked = select_chunk(t, capacity) < capacity and t > 0 and capacity > 0
+    hist = torch.empty(4, t, 256, dtype=torch.int32, device=q.device) if chunked else None
+    paged_scores(q, weights, pool, codec, block_tables, row_seg, visible, scores, mask=mask,
+                 cand=candidates[1] if in_kernel else 0, hist=hist,
+                 block_t=tile_rows(t, heads, batch_invariant))
     if candidates is None:
         mask = None
     elif not in_kernel:
         mask = candidate_blocks(scores, visible, *candidates)
-    top = topk_select(scores, k, allowed, hist=hist if chunked and t and capacity else None)
+    top = topk_select(scores, k, allowed, hist=hist)
     return top, mask
