@@ -12,7 +12,8 @@ on two loaded CPU cores (2026-12-02), hence the long timeout.
 
 Decode tile variants (DECODE_VARIANTS): each against the reference, raw and release caches, with
 split keys, windows that end inside a key tile, padding keys, a row without keys, value halves, a ring
-whose slots are not adjacent; the ring bytes stored after the reads equal the reference's. A minute.
+whose slots are not adjacent; the ring bytes stored after the reads (by the kernel that merges the
+splits, or after the op) equal the reference's, in both modes. A minute.
 """
 
 import pytest
@@ -162,6 +163,12 @@ for name, tiles in ker.DECODE_VARIANTS.items():
         got, want = ker.sparse_attention_paged(*mine, **kwargs), reference(*theirs, **kwargs)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name} {case} {m}")
         assert torch.equal(mine[2], theirs[2]), (name, case)
+for case, (args, kwargs) in zip(cases, steps):  # invariant mode: the ring stored by the fold kernel
+    mine, theirs = list(args), list(args)
+    mine[2], theirs[2] = args[2].clone(), args[2].clone()
+    got = ker.sparse_attention_paged(*mine, **kwargs, batch_invariant=True)
+    torch.testing.assert_close(got, reference(*theirs, **kwargs), atol=1e-5, rtol=1e-5)
+    assert torch.equal(mine[2], theirs[2]), case
 print("ok")
 """
 

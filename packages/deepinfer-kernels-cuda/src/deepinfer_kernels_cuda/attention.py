@@ -255,11 +255,29 @@ def _attention_kernel(
 
 
 @triton.jit
+def _store_ring_rows(enc_ptr, enc_stride, ring_ptr, ring_len, ring_s0, ring_s1, nbytes, dest_ptr, src_ptr,
+                     n_store, BLOCK_B: tl.constexpr):
+    """Rows j = program_id(0), + the grid's rows, ... < n_store of the step's ring store: ring row dest[j]
+    = encoded row src[j] (bytes). Run by the kernel after the attention kernel: every ring read is done."""
+    c = tl.arange(0, BLOCK_B)
+    for j in range(tl.program_id(0), n_store, tl.num_programs(0)):
+        src = tl.load(src_ptr + j).to(tl.int64)
+        dest = tl.load(dest_ptr + j).to(tl.int64)
+        row = tl.load(enc_ptr + src * enc_stride + c, mask=c < nbytes)
+        at = ring_ptr + (dest // ring_len) * ring_s0 + (dest % ring_len) * ring_s1
+        tl.store(at + c, row, mask=c < nbytes)
+
+
+@triton.jit(do_not_specialize=["n_store"])
 def _combine_kernel(
     part_ptr, lse_ptr, sink_ptr, out_ptr, heads, D, n_splits, out_stride_t, out_stride_h,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    enc_ptr, enc_stride, ring_ptr, ring_len, ring_s0, ring_s1, nbytes, dest_ptr, src_ptr, n_store,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     t, h = tl.program_id(0), tl.program_id(1)
+    if STORE:  # by the programs of head 0
+        _store_ring_rows(enc_ptr, enc_stride, ring_ptr, ring_len, ring_s0, ring_s1, nbytes, dest_ptr, src_ptr,
+                         tl.where(h == 0, n_store, 0), BLOCK_B)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     row = (t * n_splits + s).to(tl.int64) * heads + h
@@ -274,13 +292,17 @@ def _combine_kernel(
              mask=d < D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_store"])
 def _fold_kernel(
     part_ptr, lse_ptr, sink_ptr, out_ptr, heads, D, n_splits, out_stride_t, out_stride_h,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    enc_ptr, enc_stride, ring_ptr, ring_len, ring_s0, ring_s1, nbytes, dest_ptr, src_ptr, n_store,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STORE: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     """Invariant mode, few rows: the splits of row t folded into the sink in order, as FOLD does."""
     t = tl.program_id(0)
+    if STORE:  # by the programs of the first heads
+        _store_ring_rows(enc_ptr, enc_stride, ring_ptr, ring_len, ring_s0, ring_s1, nbytes, dest_ptr, src_ptr,
+                         tl.where(tl.program_id(1) == 0, n_store, 0), BLOCK_B)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     hmask = h < heads
@@ -302,17 +324,29 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@dataclass(frozen=True)
+class RingStore:
+    """The step's ring store: ring [A, E, nbytes] uint8 row dest[j] = encoded [n, nbytes] row src[j]."""
+
+    ring: torch.Tensor
+    dest: torch.Tensor
+    src: torch.Tensor
+    encoded: torch.Tensor
+
+
 def _attention(
     q: torch.Tensor, sink: torch.Tensor, scale: float, window: torch.Tensor, ring: CacheRegion, ring_len: int,
     ring_rows: int, current: torch.Tensor | None, topk: torch.Tensor | None = None,
     pool: CacheRegion | None = None,
     block_tables: torch.Tensor | None = None, row_seg: torch.Tensor | None = None, fp32: bool = False,
-    batch_invariant: bool = False,
-) -> torch.Tensor:
+    batch_invariant: bool = False, store: RingStore | None = None,
+) -> tuple[torch.Tensor, bool]:
+    """(output, whether `store` was done: by the kernel that merges the splits, which runs after every
+    read of the ring; the caller does it otherwise)."""
     t, heads, d = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel() == 0:
-        return out
+        return out, False
     q, window, sink = q.contiguous(), window.contiguous(), sink.float().contiguous()
     w = window.shape[1]
     k = w + (0 if topk is None else topk.shape[1])
@@ -373,17 +407,26 @@ def _attention(
         ASM=q.device.type == "cuda" and ty == tl.bfloat16,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **exact,
     )
-    if split and batch_invariant:
+    if not split:
+        return out, False
+    if store is None:
+        enc, store_args, block_b = out, (0, out, 0, 0, 0, 0, out, out, 0), 1  # unused
+    else:
+        enc, rb = store.encoded, store.ring
+        store_args = (enc.stride(0), rb, rb.shape[1], rb.stride(0), rb.stride(1), rb.shape[2], store.dest,
+                      store.src, store.dest.shape[0])
+        block_b = triton.next_power_of_2(rb.shape[2])
+    if batch_invariant:
         _fold_kernel[(t, triton.cdiv(heads, _FOLD_HEADS))](
-            part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1),
-            BLOCK_H=_FOLD_HEADS, BLOCK_D=block_d, **exact,
+            part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1), enc, *store_args,
+            BLOCK_H=_FOLD_HEADS, BLOCK_D=block_d, STORE=store is not None, BLOCK_B=block_b, **exact,
         )
-    elif split:
+    else:
         _combine_kernel[(t, heads)](
-            part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1),
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
+            part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1), enc, *store_args,
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, STORE=store is not None, BLOCK_B=block_b,
         )
-    return out
+    return out, store is not None
 
 
 def sparse_attention_sink(
@@ -403,7 +446,7 @@ def sparse_attention_sink(
     n = max(1, kv.shape[0])
     ring = CacheRegion(kv, FORMATS["raw"], n * kv.stride(0), kv.stride(0))  # flat rows
     return _attention(q, sink, scale, indices, ring, n, n, None, fp32=kv.dtype == torch.float32,
-                      batch_invariant=batch_invariant)
+                      batch_invariant=batch_invariant)[0]
 
 
 def sparse_attention_paged(
@@ -442,9 +485,11 @@ def sparse_attention_paged(
     if pool is not None:
         pool_seg = cache_region(pool, pool_codec.format, pool_codec.dtype)
         fp32 |= pool_codec.format == "raw" and pool_codec.dtype == torch.float32
-    out = _attention(q, sink, scale, window, ring_seg, ring.shape[1], ring.shape[0] * ring.shape[1],
-                     current.data[0], topk, pool_seg, block_tables, row_seg, fp32, batch_invariant)
-    # after the kernel read the ring (a long step's rows may overwrite keys its first rows read): the
-    # same bytes as `encoded`, gathered, encoded and scattered in one launch
-    write_rows(ring, ring_dest, kv, ring_codec, src=ring_src)
+    out, stored = _attention(q, sink, scale, window, ring_seg, ring.shape[1], ring.shape[0] * ring.shape[1],
+                             current.data[0], topk, pool_seg, block_tables, row_seg, fp32, batch_invariant,
+                             RingStore(ring, ring_dest.contiguous(), ring_src.contiguous(), encoded))
+    if not stored:
+        # after the kernel read the ring (a long step's rows may overwrite keys its first rows read): the
+        # same bytes as `encoded`, gathered, encoded and scattered in one launch
+        write_rows(ring, ring_dest, kv, ring_codec, src=ring_src)
     return out
