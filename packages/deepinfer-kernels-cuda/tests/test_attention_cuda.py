@@ -32,7 +32,8 @@ def _inputs(t: int, heads: int, dim: int, n: int, k: int, dtype: torch.dtype, se
 @pytest.mark.parametrize(
     "t,heads,dim,n,k",
     [(1, 64, 512, 20000, 640), (4, 64, 512, 3000, 640), (300, 64, 512, 5000, 640), (7, 64, 512, 100, 5),
-     (3, 8, 64, 50, 40), (200, 8, 64, 500, 130), (5, 128, 512, 700, 96)],
+     (3, 8, 64, 50, 40), (200, 8, 64, 500, 130), (5, 128, 512, 700, 96),
+     (64, 64, 512, 5008, 640), (50, 8, 64, 500, 130)],  # the last two: STAGED_DECODE_TILES
 )
 def test_sparse_attention_sink_bf16(cuda_ops, ref_ops, poison, t, heads, dim, n, k):
     args = _inputs(t, heads, dim, n, k, torch.bfloat16, seed=t * k)
