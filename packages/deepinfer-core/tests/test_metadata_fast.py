@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from deepinfer.cache import BLOCK_TOKENS
+from deepinfer.models.deepseek_v41 import metadata
 from deepinfer.models.deepseek_v41.metadata import (
     BoundedReplay,
     FixedShape,
@@ -120,8 +121,12 @@ def record() -> None:
     FIXTURE.write_text(json.dumps({name: run(geo) for name, geo in GEOMETRIES.items()}, indent=1) + "\n")
 
 
+@pytest.mark.parametrize("device_window", [False, True])
 @pytest.mark.parametrize("name", list(GEOMETRIES))
-def test_metadata_matches_recorded_builds(name: str) -> None:
+def test_metadata_matches_recorded_builds(name: str, device_window: bool, monkeypatch) -> None:
+    """`device_window`: every eager build takes the long-step path (window broadcast on the device)."""
+    if device_window:
+        monkeypatch.setattr(metadata, "DEVICE_WINDOW_KEYS", 0)
     expected = json.loads(FIXTURE.read_text())[name]
     got = run(GEOMETRIES[name])
     assert list(got) == list(expected)

@@ -147,6 +147,9 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 _PAD = np.zeros(1, dtype=np.int64)
+# eager builds with at least this many window keys (all rows' W) write the window's broadcast on the device
+# (a 2048-token prefill at W 128: 2 MiB less to build, pack and copy before the step's first kernel)
+DEVICE_WINDOW_KEYS = 1 << 16
 
 
 def _entry_positions(t: dict[str, torch.Tensor], r: int) -> torch.Tensor:
@@ -581,8 +584,12 @@ class MetadataBuilder:
 
         def row_set(prefix: str, host: tuple) -> RowSet:
             bounds, count = host
-            return RowSet(count, bounds, t[f"{prefix}.positions"], t[f"{prefix}.row_seg"],
-                          t[f"{prefix}.window"], t[f"{prefix}.ring_dest"], t[f"{prefix}.ring_src"],
+            window = t.get(f"{prefix}.window")
+            if window is None:
+                edge = t[f"{prefix}.window_edge_rows"], t[f"{prefix}.window_edge"]
+                window = self._device_window(count, *edge)
+            return RowSet(count, bounds, t[f"{prefix}.positions"], t[f"{prefix}.row_seg"], window,
+                          t[f"{prefix}.ring_dest"], t[f"{prefix}.ring_src"],
                           {r: t[f"{prefix}.visible{r}"] for r in geo.ratios})
 
         all_rows = row_set("all", all_host)
@@ -616,20 +623,25 @@ class MetadataBuilder:
         seg = np.repeat(np.arange(len(n)), n)
         count = int(n.sum())
         # key w of row r is position pos_r - W + 1 + w; at or after max(first, lo) it is this set's row
-        # r - W + 1 + w, which holds for every key of most rows of a long segment: those rows take that
-        # one broadcast, the others (each sequence's first W - 1 rows, rows before lo) the general case
-        window = (geo.num_slots * ring - w + 1 + np.arange(count, dtype=np.int64))[:, None] + np.arange(w)
+        # r - W + 1 + w (`_window_base` + r + w), which holds for every key of most rows of a long
+        # segment; the others (each sequence's first W - 1 rows, rows before lo) take the general case
         edge = np.flatnonzero(pos < (np.maximum(first, lo) + w - 1)[seg])
-        if edge.size:
-            keys = pos[edge, None] - w + 1 + np.arange(w)  # [edge rows, W]
-            s = seg[edge, None]
-            from_ring = keys < start[s]
-            ring_row = slots[s] * ring + keys % ring
-            valid = (keys >= np.maximum(lo[s], 0)) & (from_ring | (keys >= first[s]))
-            window[edge] = np.where(valid, np.where(from_ring, ring_row, window[edge]), -1)
+        keys = pos[edge, None] - w + 1 + np.arange(w)  # [edge rows, W]
+        s = seg[edge, None]
+        from_ring = keys < start[s]
+        ring_row = slots[s] * ring + keys % ring
+        current = (self._window_base + edge)[:, None] + np.arange(w)
+        valid = (keys >= np.maximum(lo[s], 0)) & (from_ring | (keys >= first[s]))
+        edge_window = np.where(valid, np.where(from_ring, ring_row, current), -1)
+        if count * w < DEVICE_WINDOW_KEYS:
+            window = (self._window_base + np.arange(count, dtype=np.int64))[:, None] + np.arange(w)
+            window[edge] = edge_window
+            arrays[f"{prefix}.window"] = window
+        else:  # long steps: the device writes the broadcast (`_device_window`), the host ships the edge
+            arrays[f"{prefix}.window_edge_rows"] = edge
+            arrays[f"{prefix}.window_edge"] = edge_window
         arrays[f"{prefix}.positions"] = pos
         arrays[f"{prefix}.row_seg"] = seg
-        arrays[f"{prefix}.window"] = window
         stored = (pos >= lo[seg]) & (pos >= end[seg] - ring)  # newer rows would overwrite older ones
         arrays[f"{prefix}.ring_dest"] = (slots[seg] * ring + pos % ring)[stored]
         arrays[f"{prefix}.ring_src"] = np.flatnonzero(stored).astype(np.int64)
@@ -637,6 +649,20 @@ class MetadataBuilder:
             arrays[f"{prefix}.visible{r}"] = (pos + 1) // r
         bounds = tuple(zip(begin.tolist(), (begin + n).tolist(), strict=True))
         return bounds, count
+
+    @property
+    def _window_base(self) -> int:
+        """Window key w of row r, when it is a row of this step: S * L + r - W + 1 + w."""
+        return self.geo.num_slots * self.geo.ring_len - self.geo.window + 1
+
+    def _device_window(self, count: int, edge_rows: torch.Tensor, edge_window: torch.Tensor) -> torch.Tensor:
+        """RowSet.window [count, W] built on the device: the broadcast of `_window_base` + r + w, the edge
+        rows' host values put over it (4 launches instead of shipping count * W values)."""
+        dev = edge_rows.device
+        start = self._window_base
+        keys = torch.arange(self.geo.window, device=dev)
+        window = torch.arange(start, start + count, device=dev)[:, None] + keys
+        return window.index_put_((edge_rows,), edge_window)
 
     def _compression(
         self, r: int, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,
