@@ -43,10 +43,12 @@ def _rope_kernel(
     angle = tl.load(angle_ptr + n * (pairs - first_rot) + rot, mask=has_rot, other=0.0)  # cos 1, sin 0
     c, s = _cos_sin(angle, LIBDEVICE)
     s = SIGN * s
-    mask = (r < rows)[:, None] & (p < pairs)[None, :]
-    offs = n.to(tl.int64) * x_stride_n + r[:, None].to(tl.int64) * x_stride_r + 2 * p[None, :]
-    a = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(x_ptr + offs + 1, mask=mask, other=0.0).to(tl.float32)
+    ch = tl.arange(0, 2 * BLOCK_P)
+    mask = (r < rows)[:, None] & (ch < 2 * pairs)[None, :]
+    offs = n.to(tl.int64) * x_stride_n + r[:, None].to(tl.int64) * x_stride_r + ch[None, :]
+    # whole rows in one contiguous load (vectorised), split into the pairs' halves in registers
+    a, b = tl.split(tl.reshape(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32),
+                               (BLOCK_R, BLOCK_P, 2)))
     re = a * c[None, :] - b * s[None, :]
     im = a * s[None, :] + b * c[None, :]
     out = tl.reshape(tl.join(re, im), (BLOCK_R, 2 * BLOCK_P)).to(out_ptr.dtype.element_ty)
