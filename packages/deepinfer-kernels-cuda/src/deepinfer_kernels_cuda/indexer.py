@@ -476,7 +476,8 @@ def paged_scores(
               "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "CAND": cand,
               "ZERO_HIST": hist is not None, "num_warps": 4}
     entry_blocks = triton.cdiv(capacity, _SCORE_ENTRIES)
-    if block_t > 1:
+    if block_t > 1:  # 8 warps: the tile's query rows, keys and products in half the registers per thread
+        config["num_warps"] = 8
         _paged_scores_tile_kernel[(triton.cdiv(t, block_t), entry_blocks)](*args, BLOCK_T=block_t, **config)
     else:
         _paged_scores_kernel[(t, entry_blocks)](*args, **config)
