@@ -7,7 +7,9 @@ Variants of `fp4`, by suffix (combinable): `-inv` batch-invariant mode (`moe(...
 fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the packed PTX one
 (`PreparedExperts.asm`); `-dBN_BM_BK_WARPS_STAGES` the decode path's tile forced (`moe.DECODE_OVERRIDE`;
 BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the table's;
-`-gBN_BM_BK_WARPS_STAGES` the grouped kernels' tile above the decode sizes; `-uBN_BM_BK_WARPS_STAGES` the
+`-gBN_BM_BK_WARPS_STAGES[_SPLIT[_MAXNREG]]` the grouped kernels' tile above the decode sizes (SPLIT 2: the
+FP4 high nibbles in a second accumulator; MAXNREG: registers per thread), `-h...` the same for the grouped
+down kernel alone (default: the `-g` tile; same BM); `-uBN_BM_BK_WARPS_STAGES` the
 fused decode path (shared expert in the routed launches, combine in the down kernel) with this down tile
 (`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile; a sixth number > 1: one program per
 slot, the last to arrive combining), `-u0`
@@ -75,14 +77,14 @@ def fp8_layout(ours: MoEWeights, ref: MoEWeights) -> MoEWeights:
 
 
 def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWeights, bool, object, object,
-                                                                            object, int | None]:
-    """(weights, batch_invariant, decode override, grouped tile, fused-decode down override, router GEMV
-    tokens) of a layout name (module docstring)."""
+                                                                            object, object, int | None]:
+    """(weights, batch_invariant, decode override, grouped tile, grouped down tile, fused-decode down
+    override, router GEMV tokens) of a layout name (module docstring)."""
     base, *flags = layout.split("-")
     if base not in ("fp4", "fp8", "base"):
         raise ValueError(f"layout {layout!r}: expected fp4, fp8 or base with suffixes")
     weights = fp8 if base == "fp8" else fp4
-    decode = grouped = down = router = None
+    decode = grouped = grouped_down = down = router = None
     for flag in flags:
         if flag in ("r", "r0"):
             router = 10 if flag == "r" else 0
@@ -90,18 +92,23 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
             weights = replace(weights, experts=replace(weights.experts, asm=False))
         elif flag == "u0":
             down = False
-        elif flag[0] in "dgu":
-            bn, bm, bk, warps, stages, *split = map(int, flag[1:].split("_"))
-            tile = TileConfig(bn, bm, bk, split[0] if split else 1, warps, stages)
+        elif flag[0] in "dghu":
+            bn, bm, bk, warps, stages, *extra = map(int, flag[1:].split("_"))
+            tile = TileConfig(bn, bm, bk, extra[0] if extra else 1, warps, stages,
+                              extra[1] if len(extra) > 1 else 0)
             if flag[0] == "d":
                 decode = tile
             elif flag[0] == "g":
                 grouped = tile
+            elif flag[0] == "h":
+                grouped_down = tile
             else:
                 down = tile
         elif flag != "inv":
             raise ValueError(f"layout {layout!r}: unknown suffix {flag!r}")
-    return weights, "inv" in flags, decode, grouped, down, router
+    if grouped_down is not None and (grouped is None or grouped.block_m != grouped_down.block_m):
+        raise ValueError(f"layout {layout!r}: -h needs a -g tile of the same BM")
+    return weights, "inv" in flags, decode, grouped, grouped_down, down, router
 
 
 def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int], out: Path,
@@ -111,7 +118,7 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
     rows = []
     for t in tokens:
         for layout in layouts:
-            weights, inv, decode, grouped, down, router = variant(layout, ours, fp8)
+            weights, inv, decode, grouped, grouped_down, down, router = variant(layout, ours, fp8)
             decoding = t * dims["topk"] <= moe.DECODE_ASSIGNMENTS
             mean = t * dims["topk"] / dims["experts"]
             if ((decode is not None or down is not None) and not decoding) or (grouped is not None and (
@@ -121,9 +128,10 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
             moe.DECODE_DOWN_OVERRIDE = down
             router_tokens = moe.ROUTER_GEMV_TOKENS
             moe.ROUTER_GEMV_TOKENS = router_tokens if router is None else router
-            lookup = moe.configs.lookup_moe
+            lookup, lookup_down = moe.configs.lookup_moe, moe.configs.lookup_moe_down
             if grouped is not None:
                 moe.configs.lookup_moe = partial(_fixed, grouped)
+                moe.configs.lookup_moe_down = partial(_fixed, grouped_down or grouped)
             op = baseline.moe if layout.startswith("base") else moe.moe
             try:
                 rows.append(_point(t, weights, ref, roof, dims, layout, inv, op))
@@ -135,7 +143,7 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
             finally:
                 moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
                 moe.ROUTER_GEMV_TOKENS = router_tokens
-                moe.configs.lookup_moe = lookup
+                moe.configs.lookup_moe, moe.configs.lookup_moe_down = lookup, lookup_down
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran
 
 

@@ -32,6 +32,7 @@ class TileConfig:
     split_k: int
     num_warps: int
     num_stages: int
+    maxnreg: int = 0  # registers per thread the compiler may use (0: its choice): fewer, more programs per SM
 
 
 def m_bucket(m: int) -> int:
@@ -61,9 +62,14 @@ def load(path: Path) -> dict[str, TileConfig]:
 
 def save(path: Path, table: dict[str, TileConfig]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({k: asdict(v) for k, v in sorted(table.items())}, indent=1) + "\n")
+    path.write_text(json.dumps({k: _fields(v) for k, v in sorted(table.items())}, indent=1) + "\n")
     _table.cache_clear()
     _entry.cache_clear()
+
+
+def _fields(cfg: TileConfig) -> dict[str, int]:
+    """A config as stored: maxnreg only where set (most entries leave registers to the compiler)."""
+    return {k: v for k, v in asdict(cfg).items() if k != "maxnreg" or v}
 
 
 # every linear call looks its config up: memoised, so the host pays a dict hit, not a device query
@@ -154,7 +160,8 @@ def invariant(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
 
 
 def default_moe(assignments: int, n_experts: int) -> TileConfig:
-    """Rows per expert block follow the mean assignments per expert (padding wastes MMA rows)."""
+    """Rows per expert block follow the mean assignments per expert (padding wastes MMA rows). For the
+    grouped kernels split_k is 1 or 2 (2: the FP4 high nibbles' products in a second accumulator)."""
     per_expert = assignments / n_experts
     if per_expert <= 16:
         return TileConfig(64, 16, 128, 1, 4, 4)
@@ -170,6 +177,20 @@ def lookup_moe(assignments: int, n_experts: int, hidden: int, inter: int, device
         if found is not None:
             return found
     return default_moe(assignments, n_experts)
+
+
+def lookup_moe_down(assignments: int, n_experts: int, hidden: int, inter: int, device: torch.device,
+                    gate_up: TileConfig) -> TileConfig:
+    """Config of the grouped down GEMM, keyed "moe-down:<H>x<I>:<assignments bucket>", else the gate+up
+    config `gate_up` (an entry's block_m must be gate_up's: both kernels read one alignment)."""
+    if device.type == "cuda":
+        found = _entry("moe-down", hidden, inter, m_bucket(assignments), _index(device))
+        if found is not None:
+            if found.block_m != gate_up.block_m:
+                raise ValueError(f"moe-down:{hidden}x{inter}: block_m {found.block_m}, the gate+up "
+                                 f"entry's is {gate_up.block_m}")
+            return found
+    return gate_up
 
 
 # decode path of the routed experts: block_m 1 = the GEMVs at this tile (16 weight rows x 256 columns per

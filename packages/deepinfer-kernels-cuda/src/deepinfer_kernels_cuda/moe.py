@@ -307,20 +307,26 @@ def _expert_inputs(rows_ptr, valid, k0, W_FP8: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+def _expert_dot(acc_lo, acc_hi, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                 W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                IEEE: tl.constexpr, ASM: tl.constexpr):
-    """acc + W[offs_n, k0:k0+BK] @ (the `_expert_inputs` tile), the weight decoded to x's dtype. FP8
-    weights have one scale per SCALE_ROWS rows per 32 columns (1: experts re-encoded from FP4; 32: the
-    shared expert's 32x32 blocks)."""
+                IEEE: tl.constexpr, ASM: tl.constexpr, SPLIT: tl.constexpr):
+    """(acc_lo, acc_hi) + W[offs_n, k0:k0+BK] @ (the `_expert_inputs` tile), the weight decoded to x's
+    dtype, all into acc_lo, or with SPLIT 2 the FP4 high nibbles' products into acc_hi (the caller sums
+    the two): one accumulator chains the two MMAs of a K step, and Triton waits for the first before
+    issuing the second (sm_90 SASS), two cost a second accumulator's registers. FP8 weights have one
+    scale per SCALE_ROWS rows per 32 columns (1: experts re-encoded from FP4; 32: the shared expert's
+    32x32 blocks)."""
     if W_FP8:
         w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, SCALE_ROWS)
-        acc = tl.dot(w.to(x_a.dtype), x_a, acc, input_precision="ieee" if IEEE else None)
+        acc_lo = tl.dot(w.to(x_a.dtype), x_a, acc_lo, input_precision="ieee" if IEEE else None)
     else:
         w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, ASM)
-        acc = tl.dot(w_lo.to(x_a.dtype), x_a, acc, input_precision="ieee" if IEEE else None)
-        acc = tl.dot(w_hi.to(x_a.dtype), x_b, acc, input_precision="ieee" if IEEE else None)
-    return acc
+        acc_lo = tl.dot(w_lo.to(x_a.dtype), x_a, acc_lo, input_precision="ieee" if IEEE else None)
+        if SPLIT == 2:
+            acc_hi = tl.dot(w_hi.to(x_a.dtype), x_b, acc_hi, input_precision="ieee" if IEEE else None)
+        else:
+            acc_lo = tl.dot(w_hi.to(x_a.dtype), x_b, acc_lo, input_precision="ieee" if IEEE else None)
+    return acc_lo, acc_hi
 
 
 @triton.jit
@@ -344,7 +350,7 @@ def _gate_up_kernel(
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
     BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False,
-    EVEN_N: tl.constexpr = False,
+    EVEN_N: tl.constexpr = False, SPLIT: tl.constexpr = 1,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -359,16 +365,20 @@ def _gate_up_kernel(
     w3_e = w3_ptr + expert.to(tl.int64) * stride_we
     s1_e = s1_ptr + expert.to(tl.int64) * stride_se
     s3_e = s3_ptr + expert.to(tl.int64) * stride_se
-    acc_g = tl.zeros((BN, BM), dtype=tl.float32)
-    acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+    g_lo = tl.zeros((BN, BM), dtype=tl.float32)
+    u_lo = tl.zeros((BN, BM), dtype=tl.float32)
+    g_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    u_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
     x_rows = x_ptr + token[None, :] * stride_xm
     tl.assume(H > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(0, H, BK):
         x_a, x_b = _expert_inputs(x_rows, valid, k0, W_FP8, BK)
-        acc_g = _expert_dot(acc_g, x_a, x_b, w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                            W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
-        acc_u = _expert_dot(acc_u, x_a, x_b, w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                            W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
+        g_lo, g_hi = _expert_dot(g_lo, g_hi, x_a, x_b, w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn,
+                                 W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
+        u_lo, u_hi = _expert_dot(u_lo, u_hi, x_a, x_b, w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn,
+                                 W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
+    acc_g = g_lo + g_hi
+    acc_u = u_lo + u_hi
     out_ty = act_ptr.dtype.element_ty
     gate = tl.minimum(acc_g.to(out_ty).to(tl.float32), limit)
     up = tl.minimum(tl.maximum(acc_u.to(out_ty).to(tl.float32), -limit), limit)
@@ -384,6 +394,7 @@ def _down_kernel(
     H, inter, stride_we, stride_wn, stride_se, stride_sn,
     W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False, EVEN_N: tl.constexpr = False,
+    SPLIT: tl.constexpr = 1,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -395,15 +406,16 @@ def _down_kernel(
     n_mask = (offs_n < H) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     w2_e = w2_ptr + expert.to(tl.int64) * stride_we
     s2_e = s2_ptr + expert.to(tl.int64) * stride_se
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    acc_lo = tl.zeros((BN, BM), dtype=tl.float32)
+    acc_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
     act_rows = act_ptr + rows[None, :].to(tl.int64) * inter
     tl.assume(inter > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(0, inter, BK):
         a_a, a_b = _expert_inputs(act_rows, valid, k0, W_FP8, BK)
-        acc = _expert_dot(acc, a_a, a_b, w2_e, s2_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                          W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
+        acc_lo, acc_hi = _expert_dot(acc_lo, acc_hi, a_a, a_b, w2_e, s2_e, offs_n, k0, n_mask, stride_wn,
+                                     stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
-    tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
+    tl.store(ptrs, (acc_lo + acc_hi).to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
 
 
 # --- decode GEMVs
@@ -588,14 +600,15 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
     rows = x_row + col * 0
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     acc2 = tl.zeros((BN, BM), dtype=tl.float32)
+    unused = tl.zeros((BN, 1), dtype=tl.float32)
     tl.assume(k_hi > k_lo)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(k_lo, k_hi, BK):
         x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
-        acc = _expert_dot(acc, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                          W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
+        acc, _ = _expert_dot(acc, unused, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
+                             W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1)
         if PAIR:
-            acc2 = _expert_dot(acc2, x_a, x_b, w2_ptr, s2_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                               W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM)
+            acc2, _ = _expert_dot(acc2, unused, x_a, x_b, w2_ptr, s2_ptr, offs_n, k0, n_mask, stride_wn,
+                                  stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1)
     out = tl.sum(tl.where(live[None, :], acc, 0.0), axis=1)
     return out, (tl.sum(tl.where(live[None, :], acc2, 0.0), axis=1) if PAIR else out)
 
@@ -802,10 +815,18 @@ class _Mlp:
 def _grouped_mlp(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, mlp: _Mlp, n_experts: int, inter: int,
     swiglu_limit: float, cfg: configs.TileConfig, direct: bool = False,
+    down_cfg: configs.TileConfig | None = None,
 ) -> torch.Tensor:
     """Rows [T * k, H] (x's dtype) of each (token, slot)'s expert MLP through alignment and the grouped
-    gate+up / down kernels with tile config `cfg`; `direct`: one block per assignment, no alignment
-    (decode: the MMA kernels with one live token column instead of the GEMVs)."""
+    gate+up / down kernels with tile config `cfg` (down: `down_cfg` where given, same block_m);
+    `direct`: one block per assignment, no alignment (decode: the MMA kernels with one live token column
+    instead of the GEMVs)."""
+    down_cfg = down_cfg or cfg
+    for c in (cfg, down_cfg):
+        if c.split_k not in (1, 2):
+            raise ValueError(f"grouped MoE tile {c}: split_k must be 1 or 2")
+    if down_cfg.block_m != cfg.block_m:
+        raise ValueError(f"grouped MoE: down block_m {down_cfg.block_m} != gate+up block_m {cfg.block_m}")
     t, k = ids.shape
     h = x.shape[1]
     if direct:
@@ -823,15 +844,18 @@ def _grouped_mlp(
         inter, h, x.stride(0), we, wn, se, sn, float(swiglu_limit),
         TOPK=k, W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
         BK=configs.block_k(h, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
-        EVEN_N=inter % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EVEN_N=inter % cfg.block_n == 0, SPLIT=cfg.split_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
     )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
     we, wn, se, sn = mlp.strides(mlp.w2, mlp.s2)
-    _down_kernel[(blocks, triton.cdiv(h, cfg.block_n))](
+    c = down_cfg
+    _down_kernel[(blocks, triton.cdiv(h, c.block_n))](
         act, mlp.w2, mlp.s2, row_assign, block_expert, y, h, inter, we, wn, se, sn,
-        W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
-        BK=configs.block_k(inter, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
-        EVEN_N=h % cfg.block_n == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=c.block_n, BM=c.block_m,
+        BK=configs.block_k(inter, c.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
+        EVEN_N=h % c.block_n == 0, SPLIT=c.split_k, num_warps=c.num_warps, num_stages=c.num_stages,
+        maxnreg=c.maxnreg or None,
     )
     return y
 
@@ -844,11 +868,12 @@ INVARIANT_CONFIG = configs.TileConfig(block_n=64, block_m=16, block_k=128, split
 
 def routed_experts(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PreparedExperts, swiglu_limit: float,
-    config: configs.TileConfig | None = None,
+    config: configs.TileConfig | None = None, down_config: configs.TileConfig | None = None,
 ) -> torch.Tensor:
     """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token).
-    `config`: that tile config and the grouped kernels at any size (else, for few assignments, the
-    decode path of `configs.lookup_moe_decode`; above, the tuned table's config)."""
+    `config`: that tile config and the grouped kernels at any size, the down kernel at `down_config` where
+    given (else, for few assignments, the decode path of `configs.lookup_moe_decode`; above, the tuned
+    table's configs)."""
     t, k = ids.shape
     e, i, h = experts.n_experts, experts.inter, experts.hidden
     if t == 0:
@@ -860,8 +885,11 @@ def routed_experts(
         if cfg.block_m == 1:
             return routed_experts_decode(x, weights, ids, experts, swiglu_limit, cfg)
         return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, direct=True)
-    cfg = config or configs.lookup_moe(t * k, e, h, i, x.device)
-    return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg)
+    if config is not None:
+        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, config, down_cfg=down_config)
+    cfg = configs.lookup_moe(t * k, e, h, i, x.device)
+    down = configs.lookup_moe_down(t * k, e, h, i, x.device, cfg)
+    return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, down_cfg=down)
 
 
 # decode-path tile forced over the table's (configs.lookup_moe_decode; benchmarks compare paths in one

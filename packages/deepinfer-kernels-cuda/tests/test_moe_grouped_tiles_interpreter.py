@@ -1,0 +1,49 @@
+"""Grouped MoE tile options under Triton's CPU interpreter (float32, tiny shapes) against the reference's
+routed experts: split_k 2 (the FP4 high nibbles' products in a second accumulator, summed at the end),
+a down tile other than the gate+up tile (same block_m), maxnreg (a launch option the interpreter ignores,
+so only the plumbing is checked here), E4M3 experts; and the checks on bad tiles."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+_SCRIPT = r"""
+import torch
+from deepinfer.checkpoint.formats import quantize_fp4
+from deepinfer.ops.reference import moe as ref_moe
+from deepinfer_kernels_cuda import moe
+from deepinfer_kernels_cuda.configs import TileConfig
+
+torch.manual_seed(0)
+e, h, i, k, t = 4, 64, 96, 2, 24  # I 96: 64-row tiles are ragged (masked rows); 48 assignments > decode
+def experts(rows, cols):
+    q = [quantize_fp4(torch.randn(rows, cols) * 0.1) for _ in range(e)]
+    return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
+w = (*experts(i, h), *experts(i, h), *experts(h, i))
+ref = ref_moe.prepare_experts(*w)
+x = torch.randn(t, h)
+weights = torch.rand(t, k)
+ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)]).int()
+want = ref_moe.routed_experts(x, weights, ids.long(), ref, 1.0)
+one = TileConfig(32, 16, 32, 1, 4, 1)
+for fp8 in (False, True):
+    ours = moe.prepare_experts(*w, fp8=fp8)
+    mlp = moe._Mlp(ours.w1, ours.s1, ours.w3, ours.s3, ours.w2, ours.s2, fp8, 1, True)
+    for up, down in ((TileConfig(32, 16, 32, 2, 4, 1), None), (one, TileConfig(64, 16, 64, 2, 4, 1, 128)),
+                     (TileConfig(64, 32, 64, 2, 4, 1, 128), TileConfig(16, 32, 32, 1, 4, 1))):
+        got = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
+        err = float((got.reshape(t, k, h).sum(1).double() - want.double()).norm() / want.double().norm())
+        assert err < 1e-5, (fp8, up, down, err)
+for up, down, message in ((TileConfig(32, 16, 32, 3, 4, 1), None, "split_k must be 1 or 2"),
+                          (one, TileConfig(32, 32, 32, 1, 4, 1), "down block_m 32")):
+    try:
+        moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
+        raise AssertionError(f"ran with {up}, {down}")
+    except ValueError as err:
+        assert message in str(err), err
+print("ok")
+"""
+
+
+def test_grouped_tile_options_match_reference_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_SCRIPT)
