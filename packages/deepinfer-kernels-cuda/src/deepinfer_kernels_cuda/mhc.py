@@ -195,10 +195,12 @@ def _project(streams: torch.Tensor, fn: torch.Tensor, latency: bool, batch_invar
     block_n = max(16, triton.next_power_of_2(n_out))
     part = torch.empty(splits, t, block_n, dtype=torch.float32, device=x.device)
     sq = torch.empty(splits, t, dtype=torch.float32, device=x.device)
+    # the rows path's 3xTF32 tile at 4 warps needs more than 255 registers a thread (ptxas for sm_90a:
+    # 176 bytes spilled in the K loop); at 8 warps nothing spills
     _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
         x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out, K_CHUNK=chunk, BLOCK_T=block_t,
-        BLOCK_K=_BLOCK_K, BLOCK_N=block_n, BF16_SPLIT=latency and x.dtype == torch.bfloat16, num_warps=4,
-        num_stages=3,
+        BLOCK_K=_BLOCK_K, BLOCK_N=block_n, BF16_SPLIT=latency and x.dtype == torch.bfloat16,
+        num_warps=4 if latency else 8, num_stages=3,
     )
     return part, sq
 
