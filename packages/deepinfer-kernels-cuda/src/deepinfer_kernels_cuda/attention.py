@@ -16,15 +16,16 @@ Work is spread over the chip two ways:
   channels for the scores: it decodes its half and the other one, the other program reads the same
   rows from L2): half the float32 accumulator per program;
 * for few query rows (decode), the keys are split into ranges whose partial results (normalised
-  output and log-sum-exp) a second kernel merges together with the sink.
+  output and log-sum-exp) a second kernel merges together with the sink (and does the paged op's ring
+  store: it runs after every read of the ring).
 Prefill (many rows) runs one range per row and applies the sink in the first kernel.
-The tiles and the split count depend on the number of rows. With `batch_invariant`, the keys are cut
-in fixed chunks of INVARIANT_SPLIT_KEYS positions, the window and the compressed segment each from
-its own start, so a row's splits depend on its own keys only; each split's (log-sum-exp, normalised
-output) is folded into the sink in split order by one sequential code path (`_fold`), either by a
-second kernel (few rows: a program per split) or by the row's own program (many rows), with
-floating-point contraction off so both give the same bits. Padding keys (-1) of a row's index
-arrays add exact zeros and a split without a key changes nothing, so a row's result also does not
+The tiles and the split count depend on the number of rows (decode tiles also on the cache format).
+With `batch_invariant`, the keys are cut in fixed chunks of INVARIANT_SPLIT_KEYS positions, the window and
+the compressed segment each from its own start, so a row's splits depend on its own keys only; each
+split's (log-sum-exp, normalised output) is folded into the sink in split order by one sequential code
+path (`_fold`), either by a second kernel (few rows: a program per split) or by the row's own program
+(many rows), with floating-point contraction off so both give the same bits. Padding keys (-1) of a row's
+index arrays add exact zeros and a split without a key changes nothing, so a row's result also does not
 depend on how far the step's capacities (the longest sequence's) pad them.
 """
 
