@@ -15,8 +15,8 @@ Each variant's output is checked against the reference (relative L2 error).
 Prefill: one 2048-token prompt (1024 compressed entries, causal window and visibility).
 --sweep: a sweep of the kernel's tiles at ctx 64k (decode) and on the prefill instead.
 
-    python benchmarks/kernels/attention.py [--out table.md] [--decode] [--quick] [--sweep]
-(--decode: no prefill; --quick: decode at B = 1, 64, 128 only)
+    python benchmarks/kernels/attention.py [--out table.md] [--decode] [--quick] [--default-only] [--sweep]
+(--decode: no prefill; --quick: decode at B = 1, 64, 128 only; --default-only: no forced variants)
 """
 
 from __future__ import annotations
@@ -92,13 +92,13 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm())
 
 
-def decode_case(make, nbytes: int, op, ref_op, copy: float) -> list[list[object]]:
-    """[variant, graph µs, GB/s, % of copy, reference eager µs, rel err] of every decode variant."""
+def decode_case(make, nbytes: int, op, ref_op, copy: float, variants: tuple[str, ...]) -> list[list[object]]:
+    """[variant, graph µs, GB/s, % of copy, reference eager µs, rel err] of each decode variant."""
     sets = input_sets(make, nbytes)
     r_ms = eager_ms(lambda: ref_op(*sets[0]))
     want = ref_op(*sets[0])
     rows = []
-    for variant in ("default", *kernel.DECODE_VARIANTS):
+    for variant in variants:
         use_variant(variant)
         try:
             err = rel_err(op(*sets[0]), want)
@@ -147,7 +147,7 @@ def build_in_parallel() -> None:
         pool.starmap(_build, jobs)
 
 
-def decode_rows(cuda, ref, copy: float, quick: bool) -> list[list[object]]:
+def decode_rows(cuda, ref, copy: float, quick: bool, variants: tuple[str, ...]) -> list[list[object]]:
     """One row per (precision, ctx, batch, variant), printed as measured (a cut-off run keeps them)."""
     precisions = {
         "bf16": (decode_inputs, touched_bytes, cuda.sparse_attention_sink, ref.sparse_attention_sink),
@@ -159,7 +159,7 @@ def decode_rows(cuda, ref, copy: float, quick: bool) -> list[list[object]]:
     rows = []
     for ctx, (name, (make, nbytes, op, ref_op)), batch in itertools.product(
             (65536, 8192), precisions.items(), batches):
-        case = decode_case(lambda m=make, b=batch, c=ctx: m(b, c), nbytes(batch), op, ref_op, copy)
+        case = decode_case(lambda m=make, b=batch, c=ctx: m(b, c), nbytes(batch), op, ref_op, copy, variants)
         for row in case:
             rows.append([name, f"{ctx // 1024}k", batch, *row])
             print(rows[-1], flush=True)
@@ -168,14 +168,15 @@ def decode_rows(cuda, ref, copy: float, quick: bool) -> list[list[object]]:
 
 def main() -> None:
     torch.manual_seed(0)
-    args = parse_args(__doc__, "--decode", "--quick", "--sweep")
+    args = parse_args(__doc__, "--decode", "--quick", "--default-only", "--sweep")
     cuda, ref = backends()
     copy = copy_bandwidth_gbs()
     if args.sweep:
         sweep(cuda, ref, copy, prefill_inputs(2048), args.out)
         return
     build_in_parallel()
-    rows = decode_rows(cuda, ref, copy, args.quick)
+    variants = ("default",) if args.default_only else ("default", *kernel.DECODE_VARIANTS)
+    rows = decode_rows(cuda, ref, copy, args.quick, variants)
     use_variant("default")
     emit(f"sparse attention decode, {HEADS} heads x {DIM}, K = {WINDOW}+{TOPK}, bf16 queries, CUDA graph "
          f"(copy {copy:.0f} GB/s)", ["cache", "ctx", "B", "variant", "cuda graph µs", "GB/s", "% of copy",
