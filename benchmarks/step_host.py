@@ -13,6 +13,7 @@ a constant-logits model.
     python benchmarks/step_host.py --batches 1,8,64,256 --contexts 2048,8192,65536 --tokens 1,4
     python benchmarks/step_host.py --batches 64 --contexts 8192 --tokens 1 --profile   # cProfile top 25
     python benchmarks/step_host.py ... --parts    # also the fixed build part by part
+    python benchmarks/step_host.py --prefill 2048  # the eager build of one 2048-token prefill instead
 
 Times are medians over --repeat builds of the thread's CPU time (microseconds; CPU time rather than
 wall-clock time so that other processes on a loaded machine count less), positions advancing by n
@@ -189,6 +190,17 @@ def profile(builder: MetadataBuilder, batch: int, context: int, tokens: int, rep
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
+def prefill_build_us(tokens: int, repeat: int) -> float:
+    """Median CPU us of the eager build of one `tokens`-token prefill (from position 0) at the Flash slice's
+    geometry, into a builder on the meta device: the host's work, the device's ops not run (a CUDA build
+    copies and launches asynchronously)."""
+    geo = flash_builder(1, tokens).geo
+    builder = MetadataBuilder(geo, "meta")
+    table = list(range(1, -(-tokens // BLOCK_TOKENS) + 1))
+    batch = ForwardBatch([SequenceSegment(1, table, 0, [7] * tokens)])
+    return median_us(lambda: builder.build(batch, False), repeat)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,8 +211,13 @@ def main() -> None:
     parser.add_argument("--engine-steps", type=int, default=30, help="0: skip the engine-side part")
     parser.add_argument("--profile", action="store_true", help="cProfile the fixed-shape build instead")
     parser.add_argument("--parts", action="store_true", help="also time the parts of the fixed-shape build")
+    parser.add_argument("--prefill", type=int, default=0, help="time the eager build of one N-token prefill")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.prefill:
+        print(f"eager build of one {args.prefill}-token prefill (Flash slice geometry, host work only): "
+              f"{prefill_build_us(args.prefill, args.repeat):.0f} us median")
+        return
     batches = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     tokens = [int(x) for x in args.tokens.split(",")]
