@@ -377,16 +377,19 @@ def _chunk_write_kernel(
         _pad(out_row, greater + tl.minimum(equal, remaining), k, BLOCK_K)
 
 
-TILE_ROWS = 128  # rows from which the scores take row tiles (below: decode and verification steps)
+TILE_ROWS = 128  # rows from which the scores may take row tiles (below: decode and verification steps)
 _TILE_MMA_ROWS = 128  # query rows (heads of the tile's rows) per product
 
 
-def tile_rows(rows: int, heads: int, batch_invariant: bool) -> int:
-    """Query rows per program of the scores kernel: 1, or for TILE_ROWS rows or more (and not
-    `batch_invariant`) as many as fill a _TILE_MMA_ROWS-row product with their heads."""
-    if batch_invariant or rows < TILE_ROWS:
+def tile_rows(rows: int, seqs: int, heads: int, batch_invariant: bool) -> int:
+    """Query rows per program of the scores kernel: 1, or for TILE_ROWS rows or more of at least a
+    tile's rows per sequence on average (a tile of rows of several sequences takes a pass each: not for
+    decode batches) and not `batch_invariant`, as many as fill a _TILE_MMA_ROWS-row product with their
+    heads."""
+    tile = max(1, _TILE_MMA_ROWS // max(16, triton.next_power_of_2(heads)))
+    if batch_invariant or rows < TILE_ROWS or rows < tile * seqs:
         return 1
-    return max(1, _TILE_MMA_ROWS // max(16, triton.next_power_of_2(heads)))
+    return tile
 
 
 def select_chunk(rows: int, capacity: int) -> int:
@@ -500,9 +503,10 @@ def indexer_topk(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each row's top-k visible (and allowed) compressed entries of its own sequence, from the paged
     pool: scores as `indexer_logits` into a [T, capacity] float32 buffer, then `topk_select` (one
-    program per row, or several per row when few rows: the same result either way). From TILE_ROWS
-    rows on (a prefill), unless `batch_invariant`, the scores take tiles of several rows per program
-    (`tile_rows`: another tensor-core product shape, so a row's scores may differ in rounding).
+    program per row, or several per row when few rows: the same result either way). For TILE_ROWS
+    rows or more of several rows per sequence (a prefill), unless `batch_invariant`, the scores take
+    tiles of several rows per program (`tile_rows`: another tensor-core product shape, so a row's scores
+    may differ in rounding).
     Same contract as the reference op, except the order of the -1 padding: ids ascending, then -1s.
     The candidate-block mask (candidate sources) is computed from the scores by the reference's torch code,
     or, when every block is kept, by the scores kernel.
@@ -518,7 +522,7 @@ def indexer_topk(
     hist = torch.empty(4, t, 256, dtype=torch.int32, device=q.device) if chunked else None
     paged_scores(q, weights, pool, codec, block_tables, row_seg, visible, scores, mask=mask,
                  cand=candidates[1] if in_kernel else 0, hist=hist,
-                 block_t=tile_rows(t, heads, batch_invariant))
+                 block_t=tile_rows(t, block_tables.shape[0], heads, batch_invariant))
     if candidates is None:
         mask = None
     elif not in_kernel:
