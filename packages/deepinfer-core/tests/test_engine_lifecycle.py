@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pydantic
 import pytest
 
@@ -151,3 +153,16 @@ def test_logprobs_and_prompt_logprobs(make_engine, drain):
         assert plp[i].token_id == prompt[i]
         assert plp[i].logprob == pytest.approx(float(ref[i - 1, prompt[i]]), abs=1e-5)
         assert len(plp[i].top) == 2 and plp[i].top[0][1] == pytest.approx(float(ref[i - 1].max()), abs=1e-5)
+
+
+def test_cuda_engines_freeze_their_startup_objects(make_engine):
+    from deepinfer.engine.llm_engine import freeze_startup_objects
+
+    before = gc.get_freeze_count()
+    make_engine()  # a CPU engine leaves the collector alone
+    assert gc.get_freeze_count() == before
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

@@ -27,6 +27,7 @@ re-raises, so the engine keeps serving.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import operator
@@ -111,6 +112,8 @@ class LLMEngine:
         self._prev_end: tuple[float, torch.cuda.Event | None] | None = None
         self._last_log = time.monotonic()
         self.stats = EngineStats()
+        if torch.device(device).type == "cuda":
+            freeze_startup_objects()
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -564,6 +567,15 @@ class LLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def freeze_startup_objects() -> None:
+    """Take what start-up built (modules, Triton kernels, graphs, imported libraries: ~200k objects)
+    out of the cyclic collector, as a serving engine keeps them for good: a full collection while
+    serving scans them all (~130 ms; one stalled the scheduler 121 ms at 256 running sequences on the
+    H200). CUDA engines only: a process that builds many small CPU engines (tests) keeps collecting."""
+    gc.collect()
+    gc.freeze()
 
 
 def build_speculator(model: CausalLM, config: EngineConfig) -> tuple[Proposer | None, VerifyScheduler | None]:
