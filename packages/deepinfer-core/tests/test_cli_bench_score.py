@@ -26,13 +26,19 @@ def config_only(tmp_path_factory) -> str:
     return str(out)
 
 
+def bench_argv(model: str, out, *, requests: int, input_len: int, output_len: int, batches: str,
+               steps: int) -> list[str]:
+    """`deepinfer bench` on the CPU with dummy weights (4 sequences at most, 16 MiB cache), JSON to `out`."""
+    return ["--log-level", "WARNING", "bench", "--model", model, "--load-format", "dummy", "--device", "cpu",
+            "--num-requests", str(requests), "--input-len", str(input_len), "--output-len", str(output_len),
+            "--overhead-batches", batches, "--overhead-steps", str(steps), "--max-num-seqs", "4",
+            "--cache-mb", "16", "--json-out", str(out)]
+
+
 def test_bench_overhead_report(config_only, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    argv = ["--log-level", "WARNING", "bench", "--model", config_only, "--load-format", "dummy",
-            "--device", "cpu", "--num-requests", "2", "--input-len", "8", "--output-len", "3",
-            "--overhead-batches", "1,3", "--overhead-steps", "3", "--max-num-seqs", "4", "--cache-mb", "16",
-            "--json-out", str(out)]
-    assert main(argv) == 0
+    assert main(bench_argv(config_only, out, requests=2, input_len=8, output_len=3, batches="1,3",
+                           steps=3)) == 0
     result = json.loads(out.read_text())
     assert result["complete"] and [o["running"] for o in result["overhead"]] == [1, 3]
     for o in result["overhead"]:
@@ -74,11 +80,8 @@ def test_bench_interrupted_reports_what_it_measured(config_only, tmp_path, monke
 
     monkeypatch.setattr(bench, "_overhead", cut_at_three)
     out = tmp_path / "bench.json"
-    argv = ["--log-level", "WARNING", "bench", "--model", config_only, "--load-format", "dummy",
-            "--device", "cpu", "--num-requests", "1", "--input-len", "4", "--output-len", "2",
-            "--overhead-batches", "2,3", "--overhead-steps", "2", "--max-num-seqs", "4", "--cache-mb", "16",
-            "--json-out", str(out)]
-    assert main(argv) == 130
+    assert main(bench_argv(config_only, out, requests=1, input_len=4, output_len=2, batches="2,3",
+                           steps=2)) == 130
     result = json.loads(out.read_text())
     assert not result["complete"] and len(result["throughput"]) == 1
     assert [o["running"] for o in result["overhead"]] == [2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from deepinfer.engine.loader import load_model
 from deepinfer.engine.scheduler import PLACEHOLDER
 from deepinfer.sampling import SamplingParams
 from deepinfer.sampling.sampler import SampleOutput, Sampler
+from deepinfer.testing.engine import run_requests
 
 PROMPTS = [[0, *range(5 + 3 * i, 5 + 3 * i + 6 + 9 * i)] for i in range(4)]
 
@@ -22,18 +24,7 @@ def model(tiny_checkpoint):
     return load_model(tiny_checkpoint)
 
 
-def run(model, reqs, **config) -> tuple[dict[str, list[list[int]]], LLMEngine]:
-    config = {"max_model_len": 256, "max_num_seqs": 8, "cache_bytes": 16 << 20, "log_stats_interval": 0,
-              **config}
-    engine = LLMEngine(model, None, EngineConfig(**config))
-    for i, (ids, params) in enumerate(reqs):
-        engine.add_request(ids, params, request_id=f"r{i}")
-    done = {}
-    while engine.has_unfinished_requests():
-        done |= {o.request_id: [c.token_ids for c in o.outputs] for o in engine.step() if o.finished}
-    engine.close()
-    assert engine.cache.all_free()
-    return done, engine
+run = partial(run_requests, max_model_len=256, max_num_seqs=8)
 
 
 def test_greedy_batch_equals_alone_and_async_equals_sync(model):

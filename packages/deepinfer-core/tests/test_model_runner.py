@@ -3,14 +3,16 @@ after a decode step skips, with outputs equal to the synchronous engine's."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
-from deepinfer.engine import EngineConfig, LLMEngine
 from deepinfer.engine.loader import load_model
 from deepinfer.engine.scheduler import PLACEHOLDER
 from deepinfer.sampling import SamplingParams
 from deepinfer.sampling.sampler import SampleOutput, Sampler
+from deepinfer.testing.engine import run_requests
 
 PROMPTS = [[0, *range(5, 17)], [0, *range(40, 47)]]
 
@@ -20,17 +22,7 @@ def model(tiny_checkpoint):
     return load_model(tiny_checkpoint)
 
 
-def run(model, reqs, **config) -> dict[str, list[list[int]]]:
-    config = {"max_model_len": 128, "max_num_seqs": 4, "cache_bytes": 16 << 20, "log_stats_interval": 0,
-              **config}
-    engine = LLMEngine(model, None, EngineConfig(**config))
-    for i, (ids, params) in enumerate(reqs):
-        engine.add_request(ids, params, request_id=f"r{i}")
-    done = {}
-    while engine.has_unfinished_requests():
-        done |= {o.request_id: [c.token_ids for c in o.outputs] for o in engine.step() if o.finished}
-    engine.close()
-    return done
+run = partial(run_requests, max_model_len=128, max_num_seqs=4)
 
 
 def test_decode_after_decode_reads_last_samples_and_logits_in_place(model, monkeypatch):
@@ -58,8 +50,8 @@ def test_decode_after_decode_reads_last_samples_and_logits_in_place(model, monke
     monkeypatch.setattr(model, "forward", record_forward)
     reqs = [(p, SamplingParams(temperature=0.8, seed=i, max_tokens=6, ignore_eos=True))
             for i, p in enumerate(PROMPTS)]
-    asyn = run(model, reqs)
+    asyn, _ = run(model, reqs)
     assert reused and all(reused)
     assert sampled_in_place and all(sampled_in_place)
     monkeypatch.undo()
-    assert asyn == run(model, reqs, async_scheduling=False)
+    assert asyn == run(model, reqs, async_scheduling=False)[0]
