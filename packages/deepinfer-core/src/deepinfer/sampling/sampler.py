@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from deepinfer.ops import Ops, get_ops
+from deepinfer.ops.recorder import Recorder
 from deepinfer.ops.sampling import SamplingMetadata
 from deepinfer.sampling.params import SamplingParams
 
@@ -170,12 +170,6 @@ class Sampler:
         tokens = ops.sample_tokens(ops.apply_penalties(raw, meta), meta)
         logprobs = PendingLogprobs(raw, tokens, [r.params.logprobs for r in rows], logprob_rows, ops)
         return SampleOutput(tokens, logprobs)
-
-
-class Recorder(Protocol):
-    def __call__(self, step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
-        """Record `step`; return its output (a static tensor every replay rewrites) and the replay."""
-        ...
 
 
 GRAPH_ROWS = 16  # most rows a sampling graph takes (its static logits: 16 x vocab float32)

@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ from deepinfer.cache import BLOCK_TOKENS, KVCache
 from deepinfer.models.deepseek_v41.dspark import DraftOutput, DSpark
 from deepinfer.models.deepseek_v41.metadata import FixedShape, MetadataBuilder, Staging, StepMetadata
 from deepinfer.models.interface import ForwardBatch, ForwardOutput, SequenceSegment
+from deepinfer.ops.recorder import Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +57,6 @@ _POOL_ROUNDING = (2 + 20) << 20
 
 # (metadata, device token ids or None: the metadata's) -> float32 logits of meta.logits_rows
 StepFn = Callable[[StepMetadata, torch.Tensor | None], torch.Tensor]
-
-
-class Recorder(Protocol):
-    def __call__(self, step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
-        """Record `step`; return its output (a static tensor every replay rewrites) and the replay."""
-        ...
 
 
 class TritonCompilations:

@@ -32,7 +32,6 @@ from deepinfer.models.deepseek_v41.graphs import (
     DecodeGraphs,
     DraftGraphs,
     GraphPlan,
-    Recorder,
     graph_buckets,
     probe_graph_memory,
 )
@@ -47,6 +46,7 @@ from deepinfer.models.deepseek_v41.step_state import (
 )
 from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput, SequenceSegment
 from deepinfer.ops import Ops, get_ops
+from deepinfer.ops.recorder import Recorder
 from deepinfer.tokenizer import compressed_vocab
 
 logger = logging.getLogger(__name__)
