@@ -10,7 +10,7 @@ _SCRIPT = r"""
 import torch
 from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear, moe as ref_moe
-from deepinfer.ops.weights import MoEWeights
+from deepinfer.testing.moe import toy_moe
 from deepinfer_kernels_cuda import configs, linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
@@ -72,16 +72,7 @@ for groups in (1, 2):  # dense and reference-prepared (partial 32-blocks) weight
     check(linear.linear(x, ours, torch.float32, batch_invariant=True), want, "partial blocks", groups)
 
 e, h, i, k = 8, 64, 64, 3
-def experts(rows, cols):
-    q = [quantize_fp4(torch.randn(rows, cols) * 0.1) for _ in range(e)]
-    return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
-w1, w3, w2 = experts(i, h), experts(i, h), experts(h, i)
-shared = [quantize_fp8(torch.randn(*shape) * 0.1) for shape in ((i, h), (i, h), (h, i))]
-common = dict(gate=torch.randn(e, h).bfloat16(), bias=torch.randn(e) * 0.1, bias_vl=torch.randn(e) * 0.1,
-              topk=k, route_scale=2.5, swiglu_limit=1.0, dtype=torch.float32)
-def layer(prep_e, prep_l):
-    return MoEWeights(experts=prep_e(*w1, *w3, *w2), shared_w1=prep_l("fp8", *shared[0]),
-                      shared_w3=prep_l("fp8", *shared[1]), shared_w2=prep_l("fp8", *shared[2]), **common)
+layer, common = toy_moe(e, h, i, k)
 ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
 for fp8 in (False, True):  # experts as split-layout FP4, or re-encoded as E4M3
     ours = layer(lambda *w: moe.prepare_experts(*w, fp8=fp8), linear.prepare_linear)

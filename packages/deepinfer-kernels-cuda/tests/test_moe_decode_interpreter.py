@@ -10,9 +10,8 @@ pytestmark = pytest.mark.slow
 _SCRIPT = r"""
 from dataclasses import replace
 import torch
-from deepinfer.checkpoint.formats import quantize_fp4, quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear, moe as ref_moe
-from deepinfer.ops.weights import MoEWeights
+from deepinfer.testing.moe import toy_moe
 from deepinfer_kernels_cuda import linear, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
@@ -21,16 +20,7 @@ def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 e, h, i, k = 8, 64, 96, 3  # I 96: a 64-row gate+up tile is ragged (masked rows)
-def experts(rows, cols):
-    q = [quantize_fp4(torch.randn(rows, cols) * 0.1) for _ in range(e)]
-    return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
-w1, w3, w2 = experts(i, h), experts(i, h), experts(h, i)
-shared = [quantize_fp8(torch.randn(*shape) * 0.1) for shape in ((i, h), (i, h), (h, i))]
-common = dict(gate=torch.randn(e, h).bfloat16(), bias=torch.randn(e) * 0.1, bias_vl=torch.randn(e) * 0.1,
-              topk=k, route_scale=2.5, swiglu_limit=1.0, dtype=torch.float32)
-def layer(prep_e, prep_l):
-    return MoEWeights(experts=prep_e(*w1, *w3, *w2), shared_w1=prep_l("fp8", *shared[0]),
-                      shared_w3=prep_l("fp8", *shared[1]), shared_w2=prep_l("fp8", *shared[2]), **common)
+layer, common = toy_moe(e, h, i, k)
 ref = layer(ref_moe.prepare_experts, ref_linear.prepare_linear)
 gemv = (TileConfig(16, 1, 64, 1, 4, 1), TileConfig(8, 1, 32, 1, 4, 1))  # 2 K steps of 32 in the down
 mma = (TileConfig(64, 16, 32, 1, 4, 1), TileConfig(16, 16, 32, 1, 4, 1))
