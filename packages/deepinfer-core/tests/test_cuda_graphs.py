@@ -28,6 +28,7 @@ from deepinfer.models.deepseek_v41.metadata import FixedShape, StepMetadata
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, load_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.sampling import SamplingParams
+from deepinfer.sampling.sampler import SamplingGraphs
 from deepinfer.testing import write_tiny_checkpoint
 from deepinfer.testing.fields import fields_by_path
 
@@ -207,6 +208,54 @@ def test_engine_generates_the_same_with_graphs(checkpoint: Path) -> None:
     graphed, rt = generate(rerun_recorder)
     assert graphed == eager
     assert rt.graphs is not None and len(rt.graphs.graphs) >= 2
+
+
+def test_engine_records_every_sampling_graph_at_start_up(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine records the sampler's graphs at start-up, after the forward graphs: each row bucket up to
+    the one holding max_num_seqs, of each kind a step can take (greedy only, drawn, drawn and filtered),
+    so that no step records one; plain steps replay them and draw the eager engine's tokens. Without a
+    recorder (--enforce-eager) nothing is recorded."""
+    phase, recorded, replays = ["start-up"], [], Counter()
+    record = SamplingGraphs._record
+    monkeypatch.setattr(SamplingGraphs, "_record", lambda self, key: recorded.append((phase[0], key))
+                        or record(self, key))
+    # finishing one after another, the steps go through every kind
+    params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=1, max_tokens=7, ignore_eos=True),
+              SamplingParams(temperature=0.7, top_k=4, top_p=0.9, seed=2, max_tokens=3, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=3, logprobs=2, max_tokens=4, ignore_eos=True)]  # eager
+
+    def generate(recorder: Callable | None) -> tuple[dict[str, list[int]], LLMEngine]:
+        rt = load_runtime(checkpoint)
+        rt.graph_recorder = recorder
+        with caplog.at_level("INFO", logger="deepinfer.sampling.sampler"):
+            engine = LLMEngine(rt, None, EngineConfig(max_model_len=256, max_num_seqs=3, cache_bytes=16 << 20,
+                                                      log_stats_interval=0))
+        graphs = engine.runner.sampler._graphs
+        for key, graph in (graphs.graphs.items() if graphs else ()):
+            graph.replay = lambda replay=graph.replay, key=key: replays.update([key]) or replay()
+        phase[0] = "steps"
+        for i, p in enumerate(params):
+            engine.add_request([0, *range(3 + i, 9 + 2 * i)], p, request_id=f"r{i}")
+        done = {}
+        while engine.has_unfinished_requests():
+            done |= {o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished}
+        engine.close()
+        return done, engine
+
+    eager, engine = generate(None)
+    assert engine.runner.sampler._graphs is None and not recorded
+    phase[0] = "start-up"
+    graphed, engine = generate(rerun_recorder)
+    assert graphed == eager
+    keys = {(b, drawn, filtered) for b in (1, 2, 4) for drawn, filtered in
+            ((False, False), (True, False), (True, True))}
+    assert set(engine.runner.sampler._graphs.graphs) == keys
+    assert sorted(k for _, k in recorded) == sorted(keys) and {p for p, _ in recorded} == {"start-up"}
+    assert {k[1:] for k in replays} == {(False, False), (True, False), (True, True)}
+    assert "sampling graphs: recorded 9 graphs of up to 4 rows in" in caplog.text
 
 
 def _cuda_runtimes(checkpoint: Path, dtype: torch.dtype, precision: str) -> tuple:
@@ -513,6 +562,7 @@ def test_engine_speculation_generates_the_same_with_graphs(
     got, engine = speculative_outputs(graphed, speculator, schedule)
     assert got == eager
     assert engine.model.graph_plan.verify_tokens == 4  # the engine's cache sizing planned the capture
+    assert engine.runner.sampler._graphs is None  # verification samples every row: no sampler graphs
     assert engine.stats.spec_draft_tokens > 0 and pads and set(pads) == {4}
     if speculator == "dspark":
         assert engine.model.dspark.graphs.graphs

@@ -150,6 +150,39 @@ def test_recorded_sampling_draws_the_eager_tokens():
     assert broken._graphs.failed and broken(logits, rows).token_ids == eager(logits, rows).token_ids
 
 
+def test_graphs_recorded_ahead_serve_every_step(caplog: pytest.LogCaptureFixture):
+    """`record_graphs` (the engine's start-up) records each bucket up to the one holding max_rows (at most
+    GRAPH_ROWS), of the three kinds: steps then record nothing. A recording that fails there is logged
+    once and every step samples eagerly."""
+    g = torch.Generator().manual_seed(4)
+    eager, calls = Sampler(eos_token_id=0), []
+    kinds = [dict(temperature=0), dict(temperature=1.0, seed=5), dict(temperature=0.7, top_k=5, seed=2)]
+    for max_rows, buckets in ((5, (1, 2, 4, 8)), (40, (1, 2, 4, 8, 16))):
+        ahead = Sampler(eos_token_id=0)
+        ahead.recorder = lambda step: calls.append(step) or rerun_recorder(step)
+        ahead.record_graphs(V, torch.device("cpu"), max_rows)
+        keys = {(b, *kind) for b in buckets for kind in ((False, False), (True, False), (True, True))}
+        assert set(ahead._graphs.graphs) == keys and len(calls) == len(keys)
+        for n, pick in ((1, [0]), (2, [1, 2]), (5, [0, 0, 1, 0, 0]), (4, [0, 2, 2, 0])):
+            logits = torch.randn(n, V, generator=g) * 3
+            rows = [row(position=5 + i, **kinds[k]) for i, k in enumerate(pick)]
+            assert ahead(logits, rows).token_ids == eager(logits, rows).token_ids, (n, pick)
+        assert len(calls) == len(keys)
+        calls.clear()
+
+    def failing(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    broken = Sampler(eos_token_id=0)
+    broken.recorder = failing
+    with caplog.at_level("WARNING", logger="deepinfer.sampling.sampler"):
+        broken.record_graphs(V, torch.device("cpu"), 16)
+    assert broken._graphs.failed and not broken._graphs.graphs and caplog.text.count("failed") == 1
+    rows = [row(temperature=1.0, seed=4)]
+    logits = torch.randn(1, V, generator=g)
+    assert broken(logits, rows).token_ids == eager(logits, rows).token_ids
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_recorded_sampling_on_cuda_draws_the_eager_tokens():

@@ -92,6 +92,7 @@ class LLMEngine:
         sampling_ops = get_ops(device=device, batch_invariant=True) if config.batch_invariant else None
         self.runner = ModelRunner(model, Sampler(model.eos_token_id, sampling_ops), self.proposer,
                                   self.proposer.num_draft_tokens if self.proposer else 0)
+        self.runner.record_sampling_graphs(config.max_num_seqs)  # with the model's: no step records one
         self._async = config.async_scheduling
         self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
         self.scheduler.admissible = self.runner.structured.admissible

@@ -140,6 +140,12 @@ class ModelRunner:
         self._prev_row: dict[int, int] = {}  # seq id -> its row in self._prev
         self._releases: deque[int] = deque()  # finished sequences the proposer has yet to drop
 
+    def record_sampling_graphs(self, max_rows: int) -> None:
+        """Record the sampler's graphs for steps of up to `max_rows` sampled rows (start-up, after the
+        model's); none with a speculator, whose verification samples every row instead."""
+        if self.proposer is None:
+            self.sampler.record_graphs(self.model.vocab_size, self._device, max_rows)
+
     def release_later(self, seq_id: int) -> None:
         """Queue a finished sequence's release (engine thread); done before the next step."""
         self._releases.append(seq_id)

@@ -14,6 +14,7 @@ the model records CUDA graphs, small steps of rows without penalties or logprobs
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -147,7 +148,8 @@ class SampleOutput:
 class Sampler:
     """Logits rows -> `SampleOutput`, through the sampling ops of `ops` (default: the best installed
     backend of the logits' device). With a graph `recorder` (the model's: set by the model runner),
-    steps of up to GRAPH_ROWS plain rows replay recorded graphs of `sample_tokens` (`SamplingGraphs`)."""
+    steps of up to GRAPH_ROWS plain rows replay recorded graphs of `sample_tokens` (`SamplingGraphs`),
+    recorded ahead by `record_graphs` (the engine's start-up), else at first use."""
 
     def __init__(self, eos_token_id: int | None, ops: Ops | None = None):
         self.eos_token_id = eos_token_id
@@ -171,9 +173,19 @@ class Sampler:
         logprobs = PendingLogprobs(raw, tokens, [r.params.logprobs for r in rows], logprob_rows, ops)
         return SampleOutput(tokens, logprobs)
 
+    def record_graphs(self, vocab: int, device: torch.device, max_rows: int) -> None:
+        """Record every graph a step of up to `max_rows` plain rows of `vocab` logits on `device` can
+        replay, so that no step stops to record one (warm-up, synchronisation, capture); nothing without
+        a recorder."""
+        if self.recorder is not None:
+            self._graphs = SamplingGraphs(self.ops or get_ops(device=device), vocab, device, self.recorder)
+            self._graphs.record_ahead(max_rows)
+
 
 GRAPH_ROWS = 16  # most rows a sampling graph takes (its static logits: 16 x vocab float32)
 _GRAPH_BUCKETS = (1, 2, 4, 8, 16)
+# the (any drawn row, any filtered row) kinds of a step: only drawn rows are filtered (sampler_row)
+_GRAPH_KINDS = ((False, False), (True, False), (True, True))
 # a padding row of a graph's bucket: greedy over the earlier (finite) logits left in its static row
 _PAD_ROW = np.array(SamplingParams(temperature=0.0).sampler_row[0], dtype=np.float64)
 
@@ -188,11 +200,12 @@ class _SamplingGraph:
 class SamplingGraphs:
     """Recorded `sample_tokens` for steps of plain rows (no bias, min_tokens ban, penalties or
     logprobs: `apply_penalties` and `compute_logprobs` have nothing to do): one graph per (row bucket,
-    any drawn row, any filtered row), recorded at first use. A step copies its logits rows into the
-    static logits and its dense metadata (padded to the bucket with greedy rows) into the graph's
-    static metadata in one upload, replays, and clones the tokens out: the same kernels on the same
-    values as the eager path, so the same tokens, with one launch instead of the op's several. A
-    recording that fails leaves every later step eager (logged once)."""
+    any drawn row, any filtered row), recorded ahead (`record_ahead`, at the engine's start-up) or at
+    first use. A step copies its logits rows into the static logits and its dense metadata (padded to
+    the bucket with greedy rows) into the graph's static metadata in one upload, replays, and clones
+    the tokens out: the same kernels on the same values as the eager path, so the same tokens, with
+    one launch instead of the op's several. A recording that fails leaves every later step eager
+    (logged once)."""
 
     def __init__(self, ops: Ops, vocab: int, device: torch.device, recorder: Recorder) -> None:
         self.ops, self.vocab, self.device, self.recorder = ops, vocab, device, recorder
@@ -211,7 +224,7 @@ class SamplingGraphs:
         arrays = _dense_arrays(padded, seeds, positions, self.vocab)
         flags = arrays[2]
         key = (bucket, not bool(flags[0].all()), bool(flags[1].any()))
-        graph = self.graphs.get(key) or self._record(key, arrays)
+        graph = self.graphs.get(key) or self._record(key)
         if graph is None:
             return None
         host, _ = _pack(arrays, pin=self.device.type == "cuda")
@@ -220,10 +233,30 @@ class SamplingGraphs:
         graph.replay()
         return graph.tokens[:n].clone()
 
-    def _record(self, key: tuple[int, bool, bool], arrays: list[np.ndarray]) -> _SamplingGraph | None:
+    def record_ahead(self, max_rows: int) -> int:
+        """Record the graph of every key a step of up to `max_rows` rows can take (each bucket up to the
+        one holding min(max_rows, GRAPH_ROWS), of each kind), largest first as the forward graphs are;
+        the number recorded, logged with the time and the device memory they hold."""
+        top = next(b for b in _GRAPH_BUCKETS if b >= min(max_rows, GRAPH_ROWS))
+        keys = [(b, *kind) for b in reversed(_GRAPH_BUCKETS) if b <= top for kind in _GRAPH_KINDS]
+        cuda = self.device.type == "cuda"
+        reserved = torch.cuda.memory_reserved(self.device) if cuda else 0
+        t0 = time.perf_counter()
+        count = sum(self._record(key) is not None for key in keys if key not in self.graphs)
+        # the static logits and what the caching allocator reserved meanwhile (the recorder's pool
+        # segments, blocks the warm-ups left cached)
+        held = self.logits.nbytes + (torch.cuda.memory_reserved(self.device) - reserved if cuda else 0)
+        logger.info("sampling graphs: recorded %d graphs of up to %d rows in %.2f s (+%.1f MiB device)",
+                    count, top, time.perf_counter() - t0, held / 2**20)
+        return count
+
+    def _record(self, key: tuple[int, bool, bool]) -> _SamplingGraph | None:
         if self.failed:
             return None
         bucket, drawn, filtered = key
+        # the bucket's metadata layout; its values are a step's own, uploaded before each replay
+        pad = np.broadcast_to(_PAD_ROW, (bucket, len(_DENSE)))
+        arrays = _dense_arrays(pad, [0] * bucket, [0] * bucket, self.vocab)
         host, spans = _pack(arrays, pin=self.device.type == "cuda")
         upload = host.to(self.device)
         ints, floats, flags = _views(upload, arrays, spans)
