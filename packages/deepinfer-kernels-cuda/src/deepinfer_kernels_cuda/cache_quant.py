@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.reference.cache_quant import FP8_GROUP, MXFP4_GROUP, NVFP4_GROUP
+from deepinfer_kernels_cuda.e2m1_asm import e2m1_bf16x2_asm
 
 if TYPE_CHECKING:
     from deepinfer.cache.codecs import Codec
@@ -245,39 +246,8 @@ fma.rn.bf16x2 $1, t, $4, m0;
 }
 """)
 
-# E2M1 pairs: a nibble's 3 magnitude bits to BF16 bits 6-8 and its sign to bit 15 read as value * 2^-126
-# (code 1 is the subnormal 2^-127), then times 2^126 (0x7E80) and the group scale. The shifts of a nibble
-# pair are one multiply (their products do not overlap). Out: low nibbles (b0, b1), (b2, b3), then high.
-_E2M1_BF16X2_ASM = tl.constexpr("""
-{
-.reg .b32 z, m0, c, x01, x23, t;
-mov.b32 z, 0;
-mov.b32 m0, 0x80008000;
-mov.b32 c, 0x7E807E80;
-prmt.b32 x01, $4, z, 0x4140;
-prmt.b32 x23, $4, z, 0x4342;
-and.b32 t, x01, 0x000F000F;
-mul.lo.u32 t, t, 4160;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 t, t, c, m0;
-fma.rn.bf16x2 $0, t, $5, m0;
-and.b32 t, x23, 0x000F000F;
-mul.lo.u32 t, t, 4160;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 t, t, c, m0;
-fma.rn.bf16x2 $1, t, $6, m0;
-and.b32 t, x01, 0x00F000F0;
-mul.lo.u32 t, t, 260;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 t, t, c, m0;
-fma.rn.bf16x2 $2, t, $5, m0;
-and.b32 t, x23, 0x00F000F0;
-mul.lo.u32 t, t, 260;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 t, t, c, m0;
-fma.rn.bf16x2 $3, t, $6, m0;
-}
-""")
+# E2M1 pairs (e2m1_asm), 4 bytes per instance, times the group scales as they are (the 2^126 inside).
+_E2M1_BF16X2_ASM = tl.constexpr(e2m1_bf16x2_asm(4, times_2pow126=True))
 
 
 @triton.jit

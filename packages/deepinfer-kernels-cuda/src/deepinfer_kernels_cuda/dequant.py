@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels_cuda import configs
+from deepinfer_kernels_cuda.e2m1_asm import e2m1_bf16x2_asm
 
 GROUP = 32  # columns per scale: 32x32 blocks for FP8, 1x32 row groups for FP4
 GROUP_TL = tl.constexpr(GROUP)  # the same, readable inside kernels
@@ -113,57 +114,12 @@ def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.c
     return lo, hi, pow2(s, 14)
 
 
-# Packed E2M1 -> BF16 decode. A nibble's 3 magnitude bits moved to BF16 bits 6-8 and its sign to bit 15
-# read as value * 2^-126 exactly (code 1 is the BF16 subnormal 2^-127); one packed multiply by scale *
-# 2^126 (`asm_scale_factor`) gives value * scale, a normal BF16 number (exact). The two shifts per nibble
-# are one multiply: (n << 6) + (n << 12) (low) and (n << 2) + (n << 8) (high) do not overlap, so no carry
-# reaches a kept bit. Two bytes per instance ($2: b0, b1 in its low half; $3: their factors as BF16x2;
-# outputs $0 = low nibbles (b0, b1), $1 = high nibbles, as BF16x2): the MMA operand layout holds byte
-# pairs, so pairs need no repacking.
-_E2M1_BF16X2_ASM2 = tl.constexpr("""
-{
-.reg .b32 z, m0, x, t;
-mov.b32 z, 0;
-mov.b32 m0, 0x80008000;
-prmt.b32 x, $2, z, 0x4140;
-and.b32 t, x, 0x000F000F;
-mul.lo.u32 t, t, 4160;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $0, t, $3, m0;
-and.b32 t, x, 0x00F000F0;
-mul.lo.u32 t, t, 260;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $1, t, $3, m0;
-}
-""")
+# Packed E2M1 -> BF16 decode (e2m1_asm), the factors scale * 2^126 (`asm_scale_factor`). Two bytes per
+# instance: the MMA operand layout holds byte pairs, so pairs need no repacking.
+_E2M1_BF16X2_ASM2 = tl.constexpr(e2m1_bf16x2_asm(2, times_2pow126=False))
 
-# The same four bytes per instance ($4: b0..b3; $5, $6: factors; outputs $0, $1 = low nibbles (b0, b1),
-# (b2, b3), $2, $3 = high nibbles), for layouts holding 4+ contiguous bytes per thread (the GEMVs).
-_E2M1_BF16X2_ASM4 = tl.constexpr("""
-{
-.reg .b32 z, m0, x01, x23, t;
-mov.b32 z, 0;
-mov.b32 m0, 0x80008000;
-prmt.b32 x01, $4, z, 0x4140;
-prmt.b32 x23, $4, z, 0x4342;
-and.b32 t, x01, 0x000F000F;
-mul.lo.u32 t, t, 4160;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $0, t, $5, m0;
-and.b32 t, x23, 0x000F000F;
-mul.lo.u32 t, t, 4160;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $1, t, $6, m0;
-and.b32 t, x01, 0x00F000F0;
-mul.lo.u32 t, t, 260;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $2, t, $5, m0;
-and.b32 t, x23, 0x00F000F0;
-mul.lo.u32 t, t, 260;
-and.b32 t, t, 0x81C081C0;
-fma.rn.bf16x2 $3, t, $6, m0;
-}
-""")
+# Four bytes per instance, for layouts holding 4+ contiguous bytes per thread (the GEMVs).
+_E2M1_BF16X2_ASM4 = tl.constexpr(e2m1_bf16x2_asm(4, times_2pow126=False))
 
 # largest UE8M0 byte the packed decode takes (its scale factor 2^(s - 1) must stay a finite BF16)
 ASM_MAX_SCALE = 128
