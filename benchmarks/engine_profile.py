@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from profile_step import busy_us
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -137,16 +138,6 @@ def collect(prof: profile, cuda: bool) -> list[Step]:
     return steps
 
 
-def busy(acts: list[Activity]) -> float:
-    """Union of the activities' intervals."""
-    total, end = 0.0, float("-inf")
-    for a in sorted(acts, key=lambda a: a.start):
-        if a.end > end:
-            total += a.end - max(a.start, end)
-            end = a.end
-    return total
-
-
 def report(steps: list[Step], settle: int, cuda: bool, batch: int) -> str:
     steps = [s for s in steps if s.acts][settle:]
     if not steps:
@@ -186,11 +177,11 @@ def report(steps: list[Step], settle: int, cuda: bool, batch: int) -> str:
     replays = [[a for a in s.acts if a.graph] for s in steps]
     g_kernel = sum(a.end - a.start for a in graph_acts) / n
     g_span = sum(max(a.end for a in r) - min(a.start for a in r) for r in replays if r) / n
-    g_busy = sum(busy(r) for r in replays) / n
+    g_busy = sum(busy_us(r) for r in replays) / n
     g_gaps = sum(gap_before.get(id(a), (0.0, 0.0))[0] for r in replays for a in r[1:]) / n
     out = [a for a in timeline if not a.graph]
     lines.append(f"GPU: {period:.0f} us per step from the first analysed activity to the last, busy "
-                 f"{busy(timeline) / n:.0f} us")
+                 f"{busy_us(timeline) / n:.0f} us")
     lines.append(f"{GRAPH}: {len(graph_acts) / n:.0f} kernels, kernel time {g_kernel:.0f} us, busy "
                  f"{g_busy:.0f} us, span {g_span:.0f} us (idle between its kernels {g_gaps:.0f} us)")
     o_kernel = sum(a.end - a.start for a in out) / n

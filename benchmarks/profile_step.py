@@ -22,7 +22,7 @@ import functools
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any
@@ -158,8 +158,8 @@ def align(graphed: list[Kernel], eager: list[Kernel]) -> None:
                 replay[b + i].family = eager[a + i].family
 
 
-def busy_us(ks: list[Kernel]) -> float:
-    """Union of the kernels' intervals (streams may overlap)."""
+def busy_us(ks: Sequence[Any]) -> float:
+    """Union of the intervals of `ks` (anything with .start and .end: kernels of streams that may overlap)."""
     total, end = 0.0, float("-inf")
     for k in sorted(ks, key=lambda k: k.start):
         if k.end > end:
