@@ -20,16 +20,13 @@ and the first --settle of those (the profiler's start perturbs them) are left ou
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from profile_step import busy_us
+from profile_step import PREFIX, annotate, busy_us
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -39,7 +36,6 @@ from deepinfer.models.deepseek_v41 import graphs, metadata, runtime
 from deepinfer.sampling import sampler
 from deepinfer.structured import manager
 
-PREFIX = "engine_profile:"
 STEP = PREFIX + "step "
 GRAPH = "graph replay"
 # the parts of a step, each inside its own range: (owner, attribute, label)
@@ -55,14 +51,6 @@ PARTS = [
     (sampler, "sampling_metadata", "sampling metadata"),
     (sampler.HostCopy, "__init__", "host copies"),
 ]
-
-
-def _ranged(fn: Callable, label: str) -> Callable:
-    @functools.wraps(fn)
-    def ranged(*args: Any, **kwargs: Any) -> Any:
-        with record_function(PREFIX + label):
-            return fn(*args, **kwargs)
-    return ranged
 
 
 @dataclass
@@ -225,7 +213,7 @@ class Profiler:
 
     def install(self) -> None:
         for owner, name, label in PARTS:
-            setattr(owner, name, _ranged(getattr(owner, name), label))
+            setattr(owner, name, annotate(getattr(owner, name), label))
         execute = model_runner.ModelRunner.execute
         replay = torch.cuda.CUDAGraph.replay
 
