@@ -219,17 +219,15 @@ class ModelRunner:
         device (a host lookup) are written into the segment lists instead, which the forward shares."""
         device = self._device
         flat: list[int] = []
-        # (source tensor, destinations, flat source indices): the previous samples, then per proposal
+        # (source tensor, destinations, flat source indices): per proposal, then the previous samples
         fills: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
         prev_dst: list[int] = []  # placeholders: their flat index, and their row in the previous samples
         prev_src: list[int] = []
-        if self._prev is not None:
-            fills[id(self._prev)] = self._prev.tokens, prev_dst, prev_src
-        prev_row = self._prev_row
+        prev, prev_row = self._prev, self._prev_row
         for s in sched.segments:
             ids = s.token_ids
             if ids[-1] == PLACEHOLDER:
-                assert self._prev is not None, "a placeholder without a previous step"
+                assert prev is not None, "a placeholder without a previous step"
                 prev_dst.append(len(flat) + len(ids) - 1)
                 prev_src.append(prev_row[s.seq.seq_id])
             if s.num_drafts:
@@ -245,12 +243,13 @@ class ModelRunner:
                     dst += range(len(flat) + len(ids) - k, len(flat) + len(ids))
                     src += range(drafts.row * table.shape[1], drafts.row * table.shape[1] + k)
             flat.extend(ids)
-        fills = {k: f for k, f in fills.items() if f[1]}
+        if prev_dst:
+            assert prev is not None
+            if not fills and len(prev_dst) == len(flat) == len(prev.tokens) and prev_src == prev_dst:
+                return prev.tokens  # every id is last step's sample, in its order (decode after decode)
+            fills[id(prev)] = prev.tokens, prev_dst, prev_src
         if not fills:
             return None
-        if (len(prev_dst) == len(flat) == len(self._prev.tokens) and len(fills) == 1  # type: ignore[union-attr]
-                and prev_src == prev_dst):
-            return self._prev.tokens  # every id is last step's sample, in its order (decode after decode)
         # one upload: the ids, then each fill's destinations and sources
         values = flat + [i for _, dst, src in fills.values() for i in (*dst, *src)]
         uploaded = to_device(values, device)

@@ -160,15 +160,14 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
         raw = logits.float()
         ops = self.ops or get_ops(device=raw.device)
-        if self.recorder is not None and len(rows) <= GRAPH_ROWS and raw.is_contiguous():
-            table, special = _dense_table(rows)
-            if not special:
-                if self._graphs is None or self._graphs.ops is not ops:
-                    self._graphs = SamplingGraphs(ops, raw.shape[-1], raw.device, self.recorder)
-                tokens = self._graphs.sample(raw, rows, table)
-                if tokens is not None:
-                    return SampleOutput(tokens, PendingLogprobs(raw, tokens, [None] * len(rows)))
-        meta, logprob_rows = sampling_metadata(rows, raw.shape[-1], self.eos_token_id, raw.device)
+        table, special = _dense_table(rows)
+        if self.recorder is not None and not special and len(rows) <= GRAPH_ROWS and raw.is_contiguous():
+            if self._graphs is None or self._graphs.ops is not ops:
+                self._graphs = SamplingGraphs(ops, raw.shape[-1], raw.device, self.recorder)
+            tokens = self._graphs.sample(raw, rows, table)
+            if tokens is not None:
+                return SampleOutput(tokens, PendingLogprobs(raw, tokens, [None] * len(rows)))
+        meta, logprob_rows = _metadata(rows, table, special, raw.shape[-1], self.eos_token_id, raw.device)
         tokens = ops.sample_tokens(ops.apply_penalties(raw, meta), meta)
         logprobs = PendingLogprobs(raw, tokens, [r.params.logprobs for r in rows], logprob_rows, ops)
         return SampleOutput(tokens, logprobs)
@@ -222,8 +221,7 @@ class SamplingGraphs:
         seeds = [r.seed for r in rows] + [0] * (bucket - n)
         positions = [r.position for r in rows] + [0] * (bucket - n)
         arrays = _dense_arrays(padded, seeds, positions, self.vocab)
-        flags = arrays[2]
-        key = (bucket, not bool(flags[0].all()), bool(flags[1].any()))
+        key = (bucket, *_kind(arrays[2]))
         graph = self.graphs.get(key) or self._record(key)
         if graph is None:
             return None
@@ -283,17 +281,23 @@ def sampling_metadata(
     once per request) and are laid out by numpy straight into the copy's buffer; only rows with a bias,
     a min_tokens ban, penalties or logprobs go through the per-row part, and a step without any shares
     one set of empty device tensors for the (row, token) pair fields."""
-    table, special = _dense_table(rows)
+    return _metadata(rows, *_dense_table(rows), vocab, eos_token_id, device)
+
+
+def _metadata(rows: Sequence[SampleRow], table: np.ndarray, special: list[int], vocab: int,
+              eos_token_id: int | None, device: torch.device) -> tuple[SamplingMetadata, torch.Tensor]:
+    """`sampling_metadata` from the rows' `_dense_table` (which the per-row part edits)."""
     sparse = _sparse_fields(rows, special, table, eos_token_id) if special else None
     ints, floats, flags = _dense_arrays(table, [r.seed for r in rows], [r.position for r in rows], vocab)
     parts = copy_to_device([ints, floats, flags, *(sparse.values() if sparse else ())], device)
     fields = _dense_fields(*parts[:3])
     fields.update(zip(sparse, parts[3:], strict=True) if sparse else _no_pairs(device).items())
     logprob_rows = fields.pop("logprob_rows")
+    drawn, filtered = _kind(flags)
     meta = SamplingMetadata(
         **fields,
-        any_drawn=not bool(flags[0].all()),
-        any_filtered=bool(flags[1].any()),
+        any_drawn=drawn,
+        any_filtered=filtered,
         any_adjusted=sparse is not None and any(sparse[k].size for k in _ADJUSTING),
     )
     return meta, logprob_rows
@@ -320,6 +324,11 @@ def _dense_arrays(table: np.ndarray, seeds: Sequence[int], positions: Sequence[i
     floats = np.ascontiguousarray(table[:, : len(_FLOAT_FIELDS)].T, dtype=np.float32)
     flags = np.ascontiguousarray(table[:, _DENSE.index("greedy") :].T != 0)
     return [ints, floats, flags]
+
+
+def _kind(flags: np.ndarray) -> tuple[bool, bool]:
+    """(any drawn row, any filtered row) of a step from its `_dense_arrays` flags."""
+    return not bool(flags[0].all()), bool(flags[1].any())
 
 
 def _dense_fields(ints: torch.Tensor, floats: torch.Tensor, flags: torch.Tensor) -> dict[str, torch.Tensor]:
