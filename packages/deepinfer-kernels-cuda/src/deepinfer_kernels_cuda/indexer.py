@@ -523,9 +523,7 @@ def indexer_topk(
     paged_scores(q, weights, pool, codec, block_tables, row_seg, visible, scores, mask=mask,
                  cand=candidates[1] if in_kernel else 0, hist=hist,
                  block_t=tile_rows(t, block_tables.shape[0], heads, batch_invariant))
-    if candidates is None:
-        mask = None
-    elif not in_kernel:
+    if candidates is not None and not in_kernel:
         mask = candidate_blocks(scores, visible, *candidates)
     top = topk_select(scores, k, allowed, hist=hist)
     return top, mask

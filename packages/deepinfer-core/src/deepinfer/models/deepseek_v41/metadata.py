@@ -699,7 +699,7 @@ class MetadataBuilder:
                              f"got {n}")
         if fixed.logits not in ("last", "all"):
             raise ValueError(f"a fixed shape returns 'last' or 'all' logits rows, got {fixed.logits!r}")
-        starts, ids, short = [], [], []
+        starts, ids = [], []
         for s in segs:
             if len(s.token_ids) != n or (s.logits != fixed.logits and (n > 1 or s.logits == "none")):
                 raise ValueError(f"segment of slot {s.slot} ({len(s.token_ids)} tokens, logits {s.logits!r}) "
@@ -708,8 +708,8 @@ class MetadataBuilder:
                 raise ValueError(f"block table of slot {s.slot} is wider than {fixed.table_width}")
             starts.append(s.start_pos)
             ids += s.token_ids
-            if self.tables.update(s.slot, s.block_table) * BLOCK_TOKENS < s.start_pos + n:
-                short.append(s.slot)
+        short = [s.slot for s, width in zip(segs, self.tables.update_segments(segs), strict=True)
+                 if width * BLOCK_TOKENS < s.start_pos + n]
         if short:
             raise ValueError(f"block tables of slots {short} do not cover their new positions")
         self.tables.reserve(fixed.table_width)
