@@ -155,14 +155,23 @@ def test_logprobs_and_prompt_logprobs(make_engine, drain):
         assert len(plp[i].top) == 2 and plp[i].top[0][1] == pytest.approx(float(ref[i - 1].max()), abs=1e-5)
 
 
-def test_cuda_engines_freeze_their_startup_objects(make_engine):
-    from deepinfer.engine.llm_engine import freeze_startup_objects
+def test_cuda_engines_freeze_their_startup_objects(make_engine, toy_models, monkeypatch):
+    from deepinfer.engine import EngineConfig, LLMEngine, llm_engine
 
     before = gc.get_freeze_count()
     make_engine()  # a CPU engine leaves the collector alone
     assert gc.get_freeze_count() == before
     try:
-        freeze_startup_objects()
+        llm_engine.freeze_startup_objects()
         assert gc.get_freeze_count() > before
     finally:
         gc.unfreeze()
+    # an engine for a CUDA device calls it once, at the end of its start-up (a CPU toy model stands in:
+    # with an explicit cache size start-up asks the device nothing)
+    calls = []
+    monkeypatch.setattr(llm_engine, "freeze_startup_objects", lambda: calls.append(1))
+    config = EngineConfig(max_model_len=96, max_num_seqs=8, cache_bytes=1 << 20, log_stats_interval=0)
+    LLMEngine(toy_models[0](), None, config, device="cpu").close()
+    assert calls == []
+    LLMEngine(toy_models[0](), None, config, device="cuda").close()
+    assert calls == [1]
