@@ -34,6 +34,7 @@ from deepinfer.models.deepseek_v41.graphs import CudaRecorder, DecodeGraphs, Dra
 from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOptions, build_runtime
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.testing.configs import flash_slice_config, tiny_config
+from deepinfer.testing.recorder import rerun_recorder
 
 
 def sync() -> None:
@@ -51,12 +52,6 @@ def timed_ms(step: Callable[[], object], steps: int) -> float:
         step()
         sync()
     return (time.perf_counter() - t0) * 1e3 / steps
-
-
-def rerun_recorder(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
-    """--cpu-check: a 'graph' that runs its step again (reads the same persistent buffers)."""
-    out = step()
-    return out, lambda: out.copy_(step())
 
 
 class Bench:

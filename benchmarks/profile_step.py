@@ -28,7 +28,7 @@ from difflib import SequenceMatcher
 from typing import Any
 
 import torch
-from decode_graphs import Bench, rerun_recorder, sync, timed_ms
+from decode_graphs import Bench, sync, timed_ms
 from reference_forward import _ops
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -38,6 +38,7 @@ from deepinfer.models.deepseek_v41.runtime import DeepseekV41Runtime, RuntimeOpt
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.ops import Ops, get_ops
 from deepinfer.testing.configs import flash_slice_config, tiny_config
+from deepinfer.testing.recorder import rerun_recorder
 
 OTHER = "elementwise/copies/other"
 OP_FAMILIES = {  # backend op -> family (ops not listed keep their own name)

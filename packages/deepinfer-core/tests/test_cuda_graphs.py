@@ -31,6 +31,7 @@ from deepinfer.sampling import SamplingParams
 from deepinfer.sampling.sampler import SamplingGraphs
 from deepinfer.testing import write_tiny_checkpoint
 from deepinfer.testing.fields import fields_by_path
+from deepinfer.testing.recorder import rerun_recorder
 
 PREFILL = 9
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -39,11 +40,6 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_checkpoint("full", tmp_path_factory.mktemp("full"), seed=0)
-
-
-def rerun_recorder(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
-    out = step()
-    return out, lambda: out.copy_(step())
 
 
 def _shapes(meta: StepMetadata) -> dict[str, object]:

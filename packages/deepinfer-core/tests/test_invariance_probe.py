@@ -1,20 +1,13 @@
 """The batch-invariant GPU slice test's probe runs on the CPU (tiny config, a recorder that re-runs the
 step standing in for a CUDA graph): which graph key each step of each scenario replays."""
 
-from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from deepinfer.models.deepseek_v41.metadata import FixedShape
 from deepinfer.models.deepseek_v41.runtime import load_runtime
 from deepinfer.testing import write_tiny_checkpoint
 from deepinfer.testing.invariance import DECODE, PROBE_LEN, SCENARIOS, Scenario, allocate, run_probe
-
-
-def rerun_recorder(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
-    out = step()
-    return out, lambda: out.copy_(step())
+from deepinfer.testing.recorder import rerun_recorder
 
 
 def _decode(num_seqs: int, table_width: int) -> FixedShape:

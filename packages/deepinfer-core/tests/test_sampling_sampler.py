@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from deepinfer.sampling import Sampler, SampleRow, SamplingParams, rng
+from deepinfer.testing.recorder import rerun_recorder
 
 V = 50
 
@@ -110,11 +111,6 @@ def test_rows_do_not_depend_on_the_batch():
     lp = batch.logprobs[4]
     assert lp is not None and len(lp.top) == 2
     assert lp.logprob == pytest.approx(float(torch.log_softmax(x[4], -1)[lp.token_id]))
-
-
-def rerun_recorder(step):
-    out = step()
-    return out, lambda: out.copy_(step())
 
 
 def test_recorded_sampling_draws_the_eager_tokens():
