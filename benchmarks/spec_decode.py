@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from deepinfer.checkpoint.randomize import dummy_token_map, random_tensors, random_weights, weight_groups
+from deepinfer.checkpoint.randomize import dummy_token_map, random_group, random_weights, weight_groups
 from deepinfer.config import ModelConfig, engram_table_rows
 from deepinfer.ops import Ops
 from deepinfer.sampling import SamplingParams
@@ -306,12 +306,12 @@ def shared_weights(config: ModelConfig, device: torch.device, seed: int = 0) -> 
     as many different bytes per layer as the real model (a layer's weights far exceed the L2)."""
     slots: dict[tuple[Any, ...], list[torch.Tensor]] = {}
     tensors: dict[str, torch.Tensor] = {}
+    gen = torch.Generator(device=device).manual_seed(seed)
     for group in weight_groups(config):
         spec = group[0]
         key = (*_slot(spec.name), tuple(spec.shape), spec.dtype)
         if key not in slots:
-            drawn = random_tensors(spec, group[1] if len(group) > 1 else None, seed, device)
-            slots[key] = list(drawn.values())
+            slots[key] = list(random_group(group, seed, device, gen).values())
         tensors.update(zip((s.name for s in group), slots[key], strict=True))
     return tensors
 

@@ -120,12 +120,18 @@ def random_weights(config: ModelConfig, device: torch.device | str, seed: int = 
     gen = torch.Generator(device=device).manual_seed(seed)
     tensors = {}
     for group in weight_groups(config):
-        spec = group[0]
-        if spec.kind == "fp4":
-            tensors[spec.name], tensors[group[1].name] = _uniform_fp4(*spec.shape, device, gen)
-            continue
-        tensors.update(random_tensors(spec, group[1] if len(group) > 1 else None, seed, device))
+        tensors.update(random_group(group, seed, device, gen))
     return tensors
+
+
+def random_group(group: list[TensorSpec], seed: int, device: torch.device,
+                 gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One `weight_groups` entry's tensors as `random_weights` draws them (FP4 weights from `gen`)."""
+    spec = group[0]
+    if spec.kind == "fp4":
+        data, scale = _uniform_fp4(*spec.shape, device, gen)
+        return {spec.name: data, group[1].name: scale}
+    return random_tensors(spec, group[1] if len(group) > 1 else None, seed, device)
 
 
 def dummy_token_map(config: ModelConfig) -> list[int] | None:
