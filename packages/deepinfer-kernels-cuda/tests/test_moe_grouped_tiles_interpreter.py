@@ -9,17 +9,14 @@ pytestmark = pytest.mark.slow
 
 _SCRIPT = r"""
 import torch
-from deepinfer.checkpoint.formats import quantize_fp4
 from deepinfer.ops.reference import moe as ref_moe
+from deepinfer.testing.moe import toy_experts
 from deepinfer_kernels_cuda import moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
 torch.manual_seed(0)
 e, h, i, k, t = 4, 64, 96, 2, 24  # I 96: 64-row tiles are ragged (masked rows); 48 assignments > decode
-def experts(rows, cols):
-    q = [quantize_fp4(torch.randn(rows, cols) * 0.1) for _ in range(e)]
-    return torch.stack([a for a, _ in q]), torch.stack([b for _, b in q])
-w = (*experts(i, h), *experts(i, h), *experts(h, i))
+w = (*toy_experts(e, i, h), *toy_experts(e, i, h), *toy_experts(e, h, i))
 ref = ref_moe.prepare_experts(*w)
 x = torch.randn(t, h)
 weights = torch.rand(t, k)
