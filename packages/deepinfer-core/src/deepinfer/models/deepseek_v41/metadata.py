@@ -87,7 +87,7 @@ class RowSet:
     """
 
     count: int
-    bounds: tuple[tuple[int, int], ...]  # host: each sequence's [begin, end) rows
+    bounds: tuple[tuple[int, int], ...] | None  # host: each sequence's [begin, end) rows (None: device build)
     positions: torch.Tensor
     row_seg: torch.Tensor
     window: torch.Tensor
@@ -135,7 +135,7 @@ class StepMetadata:
     history_src: torch.Tensor | None
     input_ids: torch.Tensor  # [T] the lists' token ids (stand-ins where the engine passes input_ids)
     logits_rows: torch.Tensor  # rows (of the last layer's row set) whose logits are returned
-    row_offsets: list[int]  # host: first logits row of each sequence (len B + 1)
+    row_offsets: list[int] | None  # host: first logits row of each sequence (len B + 1); None: device build
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
