@@ -110,6 +110,25 @@ def test_device_split_of_the_host_total_is_the_host_choice(seed):
     assert device.tolist() == host.tolist()
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_scheduler_split_of_the_chosen_total_is_its_choice(seed):
+    # What the engine's runner applies: ConfidenceScheduler.split of `choose`'s total over the same
+    # estimates (as lists, the engine's input to choose), padding past each count NaN on the device side.
+    scheduler, conf, counts = _host_and_device_inputs(seed)
+    rows = [conf[r, :n].tolist() for r, n in enumerate(counts)]
+    host = scheduler.choose(rows)
+    split = scheduler.split(conf, torch.tensor(counts), sum(host))
+    assert split.dtype == torch.int64 and split.tolist() == host
+
+
+def test_scheduler_split_of_a_smaller_total_gives_the_best_drafts():
+    scheduler = ConfidenceScheduler()
+    conf = torch.tensor([[0.9, 0.9, 0.2], [0.95, 0.1, float("nan")], [0.5, 0.99, 0.99]])
+    # cumulative: [0.9, 0.81, 0.162], [0.95, 0.095], [0.5, 0.495, 0.49]; three drafts: 0.95, 0.9, 0.81
+    assert scheduler.split(conf, torch.tensor([3, 2, 3]), 3).tolist() == [2, 1, 0]
+    assert scheduler.split(conf, torch.tensor([1, 2, 3]), 3).tolist() == [1, 1, 1]
+
+
 def test_device_split_ranks_float64_products_like_the_host():
     # In float32 the two second products tie (0.38350561); in float64 request 1's is the larger.
     conf = torch.tensor([[0.6808037757873535, 0.5633130073547363], [0.9559935331344604, 0.40115922689437866]])

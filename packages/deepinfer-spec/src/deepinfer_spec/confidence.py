@@ -15,12 +15,11 @@ over R*K + 1 candidates: exact, with no search over per-request choices.
 and every step pays for it). `split_fixed_total` is the device half for a step planned before the
 previous step's confidences reach the host: the host picks the total from the confidences it has (one
 step older) and the split is redone on the device from the newest ones (torch, fixed shapes, no host
-sync); given the host's total and the same confidences it reproduces the host's choice exactly. The
-engine does not plan that way: the runtime builds step metadata from host positions, so a step's
-forward runs exactly the drafts the host planned, and verifying fewer of them than it ran would only
-lose tokens (measured: the H200, 2026-12-02 call B). An asynchronous engine step therefore plans each
-request's drafts on the host from the estimates of its drafts before (docs/performance.md,
-asynchronous speculation); the device split needs step metadata built on the device.
+sync); given the host's total and the same confidences it reproduces the host's choice exactly. An
+asynchronous engine step is planned that way: each sequence with every draft it holds (an upper bound),
+the total from `choose` over the estimates of the drafts before (on the host), the split by
+`ConfidenceScheduler.split` on the device, and the step's metadata built there from the split
+(deepinfer.models.deepseek_v41.device_metadata), so the forward computes the T rows chosen.
 `ConfidenceScheduler` is the engine-facing object: host lists in, the latency curve profiled and
 tracked inside.
 """
@@ -220,6 +219,16 @@ class ConfidenceScheduler:
         # Zero past each row's count, whatever the padding holds (NaN included).
         proposed = np.where(np.arange(conf.shape[1]) < counts[:, None], conf, 0.0)
         return schedule_verification(np.cumprod(proposed, axis=1), step_ms, ragged).num_drafts
+
+    def split(self, confidences: torch.Tensor, max_drafts: torch.Tensor, num_drafts: int) -> torch.Tensor:
+        """The device half of an asynchronous step: `num_drafts` drafts in all (the host's total, from
+        `choose` over older estimates; at most max_drafts.sum()) split by the newest conditional
+        estimates [R, K], at most max_drafts[r] (device [R]) each, entries past that ignored (NaN
+        included); drafts per request [R] int64 on their device, with no host sync. Given the estimates
+        `choose` saw and the total it chose, this is its choice."""
+        proposed = torch.arange(confidences.shape[1], device=confidences.device) < max_drafts[:, None]
+        conf = torch.where(proposed, confidences.double().nan_to_num(0.0).clamp(0.0, 1.0), 0.0)
+        return split_fixed_total(cumulative_confidence(conf), confidences.shape[0] + num_drafts, max_drafts)
 
     def record(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
         """A measured decode step: `num_tokens` query tokens of `num_seqs` sequences took `seconds`."""
