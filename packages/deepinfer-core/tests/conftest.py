@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput
+from deepinfer.models.interface import CacheLayout, ForwardBatch, ForwardOutput, SequenceSegment
 
 _MASK = (1 << 61) - 1
 
@@ -35,6 +35,7 @@ class ToyLM:
         self.forward_calls = 0
         self.batch_sizes: list[int] = []
         self.device_id_batches = 0  # forwards whose values came (partly) from `input_ids` only
+        self.split_rows: list[tuple[int, int]] = []  # forward_rows: (rows run, rows planned)
 
     def cache_layout(self) -> CacheLayout:
         return CacheLayout(self.block_size, bytes_per_block=8 * self.block_size, bytes_per_slot=64)
@@ -93,6 +94,25 @@ class ToyLM:
             hashes += {"none": [], "last": new[-1:], "all": new}[seg.logits]
         idx = torch.tensor([h % self.table.shape[0] for h in hashes], dtype=torch.long)
         return ForwardOutput(self.table[idx].clone())
+
+
+    def device_rows_fit(self, segments) -> bool:
+        """Decode and verification steps (a logits row per token), as the real runtime's device build."""
+        return all(s.logits == "all" or (s.logits == "last" and len(s.token_ids) == 1) for s in segments)
+
+    def forward_rows(self, batch: ForwardBatch, rows: torch.Tensor, total: int) -> torch.Tensor:
+        """The forward of the segments cut to their first rows[b] tokens (a CPU toy: reads the counts)."""
+        counts = rows.tolist()
+        assert sum(counts) == total and all(1 <= n <= len(s.token_ids)
+                                            for n, s in zip(counts, batch.segments, strict=True))
+        self.split_rows.append((total, sum(len(s.token_ids) for s in batch.segments)))
+        segs, ids, at = [], [], 0
+        for n, s in zip(counts, batch.segments, strict=True):
+            segs.append(SequenceSegment(s.slot, s.block_table, s.start_pos, s.token_ids[:n], s.logits))
+            if batch.input_ids is not None:
+                ids.append(batch.input_ids[at:at + n])
+            at += len(s.token_ids)
+        return self.forward(ForwardBatch(segs, torch.cat(ids) if ids else None)).logits
 
 
 class ToyLMNoFork:

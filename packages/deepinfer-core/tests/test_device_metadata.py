@@ -173,3 +173,57 @@ def test_cuda_device_build_never_syncs_and_equals_the_eager_build() -> None:
     cut = [SequenceSegment(s.slot, s.block_table, s.start_pos, s.token_ids[:q], s.logits)
            for s, q in zip(segs, rows_host, strict=True)]
     _check(geo, segs, rows_host, built, builder.build(ForwardBatch(cut), last_layer_is_consumer=False))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    from deepinfer.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint("full", tmp_path_factory.mktemp("full"), seed=0)
+
+
+def _forward_rows_equals_the_cut_forward(checkpoint, device: str, replay: str) -> None:
+    """A verification step through `forward_rows` (rows counts on `device`) gives the logits of the same
+    step cut on the host, run by a second runtime in the same state, and leaves the same cache: the
+    next decode step agrees too."""
+    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, load_runtime
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    runtimes = []
+    for _ in range(2):
+        rt = load_runtime(checkpoint, dtype=dtype, device=device, options=RuntimeOptions(cuda_graphs=False))
+        if replay != "off":
+            rt = load_runtime(checkpoint, dtype=dtype, device=device, options=RuntimeOptions(
+                cuda_graphs=False, replay_mode=replay, replay_keep=rt.cfg.sliding_window + rt.max_backtrack))
+        runtimes.append(rt)
+    k = runtimes[0].max_backtrack - 1  # drafts per sequence: a step of 1 + k rows
+    lens = [3, 9, 17, 30]  # windows reaching before position 0, and not
+    rows = [1, 1 + k, 2, k]
+    first = [SequenceSegment(i + 1, [i + 1], 0, [5 + (3 * i + j) % 40 for j in range(n)], "last")
+             for i, n in enumerate(lens)]
+    upper = [SequenceSegment(i + 1, [i + 1], n, [9 + (5 * i + j) % 40 for j in range(1 + k)], "all")
+             for i, n in enumerate(lens)]
+    cut = [SequenceSegment(s.slot, s.block_table, s.start_pos, s.token_ids[:q], "all")
+           for s, q in zip(upper, rows, strict=True)]
+    after = [SequenceSegment(s.slot, s.block_table, s.start_pos + q, [11 + i], "last")
+             for i, (s, q) in enumerate(zip(upper, rows, strict=True))]
+    for rt in runtimes:
+        rt.allocate_cache(num_blocks=len(lens) + 1, num_slots=len(lens) + 1)
+        rt.forward(ForwardBatch(first))
+    split = runtimes[0].forward_rows(ForwardBatch(upper), torch.tensor(rows, device=device), sum(rows))
+    host = runtimes[1].forward(ForwardBatch(cut)).logits
+    tol = {"atol": 1e-5, "rtol": 1e-5} if device == "cpu" else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(split, host, **tol)
+    torch.testing.assert_close(runtimes[0].forward(ForwardBatch(after)).logits,
+                               runtimes[1].forward(ForwardBatch(after)).logits, **tol)
+
+
+@pytest.mark.parametrize("replay", ["off", "compact"])
+def test_forward_rows_equals_the_forward_of_the_cut_step(checkpoint, replay: str) -> None:
+    _forward_rows_equals_the_cut_forward(checkpoint, "cpu", replay)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_forward_rows_equals_the_forward_of_the_cut_step(checkpoint) -> None:
+    _forward_rows_equals_the_cut_forward(checkpoint, "cuda", "off")

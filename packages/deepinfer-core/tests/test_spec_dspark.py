@@ -75,15 +75,24 @@ def generate(path: Path, reqs, **kwargs) -> tuple[list[list[list[int]]], LLM]:
 
 
 @pytest.mark.usefixtures("speculators")
-def test_greedy_speculation_equals_no_speculation(checkpoint: Path) -> None:
+def test_greedy_speculation_equals_no_speculation(checkpoint: Path, monkeypatch) -> None:
     reqs = [(p, GREEDY) for p in prompts(3)]
     reqs.append((prompts(4)[3], SamplingParams(temperature=0, max_tokens=10, n=2, ignore_eos=True)))
     plain, _ = generate(checkpoint, reqs)
-    # the confidence schedule under async scheduling: planned from the estimates of the drafts before
+    # the confidence schedule under async scheduling: the total planned from the estimates of the drafts
+    # before, split on the device by the newest ones, the step's metadata built there (forward_rows)
+    split_steps, forward_rows = [], DeepseekV41Runtime.forward_rows
+
+    def spied(rt: DeepseekV41Runtime, batch, rows: torch.Tensor, total: int) -> torch.Tensor:
+        split_steps.append((total, sum(len(s.token_ids) for s in batch.segments)))
+        return forward_rows(rt, batch, rows, total)
+
+    monkeypatch.setattr(DeepseekV41Runtime, "forward_rows", spied)
     for name, schedule in (("dspark", "fixed"), ("ngram", "fixed"), ("dspark", "confidence")):
         drafted, llm = generate(checkpoint, reqs, speculator=name, spec_schedule=schedule)
         assert drafted == plain, (name, schedule)
         assert llm.engine.stats.spec_draft_tokens > 0
+        assert bool(split_steps) == (schedule == "confidence")
     ReferenceProposer.reference = {tuple(p): out[0] for (p, _), out in zip(reqs, plain, strict=True)}
     referenced, llm = generate(checkpoint, reqs, speculator="reference", num_draft_tokens=3)
     assert referenced == plain

@@ -172,8 +172,10 @@ def test_greedy_equals_no_speculation_batched_and_alone(make_engine, drain, spec
     assert tokens(alone)["r0"] == tokens(plain)["r2"]
 
 
+@pytest.mark.parametrize("schedule", ["fixed", "confidence"])
 @ASYNC
-def test_preemption_n_and_stops_match_no_speculation(make_engine, drain, speculators, async_scheduling):
+def test_preemption_n_and_stops_match_no_speculation(make_engine, drain, speculators, async_scheduling,
+                                                     schedule):
     long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     reqs = [(p, long) for p in prompts(8)]
     reqs.append((prompts(9)[8], SamplingParams(temperature=0, max_tokens=20, n=3, ignore_eos=True)))
@@ -185,7 +187,7 @@ def test_preemption_n_and_stops_match_no_speculation(make_engine, drain, specula
     plain, _ = run(make_engine, drain, reqs)
     tight = dict(cache_bytes=24 * 32 + 12 * 64 + 32)
     spec, engine = run(make_engine, drain, reqs, speculator="oracle", num_draft_tokens=K,
-                       async_scheduling=async_scheduling, **tight)
+                       async_scheduling=async_scheduling, spec_schedule=schedule, **tight)
     assert engine.scheduler.num_preemptions > 0
     assert tokens(spec) == tokens(plain)
     stopped, ref = spec["r9"].outputs[0], plain["r9"].outputs[0]
@@ -289,6 +291,40 @@ def test_async_confidence_schedule_plans_without_waiting_for_the_drafts(make_eng
     assert waited and not any(waited)
     assert any(0 < k < len(row) for row, k in choices)  # some drafts of a sequence left out, some verified
     assert 0 < engine.stats.spec_draft_tokens < sum(len(row) for row, _ in choices)
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "alone"])
+def test_async_confidence_split_runs_only_the_drafts_it_verifies(make_engine, drain, speculators, monkeypatch,
+                                                                 batched):
+    """Under async scheduling the step is planned with every draft and the host's total; the runner
+    splits that total by the newest confidences on the device and the forward computes only those rows
+    (the toy reads them back), not every planned draft; steps with a prefill chunk beside the decodes
+    take the host's split. Greedy output stays that of no speculation."""
+    pytest.importorskip("deepinfer_spec.confidence")
+    from deepinfer_spec.latency import LatencyCurve
+
+    monkeypatch.setitem(speculators, "varying", VaryingProposer)
+    reqs = [(p, GREEDY) for p in prompts(5)] if batched else [(prompts(3)[2], GREEDY)]
+    if batched:
+        reqs.append((list(range(5, 75)), GREEDY))  # prefilled in chunks of 32 tokens, beside decodes
+    plain, _ = run(make_engine, drain, reqs)
+    engine = make_engine(model=toy(), speculator="varying", num_draft_tokens=K, spec_schedule="confidence")
+    timing = engine.scheduler.verify_scheduler
+    timing.curve = LatencyCurve([1, 32], [2.0, 2.0 + 31 * 0.25])  # drafts worth verifying only when likely
+    monkeypatch.setattr(timing, "record", lambda *a: None)
+    split, splits = engine.runner.splitter, []
+    engine.runner.splitter = lambda c, m, n: splits.append((m.clone(), n, kept := split(c, m, n))) or kept
+    for i, (ids, params) in enumerate(reqs):
+        engine.add_request(ids, params, request_id=f"r{i}")
+    assert tokens(drain(engine)) == tokens(plain)
+    rows = engine.model.split_rows  # (rows computed, rows planned) of each device-split step
+    assert len(rows) == len(splits) > 0
+    assert any(computed < planned for computed, planned in rows)
+    for (most, n, kept), (computed, planned) in zip(splits, rows, strict=True):
+        assert int(kept.sum()) == n and bool((kept <= most).all())  # the host's total, within the drafts
+        assert planned - computed == int(most.sum()) - n  # the rows left out are the drafts left out
+    if not batched:  # every speculative step split on the device: its verified drafts are the split's
+        assert engine.stats.spec_draft_tokens == sum(n for _, n, _ in splits)
 
 
 def test_structured_output_verifies_against_the_masked_target(make_engine, drain, speculators,

@@ -11,7 +11,8 @@ With a speculator (`EngineConfig.speculator`) a step emits several tokens per se
 one by one with the stop rules. Planning step N+1 needs step N's verification (how many drafts were
 accepted: the next segment's position) but not its drafting (only how many drafts follow: their ids
 stay on the device for the forward; a synchronous confidence schedule waits for their confidences, an
-asynchronous one plans from the estimates of the drafts before), so async scheduling overlaps less than
+asynchronous one chooses the step's total from the estimates of the drafts before and the runner
+splits it by the newest ones on the device), so async scheduling overlaps less than
 plain decoding: step N is committed first
 (tokens appended with the token-level stops: EOS, stop ids, length, grammar; the next drafts), step
 N+1 is planned and launched, and only then does step N's text-level work run
@@ -93,6 +94,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, Sampler(model.eos_token_id, sampling_ops), self.proposer,
                                   self.proposer.num_draft_tokens if self.proposer else 0)
         self.runner.record_sampling_graphs(config.max_num_seqs)  # with the model's: no step records one
+        if verify_scheduler is not None and config.async_scheduling:  # the scheduler plans the totals
+            self.runner.splitter = getattr(verify_scheduler, "split", None)
         self._async = config.async_scheduling
         self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
         self.scheduler.admissible = self.runner.structured.admissible

@@ -16,12 +16,22 @@ once drafting is launched, and the next one feeds its drafts' ids to the forward
 (`ProposedDrafts`, on the device) and reads their host copy only for verification, after launching
 the forward. Finished sequences are released to the proposer here, before a step, so that a release
 never races a step drafting for that sequence.
+
+An asynchronous confidence-scheduled step (`SchedulerOutput.split`) comes with every draft planned and
+the number to verify in all: the runner splits that total among the sequences by their newest
+confidences on the device (the proposal's tensors; `splitter`), has the model run just those rows
+(`forward_rows`: metadata built on the device) and reads the row counts back behind an event queued
+before the forward, so it waits for the drafting only, then verifies each sequence's kept drafts. A
+model without `forward_rows`, or a step it cannot run that way (a prefill chunk beside the decodes),
+gets the host's split of the same total instead.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -36,6 +46,7 @@ from deepinfer.models.interface import CausalLM, ForwardBatch, SequenceSegment
 from deepinfer.ops import get_ops
 from deepinfer.sampling.params import SamplingParams
 from deepinfer.sampling.sampler import (
+    HostCopy,
     PendingLogprobs,
     SampleOutput,
     Sampler,
@@ -116,6 +127,33 @@ def _fill(out: torch.Tensor, dst: torch.Tensor, source: torch.Tensor, src: torch
     out[dst] = source[src]
 
 
+def _cut(sched: SchedulerOutput, drafts: dict[int, int]) -> None:
+    """Keep the first drafts[i] drafts of segment i, a speculating decode [newest token, drafts]."""
+    for i, k in drafts.items():
+        s = sched.segments[i]
+        sched.num_tokens -= s.num_drafts - k
+        del s.token_ids[1 + k:]
+        s.num_drafts = k
+
+
+def _newest_confidences(drafts: list[NextDrafts], device: torch.device) -> torch.Tensor:
+    """[R, K] the conditional estimates of each sequence's drafts, gathered on `device` from their
+    proposals' tensors (narrower proposals padded: entries past a sequence's drafts are ignored by the
+    split)."""
+    stacked: dict[int, tuple[int, torch.Tensor]] = {}  # per proposal: its first row in the stack, estimates
+    index = []
+    for d in drafts:
+        confidences = d.proposal.confidences
+        assert confidences is not None
+        if id(d.proposal) not in stacked:
+            stacked[id(d.proposal)] = sum(c.shape[0] for _, c in stacked.values()), confidences
+        index.append(stacked[id(d.proposal)][0] + d.row)
+    tables = [c.to(device) for _, c in stacked.values()]
+    width = max(c.shape[1] for c in tables)
+    stack = tables[0] if len(tables) == 1 else torch.cat([F.pad(c, (0, width - c.shape[1])) for c in tables])
+    return stack[to_device(index, device)]
+
+
 def _row_offsets(batch: ForwardBatch) -> list[int]:
     offsets = [0]
     for seg in batch.segments:
@@ -134,6 +172,8 @@ class ModelRunner:
         self.structured = StructuredManager(None, model.vocab_size, model.eos_token_id)  # engine's: tokenizer
         self.proposer = proposer
         self.num_draft_tokens = num_draft_tokens
+        # (newest confidences [R, K], drafts each may verify [R], drafts in all) -> split [R], on the device
+        self.splitter: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
         if proposer is not None and self._device.type == "cuda":
             self._load_fill_kernels()
         self._prev: SampleOutput | None = None  # the previous step's samples (tokens on the device)
@@ -161,19 +201,27 @@ class ModelRunner:
         self.release_pending()
         for slot in sched.resets:
             self.model.reset_slot(slot)
+        # the lists are shared with the scheduled segments: cutting their drafts cuts the forward's
         segments = [SequenceSegment(s.slot, s.blocks, s.start_pos, s.token_ids, s.logits)
                     for s in sched.segments]
+        split = sched.split
+        on_device = split is not None and self._splits_on_device(sched)
+        if split is not None and not on_device:
+            _cut(sched, split.host)
         batch = ForwardBatch(segments, self._input_ids(sched))
-        out = self.model.forward(batch)
+        if on_device:
+            logits, offsets = self._forward_split(sched, batch)
+        else:
+            out = self.model.forward(batch)
+            logits, offsets = out.logits, out.row_offsets or _row_offsets(batch)
         for f in sched.forks:  # after the forward: the parent's cache now holds the whole prompt
             self.model.copy_slot(f.src_slot, f.dst_slot)  # type: ignore[attr-defined]
             self.model.copy_blocks(f.src_blocks, f.dst_blocks)  # type: ignore[attr-defined]
-        offsets = out.row_offsets or _row_offsets(batch)
 
-        prompt_lp = [self._prompt_logprobs(out.logits, offsets[i], segments[i], s)
+        prompt_lp = [self._prompt_logprobs(logits, offsets[i], segments[i], s)
                      for i, s in enumerate(sched.segments) if s.prompt_logprobs is not None]
         if self.proposer is not None:
-            verified = self._speculate(out.logits, offsets, sched)
+            verified = self._speculate(logits, offsets, sched)
             return StepResult([], None, prompt_lp, start, time.perf_counter(), sched.num_tokens,
                               len(sched.segments), verified, self._events(gpu_start))
         rows, sample_rows, sample_seqs = [], [], []
@@ -186,7 +234,6 @@ class ModelRunner:
                     sample_seqs.append(seq)
         result = None
         if rows:
-            logits = out.logits
             if len(rows) != len(logits) or rows != list(range(len(rows))):  # not every row, in order
                 logits = logits.index_select(0, to_device(rows, logits.device))
             logits = self.structured.apply(  # structured output: mask the constrained rows
@@ -305,6 +352,36 @@ class ModelRunner:
         return s.seq.request, seg.start_pos + 1, PendingLogprobs(rows, targets, [s.prompt_logprobs] * n)
 
     # ---- speculative decoding (the next step is planned once this step's verification is on the host)
+
+    def _splits_on_device(self, sched: SchedulerOutput) -> bool:
+        """Whether the step's drafts can be split on the device: a splitter, device confidences for
+        every speculating segment and a model that runs device row counts for these segments."""
+        assert sched.split is not None
+        fits = getattr(self.model, "device_rows_fit", None)
+        return (self.splitter is not None and fits is not None
+                and all(sched.segments[i].drafts.proposal.confidences is not None  # type: ignore[union-attr]
+                        for i in sched.split.host)
+                and fits(sched.segments))
+
+    def _forward_split(self, sched: SchedulerOutput, batch: ForwardBatch) -> tuple[torch.Tensor, list[int]]:
+        """Split the step's drafts on the device, run the rows kept, and cut the segments to them once
+        the row counts are on the host (read behind the drafting, while the forward runs): the logits
+        and each segment's first row."""
+        split, segs, device = sched.split, sched.segments, self._device
+        assert split is not None and self.splitter is not None
+        spec = list(split.host)
+        base = [1 if i in split.host else len(s.token_ids) for i, s in enumerate(segs)]
+        n, r = len(segs), len(spec)
+        uploaded = to_device(base + spec + [segs[i].num_drafts for i in spec], device)
+        confidences = _newest_confidences([segs[i].drafts for i in spec], device)  # type: ignore[misc]
+        kept = self.splitter(confidences, uploaded[n + r:], split.num_drafts)
+        rows = uploaded[:n].index_add(0, uploaded[n:n + r], kept)
+        counts = HostCopy(rows)  # queued before the forward: waits for the split (and the drafting) only
+        total = sum(base) + split.num_drafts
+        logits = self.model.forward_rows(batch, rows, total)  # type: ignore[attr-defined]
+        q = counts.get()[0].tolist()
+        _cut(sched, {i: q[i] - 1 for i in spec})
+        return logits, [0, *itertools.accumulate(q)]
 
     def time_verification(self, num_tokens: int, width: int, slots: list[int], blocks: list[int]) -> float:
         """Milliseconds of a decode-shaped step: `num_tokens` query tokens as segments of `width` (one per

@@ -16,10 +16,14 @@ A speculating decode (its sequence holds drafts; planned once the step before ha
 feeds their ids from the proposal, so planning needs only their count); k is capped by the token
 budget, the room left before the sequence's limit and, with a verification scheduler, by that
 scheduler's choice. That choice needs the drafts' confidences; under async scheduling the newest ones
-are still on their way to the host (drafting runs behind the step handed over), so the choice is made
-from each sequence's estimates for the drafts it had before (`SpecState.estimates`), which are there.
-`num_computed` counts all k + 1 rows; the engine corrects it to the accepted length after
-verification (rejected rows are simply overwritten by the next segment).
+are still on their way to the host (drafting runs behind the step handed over), so the host chooses
+from each sequence's estimates for the drafts it had before (`SpecState.estimates`), which are there,
+and keeps only the step's total: every speculating segment holds all its drafts (an upper bound, its
+blocks reserved) and `SchedulerOutput.split` says how many drafts the step verifies in all; the model
+runner splits them by the newest confidences on the device (deepinfer-official §6-§7), or applies the
+host's own split (`DraftSplit.host`) where it cannot. `num_computed` counts all planned rows; the
+engine corrects it to the accepted length after verification (rejected rows are simply overwritten by
+the next segment).
 """
 
 from __future__ import annotations
@@ -68,11 +72,23 @@ class ForkCopy:
 
 
 @dataclass
+class DraftSplit:
+    """An asynchronous confidence-scheduled step's verification: its speculating segments (indices into
+    `SchedulerOutput.segments`, each planned with all its drafts) verify `num_drafts` drafts in all,
+    split among them by their newest confidences; `host` is the host's split of that total (from the
+    older estimates), per segment index."""
+
+    num_drafts: int
+    host: dict[int, int]
+
+
+@dataclass
 class SchedulerOutput:
     segments: list[ScheduledSegment] = field(default_factory=list)
     resets: list[int] = field(default_factory=list)  # slots to clear before the forward
     forks: list[ForkCopy] = field(default_factory=list)
     num_tokens: int = 0
+    split: DraftSplit | None = None  # async confidence schedule: the drafts are split on the device
 
 
 class Scheduler:
@@ -109,6 +125,8 @@ class Scheduler:
         budget = self.config.token_budget
         running, block_size = SeqStatus.RUNNING, self.cache.block_size
         verify = self._verify_counts()
+        # async confidence schedule: every draft planned, the host's choice kept as the step's total
+        split = {} if self.verify_scheduler is not None and self.config.async_scheduling else None
         for seq in list(self.running):
             if budget <= 0:
                 break
@@ -119,7 +137,7 @@ class Scheduler:
             if known >= seq.limit:
                 continue  # what is sampled or in flight already finishes it
             n = min(known - seq.num_computed, budget)
-            k = self._num_drafts(seq, budget, verify) if n == 1 else 0
+            k = self._num_drafts(seq, budget, verify if split is None else {}) if n == 1 else 0
             n += k
             while (seq.num_computed + n > len(seq.blocks) * block_size  # fast path: fits already
                    and not self.cache.grow(seq, seq.num_computed + n)):
@@ -130,7 +148,11 @@ class Scheduler:
             if seq.status is not running:
                 break  # it was the youngest unplanned sequence: nothing after it can run either
             self._add_segment(out, seq, n, k)
+            if k and split is not None:
+                split[len(out.segments) - 1] = min(k, verify.get(seq.seq_id, k))
             budget -= n
+        if split:
+            out.split = DraftSplit(sum(split.values()), split)
         self._admit(out, budget)
         return out
 

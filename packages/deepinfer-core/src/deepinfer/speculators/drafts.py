@@ -23,6 +23,7 @@ class ProposedDrafts:
     def __init__(self, proposal: Proposal) -> None:
         self.token_ids = proposal.token_ids  # [n, K] where the proposer made them
         self.probs = proposal.probs
+        self.confidences = proposal.confidences  # [n, K] where made (an async confidence split reads them)
         confidences = [] if proposal.confidences is None else [proposal.confidences]
         self._copy = HostCopy(proposal.token_ids, *confidences)
         self._host: tuple[list[list[int]], list[list[float]] | None] | None = None

@@ -26,6 +26,7 @@ from deepinfer.checkpoint.loader import load_checkpoint
 from deepinfer.checkpoint.randomize import dummy_token_map, random_weights
 from deepinfer.config import ModelConfig, TextConfig, load_model_config
 from deepinfer.models.deepseek_v41.attention import Attention
+from deepinfer.models.deepseek_v41.device_metadata import DeviceMetadataBuilder
 from deepinfer.models.deepseek_v41.dspark import DSpark
 from deepinfer.models.deepseek_v41.graphs import (
     CudaRecorder,
@@ -82,6 +83,7 @@ class DeepseekV41Runtime:
         self.device = model.embed.device
         self.cache: KVCache | None = None
         self.builder: MetadataBuilder | None = None
+        self.device_builder: DeviceMetadataBuilder | None = None  # steps with device row counts
         self.history: torch.Tensor | None = None  # Engram: [slots, history_len] ids, position p at p % len
         self.last_is_consumer = model.blocks[-1].spec.is_yoco_consumer
         self.graphs: DecodeGraphs | None = None
@@ -119,6 +121,7 @@ class DeepseekV41Runtime:
         n = self.cfg.engram_max_ngram_size if self.history_len else 0
         geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
         self.builder = MetadataBuilder(geometry, self.device)
+        self.device_builder = DeviceMetadataBuilder(self.builder)
         self.graphs = None  # graphs read the cache's addresses: recaptured for a new cache
         if self.dspark is not None:
             self.dspark.graphs = None
@@ -153,7 +156,7 @@ class DeepseekV41Runtime:
         self.allocate_cache(num_blocks=2, num_slots=2)
         reserve = probe_graph_memory(plan, self.builder, self.last_is_consumer, self.run_step,
                                      self.vocab_size, self.dspark, self.cache)
-        self.cache = self.builder = self.graphs = self.history = None
+        self.cache = self.builder = self.device_builder = self.graphs = self.history = None
         if self.dspark is not None:
             self.dspark.graphs = None
         self.graph_plan = replace(plan, reserve=reserve)
@@ -192,6 +195,18 @@ class DeepseekV41Runtime:
             return out
         meta = self.builder.build(batch, self.last_is_consumer)
         return ForwardOutput(logits=self.run_step(meta, batch.input_ids), row_offsets=meta.row_offsets)
+
+    def device_rows_fit(self, segments: Sequence[SequenceSegment]) -> bool:
+        """Whether `forward_rows` can run these segments (short ones with logits for every token)."""
+        return self.device_builder is not None and self.device_builder.fits(segments)
+
+    def forward_rows(self, batch: ForwardBatch, rows: torch.Tensor, total: int) -> torch.Tensor:
+        """Logits [total, V] of the segments cut to their first rows[b] tokens, `rows` on the device
+        (summing to `total`): metadata built there (device_metadata.py), run eagerly; batch.input_ids
+        (if given) are the uncut segments' ids."""
+        self._require_cache()
+        meta = self.device_builder.build(batch.segments, rows, total, batch.input_ids)
+        return self.run_step(meta, None)
 
     def run_step(self, meta: StepMetadata, input_ids: torch.Tensor | None) -> torch.Tensor:
         """The device work of a step (what a CUDA graph records): token ids (the engine's device ids,
