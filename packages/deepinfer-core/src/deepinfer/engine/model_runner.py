@@ -205,7 +205,7 @@ class ModelRunner:
         segments = [SequenceSegment(s.slot, s.blocks, s.start_pos, s.token_ids, s.logits)
                     for s in sched.segments]
         split = sched.split
-        on_device = split is not None and self._splits_on_device(sched)
+        on_device = split is not None and self._splits_on_device(sched, segments)
         if split is not None and not on_device:
             _cut(sched, split.host)
         batch = ForwardBatch(segments, self._input_ids(sched))
@@ -353,15 +353,19 @@ class ModelRunner:
 
     # ---- speculative decoding (the next step is planned once this step's verification is on the host)
 
-    def _splits_on_device(self, sched: SchedulerOutput) -> bool:
-        """Whether the step's drafts can be split on the device: a splitter, device confidences for
-        every speculating segment and a model that runs device row counts for these segments."""
-        assert sched.split is not None
+    def _splits_on_device(self, sched: SchedulerOutput, segments: list[SequenceSegment]) -> bool:
+        """Whether the step's drafts are split on the device: a choice to make (some drafts verified,
+        not all: otherwise the host's split is the only one, and the step keeps the plain forward and
+        its graphs), a splitter, device confidences for every speculating segment and a model that runs
+        device row counts for these segments."""
+        split = sched.split
+        assert split is not None
         fits = getattr(self.model, "device_rows_fit", None)
-        return (self.splitter is not None and fits is not None
+        return (0 < split.num_drafts < sum(sched.segments[i].num_drafts for i in split.host)
+                and self.splitter is not None and fits is not None
                 and all(sched.segments[i].drafts.proposal.confidences is not None  # type: ignore[union-attr]
-                        for i in sched.split.host)
-                and fits(sched.segments))
+                        for i in split.host)
+                and fits(segments))
 
     def _forward_split(self, sched: SchedulerOutput, batch: ForwardBatch) -> tuple[torch.Tensor, list[int]]:
         """Split the step's drafts on the device, run the rows kept, and cut the segments to them once
