@@ -33,6 +33,8 @@ class TileConfig:
     num_warps: int
     num_stages: int
     maxnreg: int = 0  # registers per thread the compiler may use (0: its choice): fewer, more programs per SM
+    tma: int = 0  # grouped MoE: the TMA kernels (moe.TMA_ACTS / TMA_SCALES bits; 1: weights alone), 0: off
+    persistent: int = 0  # FP8 GEMV at M = 1: programs per SM of the persistent streaming kernel (0: off)
 
 
 def m_bucket(m: int) -> int:
@@ -68,8 +70,8 @@ def save(path: Path, table: dict[str, TileConfig]) -> None:
 
 
 def _fields(cfg: TileConfig) -> dict[str, int]:
-    """A config as stored: maxnreg only where set (most entries leave registers to the compiler)."""
-    return {k: v for k, v in asdict(cfg).items() if k != "maxnreg" or v}
+    """A config as stored: maxnreg, tma and persistent only where set (most entries leave them at 0)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("maxnreg", "tma", "persistent") or v}
 
 
 # every linear call looks its config up: memoised, so the host pays a dict hit, not a device query
@@ -85,6 +87,11 @@ def _sm_count(index: int) -> int:
 
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device (the fallback count for CPU tensors: the Triton interpreter)."""
+    return _sm_count(_index(device)) if device.type == "cuda" else SM_COUNT_FALLBACK
 
 
 def block_k(k: int, want: int) -> int:

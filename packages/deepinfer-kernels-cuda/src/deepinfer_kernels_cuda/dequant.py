@@ -102,14 +102,22 @@ def split_columns(k0, BK: tl.constexpr):
 
 
 @triton.jit
-def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr):
-    """Split-layout FP4 rows offs_n x columns k0..k0+BK: (low, high) nibble values * 2^-14 as float32
-    [BN, BK/2] and the matching scales 2^(s+14) [BN, BK/32] (one per 16 bytes)."""
+def _split_bytes(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr):
+    """Split-layout FP4 rows offs_n x columns k0..k0+BK as stored: packed bytes [BN, BK/2] and UE8M0
+    scale bytes [BN, BK/32]."""
     kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
     # no `other`: rows past N only feed output rows that are never stored
     packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
     sk = k0 // GROUP_TL + tl.arange(0, BK // GROUP_TL)
     s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
+    return packed, s
+
+
+@triton.jit
+def _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr):
+    """Split-layout FP4 rows offs_n x columns k0..k0+BK: (low, high) nibble values * 2^-14 as float32
+    [BN, BK/2] and the matching scales 2^(s+14) [BN, BK/32] (one per 16 bytes)."""
+    packed, s = _split_bytes(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
     lo, hi = e2m1_pair_times_2pow_m14(packed)
     return lo, hi, pow2(s, 14)
 
@@ -143,29 +151,28 @@ def e2m1_pair_bf16_asm(packed, factor, PACK: tl.constexpr):
 
 
 @triton.jit
-def _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                    BN: tl.constexpr, BK: tl.constexpr, PACK: tl.constexpr):
-    """Split-layout FP4 rows offs_n x columns k0..k0+BK as scaled BF16 (low, high) [BN, BK/2], decoded
-    by `e2m1_pair_bf16_asm`."""
-    kb = tl.multiple_of(k0 // 2, BK // 2) + tl.arange(0, BK // 2)  # alignment hint for vector loads
-    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=n_mask[:, None])
-    sk = k0 // GROUP_TL + tl.arange(0, BK // GROUP_TL)
-    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + sk[None, :], mask=n_mask[:, None], other=127)
-    factor = asm_scale_factor(s)[:, :, None]
-    lo, hi = e2m1_pair_bf16_asm(tl.reshape(packed, (BN, BK // GROUP_TL, GROUP_TL // 2)), factor, PACK)
-    return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
+def fp4_split_decode(packed, s, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr = False,
+                     PACK: tl.constexpr = 2):
+    """Split-layout FP4 bytes [BN, BK/2] and their scale bytes [BN, BK/32] as scaled BF16 (low, high)
+    [BN, BK/2] (exact). ASM: the packed decode (`e2m1_pair_bf16_asm`, PACK bytes per instance), else
+    Triton integer and float32 ops."""
+    if ASM:
+        factor = asm_scale_factor(s)[:, :, None]
+        lo, hi = e2m1_pair_bf16_asm(tl.reshape(packed, (BN, BK // GROUP_TL, GROUP_TL // 2)), factor, PACK)
+        return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
+    lo, hi = e2m1_pair_times_2pow_m14(packed)
+    sc = pow2(s, 14)
+    return (scale_groups(lo, sc, BN, BK // 2, GROUP_TL // 2).to(tl.bfloat16),
+            scale_groups(hi, sc, BN, BK // 2, GROUP_TL // 2).to(tl.bfloat16))
 
 
 @triton.jit
 def fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                    BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr = False):
     """Split-layout FP4 rows offs_n x columns k0..k0+BK as two BF16 tiles [BN, BK/2] (exact): the
-    columns `split_columns` names, low nibbles then high. ASM: the packed decode (`e2m1_pair_bf16_asm`)."""
-    if ASM:
-        return _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 2)
-    lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-    return (scale_groups(lo, sc, BN, BK // 2, GROUP_TL // 2).to(tl.bfloat16),
-            scale_groups(hi, sc, BN, BK // 2, GROUP_TL // 2).to(tl.bfloat16))
+    columns `split_columns` names, low nibbles then high (`fp4_split_decode`)."""
+    packed, s = _split_bytes(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+    return fp4_split_decode(packed, s, BN, BK, ASM)
 
 
 @triton.jit
@@ -175,7 +182,8 @@ def fp4_gemv_products(acc, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_s
     with one input row, given at the low and high nibbles' columns [BK/2]: each entry gains a column
     pair's scaled products. ASM: the packed decode (`e2m1_pair_bf16_asm`), two FMAs per byte."""
     if ASM:
-        lo, hi = _split_tile_asm(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, 4)
+        packed, s = _split_bytes(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+        lo, hi = fp4_split_decode(packed, s, BN, BK, True, 4)
         return acc + lo.to(tl.float32) * x_lo[None, :] + hi.to(tl.float32) * x_hi[None, :]
     lo, hi, sc = _split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
     return acc + scale_groups(lo * x_lo[None, :] + hi * x_hi[None, :], sc, BN, BK // 2, GROUP_TL // 2)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer.checkpoint.formats import E2M1_VALUES, pack_fp4, unpack_fp4_codes
 from deepinfer_kernels_cuda import configs
@@ -45,6 +46,7 @@ from deepinfer_kernels_cuda.dequant import (
     GROUP,
     GROUP_TL,
     fp4_gemv_products,
+    fp4_split_decode,
     fp4_split_tile,
     fp8_tile,
     pow2,
@@ -68,6 +70,9 @@ class PreparedExperts:
     s2: torch.Tensor  # [E, H, I/32]
     fp8: bool = False
     asm: bool = False
+    # (s1, s3, s2) transposed per expert, [E, K/32, N]: a TMA kernel's scale bytes of a tile are then one
+    # box ([BK/32, BN]: rows of BN bytes), where [E, N, K/32] gives BK/32-byte rows, below TMA's 16
+    scales_t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def n_experts(self) -> int:
@@ -116,9 +121,10 @@ def asm_decodable(p: PreparedExperts) -> bool:
 
 
 def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False,
-                    asm: bool | None = None) -> PreparedExperts:
+                    asm: bool | None = None, scales_t: bool = False) -> PreparedExperts:
     """Stack (lists of [I, H/2] or stacked [E, ...]) packed FP4 experts into the kernels' layout (FP4
-    split, or E4M3 with `fp8`). `asm`: the packed PTX decode for FP4 (None: wherever `asm_decodable`)."""
+    split, or E4M3 with `fp8`). `asm`: the packed PTX decode for FP4 (None: wherever `asm_decodable`).
+    `scales_t`: also the transposed scales of the TMA kernels (TMA_SCALES; 1/16 of the FP4 bytes more)."""
     p = PreparedExperts(*(_stack(t) for t in (w1, w1_scale, w3, w3_scale, w2, w2_scale)))
     e, i, h = p.n_experts, p.inter, p.hidden
     want = {"w1": (e, i, h // 2), "w1_scale": (e, i, h // GROUP), "w3": (e, i, h // 2),
@@ -134,6 +140,8 @@ def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False,
     if asm and not asm_decodable(p):
         raise ValueError("experts: the packed decode needs split FP4 experts on a GPU with scale bytes "
                          f"<= {ASM_MAX_SCALE}")
+    if scales_t:
+        p = replace(p, scales_t=tuple(v.transpose(1, 2).contiguous() for v in (p.s1, p.s3, p.s2)))
     return replace(p, asm=asm_decodable(p) if asm is None else asm)
 
 
@@ -416,6 +424,178 @@ def _down_kernel(
                                      stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
     tl.store(ptrs, (acc_lo + acc_hi).to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
+
+
+
+# --- grouped FP4 GEMMs through the tensor memory accelerator (prefill buckets only)
+# TileConfig.tma bits: the expert weights' packed bytes are always TMA boxes; ACTS: the inputs too (x
+# gathered once into aligned rows, the intermediate activations stored so), SCALES: the scale bytes
+# too (from the transposed copy `PreparedExperts.scales_t`), else pointer loads; N_FAST: programs in
+# weight-tile-fastest order (a block's tiles run together, so its input rows, larger than L2 in all,
+# come from DRAM once), else block-fastest as the pointer kernels
+TMA_ACTS, TMA_SCALES, TMA_N_FAST = 2, 4, 8
+_GATHER_COLS = 256  # destination columns per program of `_gather_split_kernel`
+
+
+@triton.jit
+def _split_pos(n, N):
+    """Where columns n of an N-column row land in the split input order of the TMA kernels: the columns
+    every 32-column group pairs with its low nibbles (n % 32 < 16), then those of the high nibbles, each
+    run in column order, so a K step's two input tiles are contiguous boxes."""
+    return (n % 32 >= 16).to(tl.int32) * (N // 2) + (n // 32) * 16 + n % 16
+
+
+@triton.jit
+def _gather_split_kernel(x_ptr, row_assign_ptr, block_expert_ptr, out_ptr, H, stride_xm,
+                         TOPK: tl.constexpr, BM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[r] = the token row of aligned row r in the split order (`_split_pos`; zeros at padding rows),
+    for the blocks of touched experts only (no program reads the others)."""
+    pid_b = tl.program_id(0)
+    if tl.load(block_expert_ptr + pid_b) < 0:
+        return
+    rows = pid_b * BM + tl.arange(0, BM)
+    assign = tl.load(row_assign_ptr + rows)
+    valid = assign >= 0
+    token = tl.where(valid, assign // TOPK, 0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # destination columns
+    hi = d >= H // 2
+    c = tl.where(hi, d - H // 2, d)
+    src = (c // 16) * 32 + c % 16 + hi.to(tl.int32) * 16
+    v = tl.load(x_ptr + token[:, None] * stride_xm + src[None, :], mask=valid[:, None], other=0.0)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * H + d[None, :], v)
+
+
+@triton.jit
+def _tma_inputs(x, rows_ptr, valid, row0, k0, K, ACTS: tl.constexpr, BK: tl.constexpr):
+    """The input tiles [BK/2, tokens] of a K step's low and high nibbles: two boxes of the split-order
+    rows from row0 (ACTS; x a descriptor), or gathered pointer loads (`_expert_inputs`)."""
+    if ACTS:  # (an else branch: Triton 3.6 compiles the code after a constexpr-if's return too)
+        lo = tl.trans(x.load([row0, k0 // 2]))
+        hi = tl.trans(x.load([row0, K // 2 + k0 // 2]))
+    else:
+        lo, hi = _expert_inputs(rows_ptr, valid, k0, False, BK)
+    return lo, hi
+
+
+@triton.jit
+def _tma_weight_bytes(w_desc, w_row, s, s_ptrs, s_row, n0, k0, SCALES: tl.constexpr):
+    """A K step's packed FP4 bytes (a box of w_desc, rows from w_row) and scale bytes [BN, BK/32]: a box
+    of s (SCALES: the transposed copy, the expert's rows from s_row) or at s_ptrs (column group 0) plus
+    the K step's group."""
+    packed = w_desc.load([w_row, k0 // 2])
+    if SCALES:
+        sc = tl.trans(s.load([s_row + k0 // GROUP_TL, n0]))
+    else:
+        sc = tl.load(s_ptrs + k0 // GROUP_TL)
+    return packed, sc
+
+
+@triton.jit
+def _tma_dot(acc_lo, acc_hi, x_lo, x_hi, packed, sc, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+             ASM: tl.constexpr, SPLIT: tl.constexpr):
+    """`_expert_dot` of FP4 bytes and scales already loaded (`_tma_weight_bytes`)."""
+    w_lo, w_hi = fp4_split_decode(packed, sc, BN, BK, ASM)
+    acc_lo = tl.dot(w_lo.to(x_lo.dtype), x_lo, acc_lo, input_precision="ieee" if IEEE else None)
+    if SPLIT == 2:
+        acc_hi = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_hi, input_precision="ieee" if IEEE else None)
+    else:
+        acc_lo = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_lo, input_precision="ieee" if IEEE else None)
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def _gate_up_tma_kernel(
+    x, w1_desc, w3_desc, s1, s3, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
+    inter, H, stride_xm, stride_se, stride_sn, limit,
+    TOPK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    ASM: tl.constexpr, SPLIT: tl.constexpr, ACTS: tl.constexpr, SCALES: tl.constexpr,
+    ACT_SPLIT: tl.constexpr, N_FAST: tl.constexpr,
+):
+    """`_gate_up_kernel` for FP4 experts with TMA boxes (module comment above TMA_ACTS); BN divides
+    inter. ACT_SPLIT: the activations stored in the split order (`split_order`) for `_down_tma_kernel`
+    with TMA_ACTS."""
+    pid_b = tl.program_id(1 if N_FAST else 0)
+    pid_n = tl.program_id(0 if N_FAST else 1)
+    expert, rows, assign = _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM, False)
+    if expert < 0:
+        return
+    valid = assign >= 0
+    token = tl.where(valid, assign // TOPK, 0)
+    n0 = pid_n * BN
+    offs_n = n0 + tl.arange(0, BN)
+    w_row = expert * inter + n0
+    s_row = expert * (H // GROUP_TL)
+    if SCALES:  # descriptors: no pointers
+        s1_ptrs = 0
+        s3_ptrs = 0
+    else:
+        groups = tl.arange(0, BK // GROUP_TL)[None, :]
+        at = expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn + groups
+        s1_ptrs = s1 + at
+        s3_ptrs = s3 + at
+    g_lo = tl.zeros((BN, BM), dtype=tl.float32)
+    u_lo = tl.zeros((BN, BM), dtype=tl.float32)
+    g_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    u_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    if ACTS:
+        x_rows = 0
+    else:
+        x_rows = x + token[None, :] * stride_xm
+    tl.assume(H > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
+    for k0 in range(0, H, BK):
+        x_lo, x_hi = _tma_inputs(x, x_rows, valid, pid_b * BM, k0, H, ACTS, BK)
+        # both weights' bytes before the first MMA: a TMA wait (a branch) between the gate's and the up
+        # projection's wgmma makes ptxas serialize them (C7513; sm_90 compile of Triton 3.6)
+        p1, sc1 = _tma_weight_bytes(w1_desc, w_row, s1, s1_ptrs, s_row, n0, k0, SCALES)
+        p3, sc3 = _tma_weight_bytes(w3_desc, w_row, s3, s3_ptrs, s_row, n0, k0, SCALES)
+        g_lo, g_hi = _tma_dot(g_lo, g_hi, x_lo, x_hi, p1, sc1, BN, BK, IEEE, ASM, SPLIT)
+        u_lo, u_hi = _tma_dot(u_lo, u_hi, x_lo, x_hi, p3, sc3, BN, BK, IEEE, ASM, SPLIT)
+    out_ty = act_ptr.dtype.element_ty
+    gate = tl.minimum((g_lo + g_hi).to(out_ty).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum((u_lo + u_hi).to(out_ty).to(tl.float32), -limit), limit)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    rw = tl.load(route_w_ptr + assign, mask=valid, other=0.0)
+    cols = _split_pos(offs_n, inter) if ACT_SPLIT else offs_n
+    ptrs = act_ptr + rows[None, :].to(tl.int64) * inter + cols[:, None]
+    tl.store(ptrs, (act * rw[None, :]).to(out_ty), mask=valid[None, :])
+
+
+@triton.jit
+def _down_tma_kernel(
+    act, w2_desc, s2, row_assign_ptr, block_expert_ptr, y_ptr, H, inter, stride_se, stride_sn,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr,
+    SPLIT: tl.constexpr, ACTS: tl.constexpr, SCALES: tl.constexpr, N_FAST: tl.constexpr,
+):
+    """`_down_kernel` for FP4 experts with TMA boxes; ACTS: act a descriptor over the split-order
+    activations (`_gate_up_tma_kernel` with ACT_SPLIT). BN divides H."""
+    pid_b = tl.program_id(1 if N_FAST else 0)
+    pid_n = tl.program_id(0 if N_FAST else 1)
+    expert, rows, assign = _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM, False)
+    if expert < 0:
+        return
+    valid = assign >= 0
+    n0 = pid_n * BN
+    offs_n = n0 + tl.arange(0, BN)
+    w_row = expert * H + n0
+    s_row = expert * (inter // GROUP_TL)
+    if SCALES:
+        s_ptrs = 0
+    else:
+        s_ptrs = (s2 + expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn
+                  + tl.arange(0, BK // GROUP_TL)[None, :])
+    acc_lo = tl.zeros((BN, BM), dtype=tl.float32)
+    acc_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    if ACTS:
+        act_rows = 0
+    else:
+        act_rows = act + rows[None, :].to(tl.int64) * inter
+    tl.assume(inter > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
+    for k0 in range(0, inter, BK):
+        a_lo, a_hi = _tma_inputs(act, act_rows, valid, pid_b * BM, k0, inter, ACTS, BK)
+        packed, sc = _tma_weight_bytes(w2_desc, w_row, s2, s_ptrs, s_row, n0, k0, SCALES)
+        acc_lo, acc_hi = _tma_dot(acc_lo, acc_hi, a_lo, a_hi, packed, sc, BN, BK, IEEE, ASM, SPLIT)
+    ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
+    tl.store(ptrs, (acc_lo + acc_hi).to(y_ptr.dtype.element_ty), mask=valid[None, :])
 
 
 # --- decode GEMVs
@@ -804,6 +984,7 @@ class _Mlp:
     scale_rows: int  # FP8: weight rows per scale (1 or 32)
     expert_strides: bool  # stacked [E, ...] (else one [N, K] matrix, expert strides 0)
     asm: bool = False  # FP4: the packed PTX decode
+    scales_t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # PreparedExperts.scales_t
 
     def strides(self, w: torch.Tensor, s: torch.Tensor) -> tuple[int, int, int, int]:
         """(expert, row) strides of a weight and of its scale."""
@@ -829,6 +1010,7 @@ def _grouped_mlp(
         raise ValueError(f"grouped MoE: down block_m {down_cfg.block_m} != gate+up block_m {cfg.block_m}")
     t, k = ids.shape
     h = x.shape[1]
+    al = None
     if direct:
         flat = ids.reshape(-1).to(torch.int32)
         blocks, row_assign, block_expert, rows = t * k, flat, flat, t * k  # row_assign unused
@@ -838,16 +1020,24 @@ def _grouped_mlp(
         rows = blocks * cfg.block_m
     ieee = x.dtype == torch.float32
     act = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
-    we, wn, se, sn = mlp.strides(mlp.w1, mlp.s1)
-    _gate_up_kernel[(blocks, triton.cdiv(inter, cfg.block_n))](
-        x, mlp.w1, mlp.s1, mlp.w3, mlp.s3, row_assign, block_expert, weights.reshape(-1), act,
-        inter, h, x.stride(0), we, wn, se, sn, float(swiglu_limit),
-        TOPK=k, W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
-        BK=configs.block_k(h, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
-        EVEN_N=inter % cfg.block_n == 0, SPLIT=cfg.split_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
-    )
+    if cfg.tma or down_cfg.tma:
+        _check_tma(mlp, direct, h, inter, cfg, down_cfg)
+    if cfg.tma:
+        _gate_up_tma(x, weights, mlp, al, act, k, swiglu_limit, cfg, bool(down_cfg.tma & TMA_ACTS))
+    else:
+        we, wn, se, sn = mlp.strides(mlp.w1, mlp.s1)
+        _gate_up_kernel[(blocks, triton.cdiv(inter, cfg.block_n))](
+            x, mlp.w1, mlp.s1, mlp.w3, mlp.s3, row_assign, block_expert, weights.reshape(-1), act,
+            inter, h, x.stride(0), we, wn, se, sn, float(swiglu_limit),
+            TOPK=k, W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
+            BK=configs.block_k(h, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
+            EVEN_N=inter % cfg.block_n == 0, SPLIT=cfg.split_k, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
+        )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
+    if down_cfg.tma:
+        _down_tma(act, mlp, al, y, down_cfg)
+        return y
     we, wn, se, sn = mlp.strides(mlp.w2, mlp.s2)
     c = down_cfg
     _down_kernel[(blocks, triton.cdiv(h, c.block_n))](
@@ -858,6 +1048,78 @@ def _grouped_mlp(
         maxnreg=c.maxnreg or None,
     )
     return y
+
+
+def _check_tma(mlp: _Mlp, direct: bool, h: int, inter: int, cfg: configs.TileConfig,
+               down_cfg: configs.TileConfig) -> None:
+    """The TMA kernels serve stacked FP4 experts through an alignment, with tiles dividing the rows."""
+    if mlp.fp8 or direct or not mlp.expert_strides:
+        raise ValueError("grouped MoE: TMA tiles (TileConfig.tma) serve aligned stacked FP4 experts only")
+    if (cfg.tma and inter % cfg.block_n) or (down_cfg.tma and h % down_cfg.block_n):
+        raise ValueError(f"grouped MoE: TMA tiles {cfg}, {down_cfg}: block_n must divide {inter} / {h}")
+    if down_cfg.tma & TMA_ACTS and not cfg.tma:
+        raise ValueError("grouped MoE: a down tile with TMA_ACTS needs a TMA gate+up tile (split-order rows)")
+    if (cfg.tma | down_cfg.tma) & TMA_SCALES and mlp.scales_t is None:
+        raise ValueError("grouped MoE: TMA_SCALES needs the transposed scales (prepare_experts scales_t)")
+
+
+def _box(t: torch.Tensor, rows: int, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor over t viewed as a [rows, -1] matrix, boxes of `block`."""
+    return TensorDescriptor.from_tensor(t.view(rows, -1), block)
+
+
+def _scale_boxes(mlp: _Mlp, which: tuple[int, ...], cfg: configs.TileConfig, k: int) -> list[Any]:
+    """The scales of weights `which` (0: w1, 1: w3, 2: w2) as the TMA kernels take them: descriptors over
+    the transposed copies with TMA_SCALES, else the [E, N, K/32] tensors."""
+    plain = (mlp.s1, mlp.s3, mlp.s2)
+    if not cfg.tma & TMA_SCALES:
+        return [plain[j] for j in which]
+    bk = configs.block_k(k, cfg.block_k)
+    box = [bk // GROUP, cfg.block_n]
+    return [_box(mlp.scales_t[j], mlp.scales_t[j].shape[:2].numel(), box) for j in which]
+
+
+def _gate_up_tma(x: torch.Tensor, route_w: torch.Tensor, mlp: _Mlp, al: Alignment, act: torch.Tensor,
+                 topk: int, limit: float, cfg: configs.TileConfig, act_split: bool) -> None:
+    e, i = mlp.w1.shape[:2]
+    h = x.shape[1]
+    bn, bm, bk = cfg.block_n, cfg.block_m, configs.block_k(h, cfg.block_k)
+    acts = bool(cfg.tma & TMA_ACTS)
+    xin: Any = x
+    if acts:
+        rows = torch.empty((al.blocks * bm, h), dtype=x.dtype, device=x.device)
+        bh = configs.block_k(h // 2, _GATHER_COLS)
+        _gather_split_kernel[(al.blocks, h // bh)](
+            x, al.row_assign, al.block_expert, rows, h, x.stride(0), TOPK=topk, BM=bm, BLOCK_H=bh,
+            num_warps=4,
+        )
+        xin = _box(rows, rows.shape[0], [bm, bk // 2])
+    s1, s3 = _scale_boxes(mlp, (0, 1), cfg, h)
+    n_fast = bool(cfg.tma & TMA_N_FAST)
+    _gate_up_tma_kernel[(i // bn, al.blocks) if n_fast else (al.blocks, i // bn)](
+        xin, _box(mlp.w1, e * i, [bn, bk // 2]), _box(mlp.w3, e * i, [bn, bk // 2]), s1, s3,
+        al.row_assign, al.block_expert, route_w.reshape(-1), act, i, h, x.stride(0),
+        mlp.s1.stride(0), mlp.s1.stride(1), float(limit),
+        TOPK=topk, BN=bn, BM=bm, BK=bk, IEEE=x.dtype == torch.float32, ASM=mlp.asm, SPLIT=cfg.split_k,
+        ACTS=acts, SCALES=bool(cfg.tma & TMA_SCALES), ACT_SPLIT=act_split, N_FAST=n_fast,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
+    )
+
+
+def _down_tma(act: torch.Tensor, mlp: _Mlp, al: Alignment, y: torch.Tensor, cfg: configs.TileConfig) -> None:
+    e, h = mlp.w2.shape[:2]
+    i = act.shape[1]
+    bn, bm, bk = cfg.block_n, cfg.block_m, configs.block_k(i, cfg.block_k)
+    acts = bool(cfg.tma & TMA_ACTS)
+    (s2,) = _scale_boxes(mlp, (2,), cfg, i)
+    n_fast = bool(cfg.tma & TMA_N_FAST)
+    _down_tma_kernel[(h // bn, al.blocks) if n_fast else (al.blocks, h // bn)](
+        _box(act, act.shape[0], [bm, bk // 2]) if acts else act, _box(mlp.w2, e * h, [bn, bk // 2]), s2,
+        al.row_assign, al.block_expert, y, h, i, mlp.s2.stride(0), mlp.s2.stride(1),
+        BN=bn, BM=bm, BK=bk, IEEE=act.dtype == torch.float32, ASM=mlp.asm, SPLIT=cfg.split_k, ACTS=acts,
+        SCALES=bool(cfg.tma & TMA_SCALES), N_FAST=n_fast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        maxnreg=cfg.maxnreg or None,
+    )
 
 
 # Batch-invariant mode: one tile config for every batch, no GEMV path, so a row's reduction order is fixed
@@ -879,7 +1141,7 @@ def routed_experts(
     if t == 0:
         return torch.empty((0, h), dtype=x.dtype, device=x.device)
     p = experts
-    mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True, p.asm)
+    mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True, p.asm, p.scales_t)
     if t * k <= DECODE_ASSIGNMENTS and config is None:
         cfg = DECODE_OVERRIDE or configs.lookup_moe_decode(h, i, x.device)
         if cfg.block_m == 1:

@@ -1,0 +1,52 @@
+"""The grouped FP4 expert kernels with TMA boxes (TileConfig.tma) under Triton's CPU interpreter (float32,
+tiny shapes) against the reference's routed experts: weights alone, + the inputs gathered into aligned
+split-order rows, + the transposed scales, mixed with the pointer kernels and split_k 2; and the checks
+on tiles the TMA kernels do not serve."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+_SCRIPT = r"""
+import torch
+from deepinfer.ops.reference import moe as ref_moe
+from deepinfer.testing.moe import toy_experts
+from deepinfer_kernels_cuda import moe
+from deepinfer_kernels_cuda.configs import TileConfig
+
+torch.manual_seed(0)
+e, h, i, k, t = 4, 64, 96, 2, 24  # 48 assignments: above the decode sizes
+w = (*toy_experts(e, i, h), *toy_experts(e, i, h), *toy_experts(e, h, i))
+ref = ref_moe.prepare_experts(*w)
+x = torch.randn(t, h)
+weights = torch.rand(t, k)
+ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)]).int()
+want = ref_moe.routed_experts(x, weights, ids.long(), ref, 1.0)
+ours = moe.prepare_experts(*w, scales_t=True)
+mlp = moe._Mlp(ours.w1, ours.s1, ours.w3, ours.s3, ours.w2, ours.s2, False, 1, True, False, ours.scales_t)
+plain = TileConfig(32, 16, 32, 1, 4, 1)
+for up, down in ((TileConfig(32, 16, 64, 1, 4, 2, 0, 1), TileConfig(32, 16, 32, 1, 4, 2, 0, 1)),
+                 (TileConfig(32, 16, 64, 2, 4, 2, 0, 3), TileConfig(64, 16, 32, 1, 4, 2, 0, 3)),
+                 (TileConfig(32, 16, 32, 1, 4, 2, 0, 15), TileConfig(32, 16, 64, 2, 4, 2, 0, 7)),
+                 (TileConfig(32, 16, 32, 1, 4, 2, 0, 7), TileConfig(32, 16, 64, 2, 4, 2, 0, 15)),
+                 (TileConfig(32, 32, 32, 1, 4, 2, 0, 5), TileConfig(32, 32, 32, 1, 4, 1)),
+                 (plain, TileConfig(32, 16, 32, 1, 4, 2, 0, 5))):
+    got = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
+    err = float((got.reshape(t, k, h).sum(1).double() - want.double()).norm() / want.double().norm())
+    assert err < 1e-5, (up, down, err)
+mlp_plain = moe._Mlp(ours.w1, ours.s1, ours.w3, ours.s3, ours.w2, ours.s2, False, 1, True)
+for m, up, down, message in (
+        (mlp, TileConfig(64, 16, 32, 1, 4, 1, 0, 1), None, "block_n must divide"),
+        (mlp, plain, TileConfig(32, 16, 32, 1, 4, 1, 0, 3), "needs a TMA gate+up tile"),
+        (mlp_plain, TileConfig(32, 16, 32, 1, 4, 1, 0, 5), None, "transposed scales")):
+    try:
+        moe._grouped_mlp(x, weights, ids, m, e, i, 1.0, up, down_cfg=down)
+        raise AssertionError(f"ran with {up}, {down}")
+    except ValueError as err:
+        assert message in str(err), err
+print("ok")
+"""
+
+
+def test_tma_grouped_kernels_match_reference_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_SCRIPT)
