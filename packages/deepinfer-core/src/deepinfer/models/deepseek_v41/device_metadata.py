@@ -23,6 +23,7 @@ Every shape and host int is then a function of the host plan and T alone:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -39,6 +40,18 @@ from deepinfer.models.deepseek_v41.metadata import (
     _ranges,
 )
 from deepinfer.models.interface import SequenceSegment
+
+
+@dataclass(frozen=True)
+class SplitShape:
+    """The graph key of a device-split step: `num_seqs` sequences (the real ones, then padding ones of
+    no rows: slot 0, position 0, block 0), `rows` rows in all, at most `tokens` per sequence (entry
+    places: ceil(tokens / r) each), block tables of `table_width` columns."""
+
+    num_seqs: int
+    rows: int
+    tokens: int
+    table_width: int
 
 
 class DeviceMetadataBuilder:
@@ -66,8 +79,22 @@ class DeviceMetadataBuilder:
         len(token_ids), summing to the host int `total`, which is not checked: that would sync).
         `input_ids`: the segments' full token ids on the device, flat (else the lists' ids); the
         metadata's `input_ids` are the packed rows' ids. Every row gets a logits row."""
+        if not segs:
+            raise ValueError("a forward needs at least one segment")
+        host = self.host_arrays(segs, with_ids=input_ids is None)
+        names = list(host)
+        t = dict(zip(names, self.staging.upload([host[n] for n in names]), strict=True))
+        ends = np.array([s.start_pos + len(s.token_ids) for s in segs], dtype=np.int64)
+        capacity = {r: int((ends // r).max()) for r in self.geo.ratios}
+        return self.device_build(t, rows, total, t["ids"] if input_ids is None else input_ids, capacity)
+
+    def host_arrays(
+        self, segs: Sequence[SequenceSegment], with_ids: bool = True, shape: SplitShape | None = None
+    ) -> dict[str, np.ndarray]:
+        """What the host knows of the step (slots, starts, tables, the flat ids' offsets, and per ratio
+        > 1 the entry places), checked; with `shape`, padded to it (every size then a function of it)."""
         geo = self.geo
-        if not self.fits(segs):
+        if not self.fits(segs) and segs:
             raise ValueError(f"device-built steps take segments of at most {geo.max_fixed_tokens} tokens "
                              "with logits for every token")
         slots = np.array(_check_segments(list(segs), geo.num_slots), dtype=np.int64)
@@ -77,29 +104,44 @@ class DeviceMetadataBuilder:
         short = slots[table_lens * BLOCK_TOKENS < start + most]
         if short.size:
             raise ValueError(f"block tables of slots {short.tolist()} do not cover their new positions")
-        width = 1 << max(int(table_lens.max()) - 1, 0).bit_length()
+        width = 1 << max(int(table_lens.max(initial=1)) - 1, 0).bit_length()
+        ids = np.fromiter(chain.from_iterable(s.token_ids for s in segs), np.int64, int(most.sum()))
+        id_base = np.cumsum(most) - most  # each sequence's first id in the flat upper-bound ids
+        if shape is not None:
+            if len(segs) > shape.num_seqs or most.max(initial=0) > shape.tokens or width > shape.table_width:
+                raise ValueError(f"segments do not fit the split shape {shape}")
+            pad = shape.num_seqs - len(segs)
+            width = shape.table_width
+            slots, start, id_base = (np.pad(a, (0, pad)) for a in (slots, start, id_base))
+            ids = np.pad(ids, (0, shape.num_seqs * shape.tokens - ids.size))
         self.tables.reserve(width)
-        tables = self.tables.rows[slots, :width]
-        host: dict[str, np.ndarray] = {
-            "slots": slots, "seg_start": start, "tables": tables,
-            "id_base": np.cumsum(most) - most,  # each sequence's first id in the flat upper-bound ids
-        }
-        if input_ids is None:
-            ids = chain.from_iterable(s.token_ids for s in segs)
-            host["ids"] = np.fromiter(ids, np.int64, int(most.sum()))
+        tables = self.tables.rows[slots, :width]  # slot 0's row (padding) is block 0 throughout
+        host = {"slots": slots, "seg_start": start, "tables": tables, "id_base": id_base}
+        if with_ids:
+            host["ids"] = ids
         for r in geo.ratios:
             if r > 1:
-                self._host_entries(r, start, most, slots, tables, host)
-        names = list(host)
-        t = dict(zip(names, self.staging.upload([host[n] for n in names]), strict=True))
+                first = start // r
+                places = (np.full_like(start, -(-shape.tokens // r)) if shape is not None
+                          else (start + most) // r - first)
+                self._host_entries(r, first, places, start, slots, tables, host)
+        return host
 
+    def device_build(
+        self, t: dict[str, torch.Tensor], rows: torch.Tensor, total: int, flat_ids: torch.Tensor,
+        capacity: dict[int, int],
+    ) -> StepMetadata:
+        """The StepMetadata from the uploaded `host_arrays` `t`, the row counts `rows` (device, one per
+        sequence of `t`, summing to `total`) and the flat upper-bound ids: torch ops only, no host read."""
+        geo = self.geo
+        num_seqs = t["slots"].shape[0]
         dev = t["slots"].device
         lens = rows.to(dev, torch.int64)
         seg_start, slot = t["seg_start"], t["slots"]
         end = seg_start + lens
         qsl = torch.cat((lens.new_zeros(1), lens.cumsum(0)))
         every = torch.arange(total, device=dev)
-        row_seg = torch.repeat_interleave(torch.arange(len(segs), device=dev), lens, output_size=total)
+        row_seg = torch.repeat_interleave(torch.arange(num_seqs, device=dev), lens, output_size=total)
         offset = every - qsl[row_seg]  # row within its sequence
         pos = seg_start[row_seg] + offset
         replay = geo.replay
@@ -120,7 +162,7 @@ class DeviceMetadataBuilder:
 
         all_rows = row_set(None)
         consumer_rows = all_rows if replay.mode == "off" else row_set(consumer_from)
-        compression = {r: self._compression(r, t, start, most, slot, row_seg, pos, end, qsl, every)
+        compression = {r: self._compression(r, t, capacity[r], slot, row_seg, pos, end, qsl, every)
                        for r in geo.ratios}
         engram_sources = history_dest = history_src = None
         if geo.engram_n:
@@ -131,9 +173,8 @@ class DeviceMetadataBuilder:
                               slot[row_seg, None] * hl + back % hl)
             engram_sources = torch.where(back >= 0, src, -1)
             history_dest, history_src = slot[row_seg] * hl + pos % hl, every
-        flat_ids = t["ids"] if input_ids is None else input_ids
         return StepMetadata(
-            num_seqs=len(segs), num_rows=total, slots=slot, seg_start=seg_start, seg_end=end,
+            num_seqs=num_seqs, num_rows=total, slots=slot, seg_start=seg_start, seg_end=end,
             query_start_loc=qsl, block_tables=t["tables"], consumer_from=consumer_from, all_rows=all_rows,
             consumer_rows=consumer_rows, kept=every if replay.mode == "compact" else None,
             compression=compression, engram_sources=engram_sources, history_dest=history_dest,
@@ -141,27 +182,26 @@ class DeviceMetadataBuilder:
             row_offsets=None,
         )
 
-    def _host_entries(self, r: int, start: np.ndarray, most: np.ndarray, slots: np.ndarray,
-                      tables: np.ndarray, host: dict[str, np.ndarray]) -> None:
-        """Entry places of ratio r > 1: entries [start // r, (start + most) // r) of each sequence, with
-        what the host knows of them (pool row, ring rows of their groups, group offsets from start)."""
-        first = start // r
-        places = (start + most) // r - first
-        seg = np.repeat(np.arange(len(start)), places)
+    def _host_entries(self, r: int, first: np.ndarray, places: np.ndarray, start: np.ndarray,
+                      slots: np.ndarray, tables: np.ndarray, host: dict[str, np.ndarray]) -> None:
+        """Entry places of ratio r > 1: entries first[b] + j, j < places[b], with what the host knows of
+        them (pool row, ring rows of their groups, group offsets from start); places past the table
+        (padding only) read its last column."""
+        seg = np.repeat(np.arange(len(first)), places)
         entries = _ranges(first, first + places)
         per_block, lc = BLOCK_TOKENS // r, self.geo.state_lens[r]
         group = entries[:, None] * r + np.arange(r)  # [M, r] positions
+        col = np.minimum(entries // per_block, tables.shape[1] - 1)
         host[f"c{r}.seg"] = seg
         host[f"c{r}.entries"] = entries
-        host[f"c{r}.dest"] = tables[seg, entries // per_block] * per_block + entries % per_block
+        host[f"c{r}.dest"] = tables[seg, col] * per_block + entries % per_block
         host[f"c{r}.ring"] = slots[seg, None] * lc + group % lc
         host[f"c{r}.offset"] = group - start[seg, None]
 
     def _compression(
-        self, r: int, t: dict[str, torch.Tensor], start: np.ndarray, most: np.ndarray, slot: torch.Tensor,
-        row_seg: torch.Tensor, pos: torch.Tensor, end: torch.Tensor, qsl: torch.Tensor, every: torch.Tensor,
+        self, r: int, t: dict[str, torch.Tensor], capacity: int, slot: torch.Tensor, row_seg: torch.Tensor,
+        pos: torch.Tensor, end: torch.Tensor, qsl: torch.Tensor, every: torch.Tensor,
     ) -> Compression:
-        capacity = int(((start + most) // r).max())
         if r == 1:  # every row completes its own entry, at the row's position
             col = pos // BLOCK_TOKENS
             dest = t["tables"][row_seg, col] * BLOCK_TOKENS + pos % BLOCK_TOKENS
