@@ -182,11 +182,14 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory):
     return write_tiny_checkpoint("full", tmp_path_factory.mktemp("full"), seed=0)
 
 
-def _forward_rows_equals_the_cut_forward(checkpoint, device: str, replay: str) -> None:
-    """A verification step through `forward_rows` (rows counts on `device`) gives the logits of the same
-    step cut on the host, run by a second runtime in the same state, and leaves the same cache: the
-    next decode step agrees too."""
+def _forward_rows_equals_the_cut_forward(checkpoint, device: str, replay: str, graphs: bool = False) -> None:
+    """Verification steps through `forward_rows` (rows counts on `device`; with `graphs`, through split
+    graphs recorded by the CPU stand-in) give the logits of the same steps cut on the host, run eagerly
+    by a second runtime in the same state, and leave the same cache: the next decode step agrees too."""
+    from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
     from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, load_runtime
+    from deepinfer.models.deepseek_v41.split_graphs import SplitGraphs
+    from deepinfer.testing.recorder import rerun_recorder
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     runtimes = []
@@ -198,32 +201,48 @@ def _forward_rows_equals_the_cut_forward(checkpoint, device: str, replay: str) -
         runtimes.append(rt)
     k = runtimes[0].max_backtrack - 1  # drafts per sequence: a step of 1 + k rows
     lens = [3, 9, 17, 30]  # windows reaching before position 0, and not
-    rows = [1, 1 + k, 2, k]
     first = [SequenceSegment(i + 1, [i + 1], 0, [5 + (3 * i + j) % 40 for j in range(n)], "last")
              for i, n in enumerate(lens)]
-    upper = [SequenceSegment(i + 1, [i + 1], n, [9 + (5 * i + j) % 40 for j in range(1 + k)], "all")
-             for i, n in enumerate(lens)]
-    cut = [SequenceSegment(s.slot, s.block_table, s.start_pos, s.token_ids[:q], "all")
-           for s, q in zip(upper, rows, strict=True)]
-    after = [SequenceSegment(s.slot, s.block_table, s.start_pos + q, [11 + i], "last")
-             for i, (s, q) in enumerate(zip(upper, rows, strict=True))]
     for rt in runtimes:
         rt.allocate_cache(num_blocks=len(lens) + 1, num_slots=len(lens) + 1)
         rt.forward(ForwardBatch(first))
-    split = runtimes[0].forward_rows(ForwardBatch(upper), torch.tensor(rows, device=device), sum(rows))
-    host = runtimes[1].forward(ForwardBatch(cut)).logits
+    split_rt = runtimes[0]
+    if graphs:
+        split_rt.graphs = DecodeGraphs(split_rt.builder, split_rt.last_is_consumer, split_rt.run_step,
+                                       split_rt.vocab_size, rerun_recorder,
+                                       max_backtrack=split_rt.max_backtrack, verify_tokens=1 + k)
+        split_rt.split_graphs = SplitGraphs(split_rt.device_builder, split_rt.graphs, split_rt.run_step)
     tol = {"atol": 1e-5, "rtol": 1e-5} if device == "cpu" else {"atol": 2e-2, "rtol": 2e-2}
-    torch.testing.assert_close(split, host, **tol)
-    torch.testing.assert_close(runtimes[0].forward(ForwardBatch(after)).logits,
+    # two steps of one total (one graph), then another total and three sequences (a padded bucket)
+    steps = (([1, 2, 3, 4], [1, 1 + k, 2, k]), ([1, 2, 3, 4], [k, 2, 1 + k, 1]), ([2, 3, 4], [1, 2, 2]))
+    for slots, rows in steps:
+        upper = [SequenceSegment(s, [s], lens[s - 1], [9 + (5 * s + j) % 40 for j in range(1 + k)], "all")
+                 for s in slots]
+        cut = [SequenceSegment(u.slot, u.block_table, u.start_pos, u.token_ids[:q], "all")
+               for u, q in zip(upper, rows, strict=True)]
+        batch = ForwardBatch(upper)
+        if rows[0] == k:  # ids on the device, the lists holding stand-ins (as the engine passes drafts)
+            ids = torch.tensor([t for u in upper for t in u.token_ids], device=device)
+            batch = ForwardBatch([SequenceSegment(u.slot, u.block_table, u.start_pos, [-2] * (1 + k), "all")
+                                  for u in upper], ids)
+        split = split_rt.forward_rows(batch, torch.tensor(rows, device=device), sum(rows))
+        torch.testing.assert_close(split, runtimes[1].forward(ForwardBatch(cut)).logits, **tol)
+        for s, q in zip(slots, rows, strict=True):
+            lens[s - 1] += q - 1  # the next step starts at the last row kept (as after a rejected draft)
+    if graphs:
+        assert len(split_rt.split_graphs.graphs) == 2
+    after = [SequenceSegment(i + 1, [i + 1], n, [11 + i], "last") for i, n in enumerate(lens)]
+    torch.testing.assert_close(split_rt.forward(ForwardBatch(after)).logits,
                                runtimes[1].forward(ForwardBatch(after)).logits, **tol)
 
 
-@pytest.mark.parametrize("replay", ["off", "compact"])
-def test_forward_rows_equals_the_forward_of_the_cut_step(checkpoint, replay: str) -> None:
-    _forward_rows_equals_the_cut_forward(checkpoint, "cpu", replay)
+@pytest.mark.parametrize(("replay", "graphs"), [("off", False), ("compact", False), ("off", True)])
+def test_forward_rows_equals_the_forward_of_the_cut_step(checkpoint, replay: str, graphs: bool) -> None:
+    _forward_rows_equals_the_cut_forward(checkpoint, "cpu", replay, graphs)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_forward_rows_equals_the_forward_of_the_cut_step(checkpoint) -> None:
-    _forward_rows_equals_the_cut_forward(checkpoint, "cuda", "off")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_forward_rows_equals_the_forward_of_the_cut_step(checkpoint, graphs: bool) -> None:
+    _forward_rows_equals_the_cut_forward(checkpoint, "cuda", "off", graphs)

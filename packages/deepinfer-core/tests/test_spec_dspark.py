@@ -100,6 +100,23 @@ def test_greedy_speculation_equals_no_speculation(checkpoint: Path, monkeypatch)
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
 
 
+@pytest.mark.usefixtures("speculators")
+def test_async_confidence_split_steps_replay_graphs(checkpoint: Path) -> None:
+    """With graphs (the CPU stand-in recorder), the device-split steps of the async confidence schedule
+    replay split graphs and greedy output stays that of no speculation."""
+    from deepinfer.testing.engine import run_requests
+    from deepinfer.testing.recorder import rerun_recorder
+
+    reqs = [(p, GREEDY) for p in prompts(3)]
+    config = {"max_model_len": 96, "max_num_seqs": 4}
+    plain, _ = run_requests(load_runtime(checkpoint), reqs, **config)
+    rt = load_runtime(checkpoint)
+    rt.graph_recorder = rerun_recorder
+    drafted, engine = run_requests(rt, reqs, speculator="dspark", spec_schedule="confidence", **config)
+    assert drafted == plain and engine.stats.spec_draft_tokens > 0
+    assert rt.split_graphs is not None and rt.split_graphs.graphs
+
+
 def live_state(rt: DeepseekV41Runtime, slot: int, blocks: list[int], length: int) -> dict[str, torch.Tensor]:
     """Every cache entry and state a forward at position `length` may read: window keys of the last W
     positions (backbone and DSpark blocks), compressor partial groups, compressed KV and index keys of

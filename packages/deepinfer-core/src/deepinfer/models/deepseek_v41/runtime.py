@@ -38,6 +38,7 @@ from deepinfer.models.deepseek_v41.graphs import (
 )
 from deepinfer.models.deepseek_v41.metadata import MetadataBuilder, StepMetadata
 from deepinfer.models.deepseek_v41.model import DeepseekV41Model, TokenInputs
+from deepinfer.models.deepseek_v41.split_graphs import SplitGraphs
 from deepinfer.models.deepseek_v41.step_state import (
     BoundedReplay,
     ReplayMode,
@@ -87,6 +88,7 @@ class DeepseekV41Runtime:
         self.history: torch.Tensor | None = None  # Engram: [slots, history_len] ids, position p at p % len
         self.last_is_consumer = model.blocks[-1].spec.is_yoco_consumer
         self.graphs: DecodeGraphs | None = None
+        self.split_graphs: SplitGraphs | None = None  # device-split verification steps (forward_rows)
         self.graph_recorder: Recorder | None = None  # when set, each cache gets graphs recorded by it
         self.graph_plan: GraphPlan | None = None  # what allocate_cache captures ahead (plan_graphs)
         self.graph_buckets = graph_buckets(options.cuda_graph_sizes)
@@ -122,7 +124,8 @@ class DeepseekV41Runtime:
         geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
         self.builder = MetadataBuilder(geometry, self.device)
         self.device_builder = DeviceMetadataBuilder(self.builder)
-        self.graphs = None  # graphs read the cache's addresses: recaptured for a new cache
+        # graphs read the cache's addresses: recaptured for a new cache
+        self.graphs = self.split_graphs = None
         if self.dspark is not None:
             self.dspark.graphs = None
         if self.graph_recorder is not None:
@@ -131,6 +134,7 @@ class DeepseekV41Runtime:
                                        self.graph_recorder, self.graph_buckets,
                                        max_backtrack=self.max_backtrack,
                                        verify_tokens=plan.verify_tokens if plan else None)
+            self.split_graphs = SplitGraphs(self.device_builder, self.graphs, self.run_step)
             if self.dspark is not None:
                 self.dspark.graphs = DraftGraphs(self.dspark, self.cache, self.graph_recorder,
                                                  self.graph_buckets)
@@ -156,7 +160,8 @@ class DeepseekV41Runtime:
         self.allocate_cache(num_blocks=2, num_slots=2)
         reserve = probe_graph_memory(plan, self.builder, self.last_is_consumer, self.run_step,
                                      self.vocab_size, self.dspark, self.cache)
-        self.cache = self.builder = self.device_builder = self.graphs = self.history = None
+        self.cache = self.builder = self.device_builder = self.history = None
+        self.graphs = self.split_graphs = None
         if self.dspark is not None:
             self.dspark.graphs = None
         self.graph_plan = replace(plan, reserve=reserve)
@@ -202,9 +207,12 @@ class DeepseekV41Runtime:
 
     def forward_rows(self, batch: ForwardBatch, rows: torch.Tensor, total: int) -> torch.Tensor:
         """Logits [total, V] of the segments cut to their first rows[b] tokens, `rows` on the device
-        (summing to `total`): metadata built there (device_metadata.py), run eagerly; batch.input_ids
-        (if given) are the uncut segments' ids."""
+        (summing to `total`): metadata built there (device_metadata.py), through a CUDA graph of the
+        step's shape (split_graphs.py) or eagerly; batch.input_ids (if given) are the uncut segments' ids."""
         self._require_cache()
+        graphed = self.split_graphs.forward(batch, rows, total) if self.split_graphs is not None else None
+        if graphed is not None:
+            return graphed
         meta = self.device_builder.build(batch.segments, rows, total, batch.input_ids)
         return self.run_step(meta, None)
 

@@ -1,0 +1,112 @@
+"""CUDA graphs of device-split verification steps (`DeepseekV41Runtime.forward_rows`).
+
+Such a step's rows per sequence exist only on the device, but its total T is a host int, and the device
+build (device_metadata.py) makes every shape a function of its `SplitShape`: the batch padded to a
+bucket with sequences of no rows, the step's T, the most rows per sequence (the verification length
+1 + K) and the table width. A graph per shape holds the device half of the build and the forward; each
+replay uploads the host half into the graph's persistent staging buffer, copies the row counts and the
+device token ids into the buffers the graph reads, and replays. Shapes are captured on first use (T
+takes R..R(1 + K) values per bucket, too many to capture ahead), on a batch of padding sequences only
+(slot 0, block 0: no real sequence's state is touched). The logits go to the verification graphs'
+shared output buffer (graphs never replay concurrently and the logits are copied out at once); a
+graph captured into a buffer that has since been replaced is captured again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.cache import BLOCK_TOKENS
+from deepinfer.models.deepseek_v41.device_metadata import DeviceMetadataBuilder, SplitShape
+from deepinfer.models.deepseek_v41.graphs import DecodeGraphs, StepFn, _table_width, bucket_for
+from deepinfer.models.deepseek_v41.metadata import Staging
+from deepinfer.models.interface import ForwardBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _SplitGraph:
+    staging: Staging  # the host half of the metadata the graph reads
+    names: list[str]  # its arrays, in upload order
+    rows: torch.Tensor  # [num_seqs] the row counts the graph reads
+    ids: torch.Tensor  # [num_seqs * tokens] the flat upper-bound token ids the graph reads
+    logits: torch.Tensor  # rows of the shared output buffer
+    output: torch.Tensor  # that buffer (a replaced one means: capture again)
+    replay: Callable[[], None]
+
+
+class SplitGraphs:
+    """Graphs of one cache's device-split steps, beside its decode and verification graphs (`decode`:
+    their recorder, buckets and output buffers). Rows per sequence: the verification length if planned,
+    else 1 + the rollback depth (a step verifies at most that many drafts)."""
+
+    def __init__(self, builder: DeviceMetadataBuilder, decode: DecodeGraphs, step: StepFn) -> None:
+        self.builder, self.decode, self.step = builder, decode, step
+        self.tokens = decode.verify_tokens or min(decode.max_backtrack + 1, builder.geo.max_fixed_tokens)
+        self.graphs: dict[SplitShape, _SplitGraph] = {}
+        self.failed = False  # a capture failed: every split step runs eagerly
+
+    def shape(self, batch: ForwardBatch, total: int) -> SplitShape | None:
+        """The step's graph key, or None when it runs eagerly."""
+        segs = batch.segments
+        bucket = bucket_for(len(segs), self.decode.buckets) if segs else None
+        if bucket is None or max(len(s.token_ids) for s in segs) > self.tokens:
+            return None
+        furthest = max(s.start_pos for s in segs) + self.tokens
+        blocks = max(max(len(s.block_table) for s in segs), -(-furthest // BLOCK_TOKENS))
+        return SplitShape(bucket, total, self.tokens, _table_width(blocks))
+
+    def forward(self, batch: ForwardBatch, rows: torch.Tensor, total: int) -> torch.Tensor | None:
+        """Logits [total, V] through the step's graph (captured first if new); None: run it eagerly."""
+        shape = None if self.failed else self.shape(batch, total)
+        if shape is None:
+            return None
+        graph = self.graphs.get(shape)
+        if graph is None or graph.output is not self.decode.outputs.get(self.tokens):
+            graph = self._capture_or_fail(shape)
+            if graph is None:
+                return None
+        host = self.builder.host_arrays(batch.segments, shape=shape)
+        graph.staging.upload([host[n] for n in graph.names])  # persistent: the addresses the graph reads
+        n = len(batch.segments)
+        graph.rows[:n].copy_(rows)
+        graph.rows[n:].zero_()
+        if batch.input_ids is not None:
+            graph.ids[: batch.input_ids.shape[0]].copy_(batch.input_ids)  # after the upload of the list ids
+        graph.replay()
+        return graph.logits.clone()
+
+    def _capture_or_fail(self, shape: SplitShape) -> _SplitGraph | None:
+        try:
+            return self._capture(shape)
+        except RuntimeError as exc:  # an op that cannot be captured
+            logger.warning("CUDA graphs: capturing the split step %s failed, split steps run eagerly from "
+                           "now on: %s", shape, exc)
+            self.failed = True
+            return None
+
+    def _capture(self, shape: SplitShape) -> _SplitGraph:
+        builder = self.builder
+        staging = Staging(builder.staging.device, persistent=True)
+        host = builder.host_arrays([], shape=shape)
+        names = list(host)
+        t = dict(zip(names, staging.upload([host[n] for n in names]), strict=True))
+        # the capture's padding sequences share the rows out (each at most `tokens`)
+        split = [min(shape.tokens, max(shape.rows - shape.tokens * b, 0)) for b in range(shape.num_seqs)]
+        rows = torch.tensor(split, dtype=torch.int64).to(t["slots"].device)
+        capacity = {r: shape.table_width * (BLOCK_TOKENS // r) for r in builder.geo.ratios}
+        out = self.decode._output(self.tokens, shape.rows)
+
+        def step() -> torch.Tensor:
+            meta = builder.device_build(t, rows, shape.rows, t["ids"], capacity)
+            return out[: shape.rows].copy_(self.step(meta, None))
+
+        logits, replay = self.decode.recorder(step)
+        self.graphs = {k: g for k, g in self.graphs.items() if g.output is out}  # older buffers: recapture
+        graph = self.graphs[shape] = _SplitGraph(staging, names, rows, t["ids"], logits, out, replay)
+        return graph
