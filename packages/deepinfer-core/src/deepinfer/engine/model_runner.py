@@ -392,7 +392,8 @@ class ModelRunner:
         slot, at position 0, one block each), logits for every row, greedy verification of a draft on
         every row but the segments' last. The slots are reset afterwards. Every row has its own token
         (spread over the vocabulary): equal rows would all route to the same experts, so an MoE step
-        would read a fraction of a real batch's expert weights."""
+        would read a fraction of a real batch's expert weights. With a device split the step runs as
+        split steps do (`forward_rows`: exactly its rows, no padding to the verification length)."""
         segments, drafts = [], []
         for i, first in enumerate(range(0, num_tokens, width)):
             n = min(width, num_tokens - first)
@@ -402,8 +403,14 @@ class ModelRunner:
         rows = [SampleRow(_PROFILE_PARAMS, 0, j, 0) for j in range(num_tokens)]
         for s in segments:
             self.model.reset_slot(s.slot)
+        fits = getattr(self.model, "device_rows_fit", None)
+        split = self.splitter is not None and fits is not None and fits(segments)
         start = time.perf_counter()
-        logits = self.model.forward(ForwardBatch(segments)).logits
+        if split:
+            lens = to_device([len(s.token_ids) for s in segments], self._device)
+            logits = self.model.forward_rows(ForwardBatch(segments), lens, num_tokens)  # type: ignore[attr-defined]
+        else:
+            logits = self.model.forward(ForwardBatch(segments)).logits
         verify(logits, rows, drafts, None, self.sampler.eos_token_id, self.sampler.ops).tokens.tolist()
         ms = (time.perf_counter() - start) * 1e3
         for s in segments:
