@@ -560,11 +560,22 @@ def test_the_next_step_starts_while_its_drafts_are_still_drafted(make_engine, dr
 
     class CudaToyLM(ToyLM):
         device = torch.device("cuda")
+        splitting = False
 
         def forward(self, batch):
-            if any(t == DRAFT for seg in batch.segments for t in seg.token_ids):
+            if not self.splitting and any(t == DRAFT for seg in batch.segments for t in seg.token_ids):
                 entered.append(not SlowCudaProposer.spun.query())
             return super().forward(batch)
+
+        def forward_rows(self, batch, rows, total):
+            # a device-split step is entered here; the toy then reads the row counts (waits for them)
+            if any(t == DRAFT for seg in batch.segments for t in seg.token_ids):
+                entered.append(not SlowCudaProposer.spun.query())
+            self.splitting = True
+            try:
+                return super().forward_rows(batch, rows, total)
+            finally:
+                self.splitting = False
 
     model = CudaToyLM()
     model.max_backtrack = K
