@@ -227,6 +227,15 @@ def _forward_rows_equals_the_cut_forward(checkpoint, device: str, replay: str, g
                                   for u in upper], ids)
         split = split_rt.forward_rows(batch, torch.tensor(rows, device=device), sum(rows))
         torch.testing.assert_close(split, runtimes[1].forward(ForwardBatch(cut)).logits, **tol)
+        if device == "cuda" and graphs:  # the step again (a rollback), its graph now captured: no sync
+            counts = torch.tensor(rows, device=device)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                again = split_rt.forward_rows(batch, counts, sum(rows))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.testing.assert_close(again, split, **tol)
         for s, q in zip(slots, rows, strict=True):
             lens[s - 1] += q - 1  # the next step starts at the last row kept (as after a rejected draft)
     if graphs:
