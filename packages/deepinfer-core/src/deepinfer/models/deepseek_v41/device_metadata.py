@@ -18,6 +18,11 @@ Every shape and host int is then a function of the host plan and T alone:
   past a row's `visible` are never selected);
 - `RowSet.bounds` and `StepMetadata.row_offsets` are None: per-sequence host values that no op reads
   (the caller learns the rows once it reads q back).
+
+The build has a host half (`host_arrays`: one upload) and a device half (`device_build`: torch ops on
+the uploaded arrays, the row counts and the flat ids); padded to a `SplitShape` (a bucket of sequences,
+the total, rows per sequence, table width) every size and host int is the shape's, so a CUDA graph can
+hold the device half (split_graphs.py).
 """
 
 from __future__ import annotations

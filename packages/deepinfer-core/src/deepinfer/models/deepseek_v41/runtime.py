@@ -8,6 +8,9 @@ rollbacks of up to `max_backtrack` tokens.
 
 On CUDA, decode and verification steps replay CUDA graphs of `run_step`, and DSpark drafts graphs of
 the draft forward (graphs.py), unless `RuntimeOptions.cuda_graphs` is off; other steps run eagerly.
+`forward_rows` runs a verification step whose rows per sequence are device values (an asynchronous
+confidence split): its metadata is built on the device (device_metadata.py), replayed through graphs
+of its total rows (split_graphs.py) or eagerly.
 `plan_graphs` (called by the engine's cache sizing) makes each new cache capture its graphs ahead.
 """
 
