@@ -428,13 +428,13 @@ def _down_kernel(
 
 
 # --- grouped FP4 GEMMs through the tensor memory accelerator (prefill buckets only)
-# TileConfig.tma bits: the expert weights' packed bytes are always TMA boxes; ACTS: the inputs too (x
-# gathered once into aligned rows, the intermediate activations stored so), SCALES: the scale bytes
-# too (from the transposed copy `PreparedExperts.scales_t`), else pointer loads; N_FAST: programs in
-# weight-tile-fastest order (a block's tiles run together, so its input rows, larger than L2 in all,
-# come from DRAM once), else block-fastest as the pointer kernels
+# TileConfig.tma bits: the expert weights' packed bytes are always TMA boxes; ACTS (down tiles): the
+# intermediate activations too (the TMA gate+up stores them in the split order; gathering x into such
+# rows for the gate+up cost more than it saved: H200 2026-12-02, 324 us gather vs 140 us at 2048 tokens);
+# SCALES: the scale bytes too (from the transposed copy `PreparedExperts.scales_t`), else pointer loads;
+# N_FAST: programs in weight-tile-fastest order (a block's tiles run together, so its activation rows,
+# larger than L2 in all, come from DRAM once), else block-fastest as the pointer kernels
 TMA_ACTS, TMA_SCALES, TMA_N_FAST = 2, 4, 8
-_GATHER_COLS = 256  # destination columns per program of `_gather_split_kernel`
 
 
 @triton.jit
@@ -443,38 +443,6 @@ def _split_pos(n, N):
     every 32-column group pairs with its low nibbles (n % 32 < 16), then those of the high nibbles, each
     run in column order, so a K step's two input tiles are contiguous boxes."""
     return (n % 32 >= 16).to(tl.int32) * (N // 2) + (n // 32) * 16 + n % 16
-
-
-@triton.jit
-def _gather_split_kernel(x_ptr, row_assign_ptr, block_expert_ptr, out_ptr, H, stride_xm,
-                         TOPK: tl.constexpr, BM: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[r] = the token row of aligned row r in the split order (`_split_pos`; zeros at padding rows),
-    for the blocks of touched experts only (no program reads the others)."""
-    pid_b = tl.program_id(0)
-    if tl.load(block_expert_ptr + pid_b) < 0:
-        return
-    rows = pid_b * BM + tl.arange(0, BM)
-    assign = tl.load(row_assign_ptr + rows)
-    valid = assign >= 0
-    token = tl.where(valid, assign // TOPK, 0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # destination columns
-    hi = d >= H // 2
-    c = tl.where(hi, d - H // 2, d)
-    src = (c // 16) * 32 + c % 16 + hi.to(tl.int32) * 16
-    v = tl.load(x_ptr + token[:, None] * stride_xm + src[None, :], mask=valid[:, None], other=0.0)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * H + d[None, :], v)
-
-
-@triton.jit
-def _tma_inputs(x, rows_ptr, valid, row0, k0, K, ACTS: tl.constexpr, BK: tl.constexpr):
-    """The input tiles [BK/2, tokens] of a K step's low and high nibbles: two boxes of the split-order
-    rows from row0 (ACTS; x a descriptor), or gathered pointer loads (`_expert_inputs`)."""
-    if ACTS:  # (an else branch: Triton 3.6 compiles the code after a constexpr-if's return too)
-        lo = tl.trans(x.load([row0, k0 // 2]))
-        hi = tl.trans(x.load([row0, K // 2 + k0 // 2]))
-    else:
-        lo, hi = _expert_inputs(rows_ptr, valid, k0, False, BK)
-    return lo, hi
 
 
 @triton.jit
@@ -505,14 +473,14 @@ def _tma_dot(acc_lo, acc_hi, x_lo, x_hi, packed, sc, BN: tl.constexpr, BK: tl.co
 
 @triton.jit
 def _gate_up_tma_kernel(
-    x, w1_desc, w3_desc, s1, s3, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
+    x_ptr, w1_desc, w3_desc, s1, s3, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-    ASM: tl.constexpr, SPLIT: tl.constexpr, ACTS: tl.constexpr, SCALES: tl.constexpr,
-    ACT_SPLIT: tl.constexpr, N_FAST: tl.constexpr,
+    ASM: tl.constexpr, SPLIT: tl.constexpr, SCALES: tl.constexpr, ACT_SPLIT: tl.constexpr,
+    N_FAST: tl.constexpr,
 ):
     """`_gate_up_kernel` for FP4 experts with TMA boxes (module comment above TMA_ACTS); BN divides
-    inter. ACT_SPLIT: the activations stored in the split order (`split_order`) for `_down_tma_kernel`
+    inter. ACT_SPLIT: the activations stored in the split order (`_split_pos`) for `_down_tma_kernel`
     with TMA_ACTS."""
     pid_b = tl.program_id(1 if N_FAST else 0)
     pid_n = tl.program_id(0 if N_FAST else 1)
@@ -537,13 +505,10 @@ def _gate_up_tma_kernel(
     u_lo = tl.zeros((BN, BM), dtype=tl.float32)
     g_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
     u_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
-    if ACTS:
-        x_rows = 0
-    else:
-        x_rows = x + token[None, :] * stride_xm
+    x_rows = x_ptr + token[None, :] * stride_xm
     tl.assume(H > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(0, H, BK):
-        x_lo, x_hi = _tma_inputs(x, x_rows, valid, pid_b * BM, k0, H, ACTS, BK)
+        x_lo, x_hi = _expert_inputs(x_rows, valid, k0, False, BK)
         # both weights' bytes before the first MMA: a TMA wait (a branch) between the gate's and the up
         # projection's wgmma makes ptxas serialize them (C7513; sm_90 compile of Triton 3.6)
         p1, sc1 = _tma_weight_bytes(w1_desc, w_row, s1, s1_ptrs, s_row, n0, k0, SCALES)
@@ -591,7 +556,11 @@ def _down_tma_kernel(
         act_rows = act + rows[None, :].to(tl.int64) * inter
     tl.assume(inter > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(0, inter, BK):
-        a_lo, a_hi = _tma_inputs(act, act_rows, valid, pid_b * BM, k0, inter, ACTS, BK)
+        if ACTS:  # the low and high nibbles' columns: two boxes of the split-order rows
+            a_lo = tl.trans(act.load([pid_b * BM, k0 // 2]))
+            a_hi = tl.trans(act.load([pid_b * BM, inter // 2 + k0 // 2]))
+        else:
+            a_lo, a_hi = _expert_inputs(act_rows, valid, k0, False, BK)
         packed, sc = _tma_weight_bytes(w2_desc, w_row, s2, s_ptrs, s_row, n0, k0, SCALES)
         acc_lo, acc_hi = _tma_dot(acc_lo, acc_hi, a_lo, a_hi, packed, sc, BN, BK, IEEE, ASM, SPLIT)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
@@ -1057,6 +1026,8 @@ def _check_tma(mlp: _Mlp, direct: bool, h: int, inter: int, cfg: configs.TileCon
         raise ValueError("grouped MoE: TMA tiles (TileConfig.tma) serve aligned stacked FP4 experts only")
     if (cfg.tma and inter % cfg.block_n) or (down_cfg.tma and h % down_cfg.block_n):
         raise ValueError(f"grouped MoE: TMA tiles {cfg}, {down_cfg}: block_n must divide {inter} / {h}")
+    if cfg.tma & TMA_ACTS:
+        raise ValueError(f"grouped MoE: gate+up tile {cfg}: TMA_ACTS is a down-tile bit")
     if down_cfg.tma & TMA_ACTS and not cfg.tma:
         raise ValueError("grouped MoE: a down tile with TMA_ACTS needs a TMA gate+up tile (split-order rows)")
     if (cfg.tma | down_cfg.tma) & TMA_SCALES and mlp.scales_t is None:
@@ -1084,25 +1055,15 @@ def _gate_up_tma(x: torch.Tensor, route_w: torch.Tensor, mlp: _Mlp, al: Alignmen
     e, i = mlp.w1.shape[:2]
     h = x.shape[1]
     bn, bm, bk = cfg.block_n, cfg.block_m, configs.block_k(h, cfg.block_k)
-    acts = bool(cfg.tma & TMA_ACTS)
-    xin: Any = x
-    if acts:
-        rows = torch.empty((al.blocks * bm, h), dtype=x.dtype, device=x.device)
-        bh = configs.block_k(h // 2, _GATHER_COLS)
-        _gather_split_kernel[(al.blocks, h // bh)](
-            x, al.row_assign, al.block_expert, rows, h, x.stride(0), TOPK=topk, BM=bm, BLOCK_H=bh,
-            num_warps=4,
-        )
-        xin = _box(rows, rows.shape[0], [bm, bk // 2])
     s1, s3 = _scale_boxes(mlp, (0, 1), cfg, h)
     n_fast = bool(cfg.tma & TMA_N_FAST)
     _gate_up_tma_kernel[(i // bn, al.blocks) if n_fast else (al.blocks, i // bn)](
-        xin, _box(mlp.w1, e * i, [bn, bk // 2]), _box(mlp.w3, e * i, [bn, bk // 2]), s1, s3,
+        x, _box(mlp.w1, e * i, [bn, bk // 2]), _box(mlp.w3, e * i, [bn, bk // 2]), s1, s3,
         al.row_assign, al.block_expert, route_w.reshape(-1), act, i, h, x.stride(0),
         mlp.s1.stride(0), mlp.s1.stride(1), float(limit),
         TOPK=topk, BN=bn, BM=bm, BK=bk, IEEE=x.dtype == torch.float32, ASM=mlp.asm, SPLIT=cfg.split_k,
-        ACTS=acts, SCALES=bool(cfg.tma & TMA_SCALES), ACT_SPLIT=act_split, N_FAST=n_fast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
+        SCALES=bool(cfg.tma & TMA_SCALES), ACT_SPLIT=act_split, N_FAST=n_fast, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
     )
 
 
