@@ -148,7 +148,9 @@ def _newest_confidences(drafts: list[NextDrafts], device: torch.device) -> torch
         if id(d.proposal) not in stacked:
             stacked[id(d.proposal)] = sum(c.shape[0] for _, c in stacked.values()), confidences
         index.append(stacked[id(d.proposal)][0] + d.row)
-    tables = [c.to(device) for _, c in stacked.values()]
+    # a host proposal's estimates (prompt lookup) go up pinned: a pageable copy would wait for the device
+    tables = [c.pin_memory().to(device, non_blocking=True) if c.device.type == "cpu" and device.type == "cuda"
+              else c.to(device) for _, c in stacked.values()]
     width = max(c.shape[1] for c in tables)
     stack = tables[0] if len(tables) == 1 else torch.cat([F.pad(c, (0, width - c.shape[1])) for c in tables])
     return stack[to_device(index, device)]
