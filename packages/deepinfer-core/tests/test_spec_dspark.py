@@ -88,11 +88,13 @@ def test_greedy_speculation_equals_no_speculation(checkpoint: Path, monkeypatch)
         return forward_rows(rt, batch, rows, total)
 
     monkeypatch.setattr(DeepseekV41Runtime, "forward_rows", spied)
-    for name, schedule in (("dspark", "fixed"), ("ngram", "fixed"), ("dspark", "confidence")):
+    for name, schedule in (("dspark", "fixed"), ("ngram", "fixed"), ("dspark", "confidence"),
+                           ("ngram", "confidence")):
+        split_steps.clear()
         drafted, llm = generate(checkpoint, reqs, speculator=name, spec_schedule=schedule)
         assert drafted == plain, (name, schedule)
         assert llm.engine.stats.spec_draft_tokens > 0
-        assert bool(split_steps) == (schedule == "confidence")
+        assert bool(split_steps) == (schedule == "confidence"), (name, schedule)
     ReferenceProposer.reference = {tuple(p): out[0] for (p, _), out in zip(reqs, plain, strict=True)}
     referenced, llm = generate(checkpoint, reqs, speculator="reference", num_draft_tokens=3)
     assert referenced == plain
