@@ -239,7 +239,9 @@ def _forward_rows_equals_the_cut_forward(checkpoint, device: str, replay: str, g
         for s, q in zip(slots, rows, strict=True):
             lens[s - 1] += q - 1  # the next step starts at the last row kept (as after a rejected draft)
     if graphs:
-        assert len(split_rt.split_graphs.graphs) == 2
+        from deepinfer.models.deepseek_v41 import split_graphs
+
+        assert len(split_rt.split_graphs.graphs) == min(2, split_graphs.MAX_GRAPHS)
     after = [SequenceSegment(i + 1, [i + 1], n, [11 + i], "last") for i, n in enumerate(lens)]
     torch.testing.assert_close(split_rt.forward(ForwardBatch(after)).logits,
                                runtimes[1].forward(ForwardBatch(after)).logits, **tol)
@@ -248,6 +250,13 @@ def _forward_rows_equals_the_cut_forward(checkpoint, device: str, replay: str, g
 @pytest.mark.parametrize(("replay", "graphs"), [("off", False), ("compact", False), ("off", True)])
 def test_forward_rows_equals_the_forward_of_the_cut_step(checkpoint, replay: str, graphs: bool) -> None:
     _forward_rows_equals_the_cut_forward(checkpoint, "cpu", replay, graphs)
+
+
+def test_split_graphs_beyond_their_cap_drop_the_least_recently_used(checkpoint, monkeypatch) -> None:
+    from deepinfer.models.deepseek_v41 import split_graphs
+
+    monkeypatch.setattr(split_graphs, "MAX_GRAPHS", 1)
+    _forward_rows_equals_the_cut_forward(checkpoint, "cpu", "off", graphs=True)
 
 
 @pytest.mark.gpu

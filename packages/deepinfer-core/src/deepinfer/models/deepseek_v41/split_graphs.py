@@ -6,8 +6,9 @@ bucket with sequences of no rows, the step's T, the most rows per sequence (the 
 1 + K) and the table width. A graph per shape holds the device half of the build and the forward; each
 replay uploads the host half into the graph's persistent staging buffer, copies the row counts and the
 device token ids into the buffers the graph reads, and replays. Shapes are captured on first use (T
-takes R..R(1 + K) values per bucket, too many to capture ahead), on a batch of padding sequences only
-(slot 0, block 0: no real sequence's state is touched). The logits go to the verification graphs'
+takes R..R(1 + K) values per bucket, too many to capture ahead; the least recently used graph is
+dropped beyond `MAX_GRAPHS`), on a batch of padding sequences only (slot 0, block 0: no real
+sequence's state is touched). The logits go to the verification graphs'
 shared output buffer (graphs never replay concurrently and the logits are copied out at once); a
 graph captured into a buffer that has since been replaced is captured again.
 """
@@ -27,6 +28,8 @@ from deepinfer.models.deepseek_v41.metadata import Staging
 from deepinfer.models.interface import ForwardBatch
 
 logger = logging.getLogger(__name__)
+
+MAX_GRAPHS = 256  # split graphs kept per cache (each holds its executable graph and pool blocks)
 
 
 @dataclass
@@ -66,11 +69,12 @@ class SplitGraphs:
         shape = None if self.failed else self.shape(batch, total)
         if shape is None:
             return None
-        graph = self.graphs.get(shape)
+        graph = self.graphs.pop(shape, None)
         if graph is None or graph.output is not self.decode.outputs.get(self.tokens):
             graph = self._capture_or_fail(shape)
             if graph is None:
                 return None
+        self.graphs[shape] = graph  # most recently used last
         host = self.builder.host_arrays(batch.segments, shape=shape)
         graph.staging.upload([host[n] for n in graph.names])  # persistent: the addresses the graph reads
         n = len(batch.segments)
@@ -108,5 +112,6 @@ class SplitGraphs:
 
         logits, replay = self.decode.recorder(step)
         self.graphs = {k: g for k, g in self.graphs.items() if g.output is out}  # older buffers: recapture
-        graph = self.graphs[shape] = _SplitGraph(staging, names, rows, t["ids"], logits, out, replay)
-        return graph
+        while len(self.graphs) >= MAX_GRAPHS:
+            del self.graphs[next(iter(self.graphs))]
+        return _SplitGraph(staging, names, rows, t["ids"], logits, out, replay)
