@@ -20,6 +20,7 @@ Work is spread over the chip two ways:
   store: it runs after every read of the ring).
 Prefill (many rows) runs one range per row and applies the sink in the first kernel.
 The tiles and the split count depend on the number of rows (decode tiles also on the cache format).
+Decode tiles on CUDA ask L2 for the rows of the next key tile before a tile's loads (a prefetch hint).
 With `batch_invariant`, the keys are cut in fixed chunks of INVARIANT_SPLIT_KEYS positions, the window and
 the compressed segment each from its own start, so a row's splits depend on its own keys only; each
 split's (log-sum-exp, normalised output) is folded into the sink in split order by one sequential code
@@ -54,28 +55,38 @@ class Tiles:
     num_stages: int
     programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
+    l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
 
 
-# Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 07:31, Triton 3.6,
+# Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
 # ctx 64k (8k alike), graph µs at B = 1 / 64 / 128, bf16 | release caches (FP8 ring + NVFP4 pool):
 # * "v1": all 512 value channels in one program ([64, 512] float32 accumulator: one program per SM),
-#   64-key tiles: 12.7 / 45.7 / 66.1 | 21.4 / 53.0 / 77.4;
-# * "v1s2", "v1s3": the same with the key tiles (raw caches) or their bytes (decoded ones) loaded 2 or 3
-#   deep (asynchronous copies into shared memory): 12.7 / 38.3 / 58.1, 14.7 / 40.0 / 53.7 | 26.3 / 71.2
-#   / 103.7, 26.7 / 60.9 / 85.3: the decoded formats stage bytes they then load, decode and store again;
+#   64-key tiles: 12.7 / 43.5 / 62.7 | 18.2 / 48.5 / 76.9;
+# * "v1s3": the same with the key tiles (raw caches) or their bytes (decoded ones) loaded 3 deep
+#   (asynchronous copies into shared memory): 14.0 / 39.5 / 54.1 | 22.8 / 55.1 / 84.7: the decoded
+#   formats stage bytes they then load, decode and store again. The pipeliner makes ids -> rows ->
+#   products its three stages and issues a tile's copy after the products of the tile before, so no copy
+#   runs under the products (a third 64 KB buffer does not fit beside q's 64 KB);
+# * "v1a1", "v1s3a1": v1, v1s3 asking L2 for the next tile's rows before a tile's loads: 13.7 / 43.6 /
+#   61.5 | 19.4 / 47.8 / 73.5 and 14.9 / 37.7 / 52.3 | 20.6 / 49.3 / 76.0 (8k, v1a1 release at B = 128:
+#   76.2 -> 70.9): the HBM latency hides, the copy from L2 still waits;
 # * "h32w4": value halves with one warpgroup, 32-key tiles, two programs per SM, keys split down to 32
-#   per program: 10.8 / 50.5 / 78.9 | 18.2 / 66.9 / 105.5: more programs when there are few rows.
-# Dropped in session 6: 16-key halves, also 3 deep; in session 5: 16/32-key tiles 3-4 deep, rescaling
-# only when a maximum grew. FEW_ROWS_DECODE_TILES takes B <= 13 at 640 keys a row (B = 8 not timed).
+#   per program: 10.9 / 49.9 / 76.4 | 15.3 / 62.2 / 104.4: more programs when there are few rows.
+# Dropped in session 9: L2 requests two tiles ahead (v1 / v1s3: 70.0 / 53.4 at bf16 B = 128), 32-key tiles
+# 5 deep (three buffers: the copies do run under the products, but twice the tiles' fixed work: 58.2 |
+# 101.1), 64-key tiles 2 deep (timed in session 8: 58.1 | 103.7); in session 6: 16-key halves, also 3
+# deep; in session 5: 16/32-key tiles 3-4 deep, rescaling only when a maximum grew. FEW_ROWS_DECODE_TILES
+# takes B <= 13 at 640 keys a row.
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
-    "v1s2": Tiles(halves=False, block_n=64, num_warps=8, num_stages=2),
     "v1s3": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3),
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
+    "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
+    "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
 }
-DECODE_TILES = DECODE_VARIANTS["v1"]
+DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory
-STAGED_DECODE_TILES = DECODE_VARIANTS["v1s3"]
+STAGED_DECODE_TILES = DECODE_VARIANTS["v1s3a1"]
 # decode steps too small for DECODE_TILES to give every SM a program (rows x its most splits < SMs)
 FEW_ROWS_DECODE_TILES = DECODE_VARIANTS["h32w4"]
 PREFILL_TILES = Tiles(halves=False, block_n=64, num_warps=8, num_stages=1)
@@ -88,18 +99,12 @@ _FOLD_HEADS = 16  # heads per program of _fold_kernel
 
 
 @triton.jit
-def _attend(q, q2, rows, valid, dvb, D, m_i, l_i, acc, scale_log2, FMT: tl.constexpr, HALVES: tl.constexpr,
-            BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
-            ASM: tl.constexpr):
-    """One online-softmax step over the key rows at pointers `rows` (`valid` ones only; K = V). HALVES:
-    the program's value half (q's columns of it) and the other half (q2's) are decoded once each and
-    the scores are the two products summed in column order whichever half the program keeps, so both
-    programs of a row compute the same bits (they store one log-sum-exp to the same place)."""
-    if HALVES:
-        v = decode_rows(rows, 0, valid, dvb * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
-        k2 = decode_rows(rows, 0, valid, (1 - dvb) * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
-    else:
-        v = decode_rows(rows, 0, valid, 0, D, FMT, BLOCK_D, TY, ASM)
+def _attend(q, q2, v, k2, valid, dvb, D, m_i, l_i, acc, scale_log2, HALVES: tl.constexpr,
+            PRECISION: tl.constexpr):
+    """One online-softmax step over the decoded key rows v (`valid` ones only; K = V). HALVES: v holds
+    the program's value half (q's columns of it) and k2 the other half (q2's); the scores are the two
+    products summed in column order whichever half the program keeps, so both programs of a row
+    compute the same bits (they store one log-sum-exp to the same place)."""
     # Scores to probabilities under a branch always taken (D > 0): Triton then does not see a chain of
     # two products and spreads the score tile's keys over the warpgroups, where for a chain every
     # warpgroup would compute all the scores (8 warps: twice the score products and softmax work).
@@ -126,44 +131,126 @@ def _attend(q, q2, rows, valid, dvb, D, m_i, l_i, acc, scale_log2, FMT: tl.const
 
 
 @triton.jit
+def _attend_rows(q, q2, rows, valid, dvb, D, m_i, l_i, acc, scale_log2, FMT: tl.constexpr,
+                 HALVES: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+                 TY: tl.constexpr, ASM: tl.constexpr):
+    """`_attend` over the key rows at pointers `rows`, loaded and decoded here. HALVES: the program's
+    value half and the other half are decoded once each."""
+    if HALVES:
+        v = decode_rows(rows, 0, valid, dvb * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
+        k2 = decode_rows(rows, 0, valid, (1 - dvb) * BLOCK_DV, D, FMT, BLOCK_DV, TY, ASM)
+    else:
+        v = decode_rows(rows, 0, valid, 0, D, FMT, BLOCK_D, TY, ASM)
+        k2 = v
+    return _attend(q, q2, v, k2, valid, dvb, D, m_i, l_i, acc, scale_log2, HALVES, PRECISION)
+
+
+@triton.jit
+def _window_ids(win_ptr, t, win_stride, start, hi, BLOCK_N: tl.constexpr):
+    """Window key ids of the tile at `start` (int32, -1 past `hi`)."""
+    n = start + tl.arange(0, BLOCK_N)
+    return tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < hi, other=-1).to(tl.int32)
+
+
+@triton.jit
+def _window_rows(r, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride, RING_LEN: tl.constexpr,
+                 HAS_CURRENT: tl.constexpr):
+    """Row pointers of window ids r: ring rows, flat (RING_LEN 0: row r at r * ring_s1) or RING_LEN to a
+    ring slot (a division by a constant), or this step's encoded rows past the ring."""
+    in_ring = (r >= 0) & (r < ring_rows)
+    rr = tl.where(in_ring, r, 0)
+    if RING_LEN == 0:
+        rows = ring_ptr + rr.to(tl.int64) * ring_s1
+    else:
+        slot, entry = (rr // RING_LEN).to(tl.int64), (rr % RING_LEN).to(tl.int64)
+        rows = ring_ptr + (slot * ring_s0 + entry * ring_s1)
+    if HAS_CURRENT:  # one load through per-row pointers
+        rows = tl.where(in_ring, rows, cur_ptr + tl.maximum(r - ring_rows, 0).to(tl.int64) * cur_stride)
+    return rows
+
+
+@triton.jit
+def _pool_ids(topk_ptr, t, topk_stride, start, W, hi, BLOCK_N: tl.constexpr):
+    """Compressed entry ids of the tile at key position `start` (int32, -1 past `hi`)."""
+    n = start + tl.arange(0, BLOCK_N)
+    return tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1).to(tl.int32)
+
+
+@triton.jit
+def _pool_blocks(j, bt_ptr, seq, bt_stride, PER_BLOCK: tl.constexpr):
+    """Pool blocks of entries j, through the sequence's block table."""
+    jj = tl.where(j >= 0, j, 0)
+    return tl.load(bt_ptr + seq * bt_stride + jj // PER_BLOCK, mask=j >= 0, other=0).to(tl.int64)
+
+
+@triton.jit
+def _pool_rows(j, block, pool_ptr, pool_s0, pool_s1, PER_BLOCK: tl.constexpr):
+    return pool_ptr + (block * pool_s0 + (tl.where(j >= 0, j, 0) % PER_BLOCK) * pool_s1)
+
+
+@triton.jit
+def _prefetch_l2(rows, valid, nbytes, LINES: tl.constexpr):
+    """Asks L2 for the first `nbytes` of the `valid` rows at pointers `rows`, a 128-byte line per
+    instruction: a hint that holds no registers or shared memory and returns nothing."""
+    c = tl.arange(0, LINES) * 128
+    lines = rows.to(tl.pointer_type(tl.uint8), bitcast=True)[:, None] + c[None, :]
+    on = (valid[:, None] & (c < nbytes)[None, :]).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }", "=r,l,r",
+        [lines, on], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows,
-          cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, bt_ptr,
-          bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN: tl.constexpr, PER_BLOCK: tl.constexpr,
+          cur_ptr, cur_stride, ring_bytes, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, pool_bytes,
+          bt_ptr, bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN: tl.constexpr, PER_BLOCK: tl.constexpr,
           RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
-          HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, HALVES: tl.constexpr, BLOCK_H: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-          TY: tl.constexpr, ASM: tl.constexpr):
+          HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, HALVES: tl.constexpr, L2_AHEAD: tl.constexpr,
+          L2_LINES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+          BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr, ASM: tl.constexpr):
     """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries).
-    Key ids in int32 (fewer registers), byte offsets in int64. Ring rows are flat (RING_LEN 0: row r at
-    r * ring_s1) or RING_LEN to a ring; the divisions by RING_LEN and PER_BLOCK are by constants."""
+    Key ids in int32 (fewer registers), byte offsets in int64.
+    L2_AHEAD > 0: each step first asks L2 for the rows of the tile L2_AHEAD tiles ahead (within lo..hi),
+    so that their HBM reads run under the products of the tiles before it. Triton's pipeliner alone gives
+    ids -> rows -> products one stage each and issues a tile's copy after the products of the tile
+    before: the copy then waits for HBM with nothing to overlap (a third buffer of 64-key rows does not
+    fit in shared memory with q)."""
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
     win_hi = tl.minimum(hi, W)
+    if L2_AHEAD > 0:  # the ids of the tile ahead are loaded one step before their use (no wait on them)
+        ra = _window_ids(win_ptr, t, win_stride, lo + L2_AHEAD * BLOCK_N, win_hi, BLOCK_N)
     for start in range(lo, win_hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        r = tl.load(win_ptr + t.to(tl.int64) * win_stride + n, mask=n < win_hi, other=-1).to(tl.int32)
-        in_ring = (r >= 0) & (r < ring_rows)
-        rr = tl.where(in_ring, r, 0)
-        if RING_LEN == 0:
-            rows = ring_ptr + rr.to(tl.int64) * ring_s1
-        else:
-            slot, entry = (rr // RING_LEN).to(tl.int64), (rr % RING_LEN).to(tl.int64)
-            rows = ring_ptr + (slot * ring_s0 + entry * ring_s1)
-        if HAS_CURRENT:  # this step's encoded rows past the ring: one load through per-row pointers
-            rows = tl.where(in_ring, rows, cur_ptr + tl.maximum(r - ring_rows, 0).to(tl.int64) * cur_stride)
-        m_i, l_i, acc = _attend(q, q2, rows, r >= 0, dvb, D, m_i, l_i, acc, scale_log2, RING_FMT, HALVES,
-                                BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
+        r = _window_ids(win_ptr, t, win_stride, start, win_hi, BLOCK_N)
+        if L2_AHEAD > 0:
+            rows = _window_rows(ra, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride, RING_LEN,
+                                HAS_CURRENT)
+            _prefetch_l2(rows, ra >= 0, ring_bytes, L2_LINES)
+            ra = _window_ids(win_ptr, t, win_stride, start + (L2_AHEAD + 1) * BLOCK_N, win_hi, BLOCK_N)
+        rows = _window_rows(r, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride, RING_LEN,
+                            HAS_CURRENT)
+        m_i, l_i, acc = _attend_rows(q, q2, rows, r >= 0, dvb, D, m_i, l_i, acc, scale_log2, RING_FMT, HALVES,
+                                     BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
     if HAS_POOL:
         seq = tl.load(seg_ptr + t).to(tl.int64)
-        for start in range(tl.maximum(lo, W), hi, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            j = tl.load(topk_ptr + t.to(tl.int64) * topk_stride + (n - W), mask=n < hi, other=-1).to(tl.int32)
-            jj = tl.where(j >= 0, j, 0)
-            block = tl.load(bt_ptr + seq * bt_stride + jj // PER_BLOCK, mask=j >= 0, other=0).to(tl.int64)
-            rows = pool_ptr + (block * pool_s0 + (jj % PER_BLOCK) * pool_s1)
-            m_i, l_i, acc = _attend(q, q2, rows, j >= 0, dvb, D, m_i, l_i, acc, scale_log2, POOL_FMT, HALVES,
-                                    BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
+        p_lo = tl.maximum(lo, W)
+        if L2_AHEAD > 0:  # ids two steps and their blocks one step before their use
+            ja = _pool_ids(topk_ptr, t, topk_stride, p_lo + L2_AHEAD * BLOCK_N, W, hi, BLOCK_N)
+            ja1 = _pool_ids(topk_ptr, t, topk_stride, p_lo + (L2_AHEAD + 1) * BLOCK_N, W, hi, BLOCK_N)
+            ba = _pool_blocks(ja, bt_ptr, seq, bt_stride, PER_BLOCK)
+        for start in range(p_lo, hi, BLOCK_N):
+            j = _pool_ids(topk_ptr, t, topk_stride, start, W, hi, BLOCK_N)
+            if L2_AHEAD > 0:
+                rows = _pool_rows(ja, ba, pool_ptr, pool_s0, pool_s1, PER_BLOCK)
+                _prefetch_l2(rows, ja >= 0, pool_bytes, L2_LINES)
+                ba = _pool_blocks(ja1, bt_ptr, seq, bt_stride, PER_BLOCK)
+                ja = ja1
+                ja1 = _pool_ids(topk_ptr, t, topk_stride, start + (L2_AHEAD + 2) * BLOCK_N, W, hi, BLOCK_N)
+            block = _pool_blocks(j, bt_ptr, seq, bt_stride, PER_BLOCK)
+            rows = _pool_rows(j, block, pool_ptr, pool_s0, pool_s1, PER_BLOCK)
+            m_i, l_i, acc = _attend_rows(q, q2, rows, j >= 0, dvb, D, m_i, l_i, acc, scale_log2, POOL_FMT,
+                                         HALVES, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
     return m_i, l_i, acc
 
 
@@ -201,13 +288,13 @@ def _fold(top, den, num, lse, o):
 def _attention_kernel(
     q_ptr, out_ptr, part_ptr, lse_ptr, sink_ptr, heads, D, keys_per_split, n_splits, win_splits, pool_base,
     scale_log2, q_stride_t, q_stride_h,
-    win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride,
-    topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, bt_ptr, bt_stride, seg_ptr,
+    win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride, ring_bytes,
+    topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, pool_bytes, bt_ptr, bt_stride, seg_ptr,
     RING_LEN: tl.constexpr, PER_BLOCK: tl.constexpr, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
     HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
-    SPLIT: tl.constexpr, FOLD: tl.constexpr, HALVES: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-    TY: tl.constexpr, ASM: tl.constexpr,
+    SPLIT: tl.constexpr, FOLD: tl.constexpr, HALVES: tl.constexpr, L2_AHEAD: tl.constexpr,
+    L2_LINES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr, ASM: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb, dvb = tl.program_id(2) // (2 if HALVES else 1), tl.program_id(2) % (2 if HALVES else 1)
@@ -228,10 +315,10 @@ def _attention_kernel(
         for s in range(n_splits):
             lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
             m_i, l_i, acc = _keys(
-                q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows,
-                cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, bt_ptr,
+                q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr,
+                cur_stride, ring_bytes, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, pool_bytes, bt_ptr,
                 bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN, PER_BLOCK, RING_FMT, POOL_FMT, HAS_CURRENT,
-                HAS_POOL, HALVES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
+                HAS_POOL, HALVES, L2_AHEAD, L2_LINES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
             lse, o = _normalise(m_i, l_i, acc)
             top, den, num = _fold(top, den, num, lse, o)
         tl.store(out_at, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
@@ -239,10 +326,10 @@ def _attention_kernel(
         s = tl.program_id(1)
         lo, hi = _split_range(s, keys_per_split, win_splits, pool_base, W, K)
         m_i, l_i, acc = _keys(
-            q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows,
-            cur_ptr, cur_stride, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, bt_ptr,
+            q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr,
+            cur_stride, ring_bytes, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, pool_bytes, bt_ptr,
             bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN, PER_BLOCK, RING_FMT, POOL_FMT, HAS_CURRENT,
-            HAS_POOL, HALVES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
+            HAS_POOL, HALVES, L2_AHEAD, L2_LINES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
         if SPLIT:
             row = (t * n_splits + s).to(tl.int64) * heads + h
             lse, o = _normalise(m_i, l_i, acc)
@@ -390,6 +477,7 @@ def _attention(
         topk, block_tables, row_seg = topk.contiguous(), block_tables.contiguous(), row_seg.contiguous()
     else:
         topk, block_tables, row_seg, pool = window, window, window, ring  # unused
+    ring_bytes, pool_bytes = (r.data.shape[-1] * r.data.element_size() for r in (ring, pool))  # per row
     # invariant mode: no contraction into FMAs, so FOLD and _fold_kernel round every step alike
     exact = {"enable_fp_fusion": False} if batch_invariant else {}
     grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * (2 if halves else 1))
@@ -397,12 +485,13 @@ def _attention(
         q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
         q.stride(0), q.stride(1),
         window, window.stride(0), w, ring.data, ring.stride0, ring.stride1, ring_rows,
-        current, current.stride(-2), topk, topk.stride(0), k - w,
-        pool.data, pool.stride0, pool.stride1, block_tables, block_tables.stride(0), row_seg,
+        current, current.stride(-2), ring_bytes, topk, topk.stride(0), k - w,
+        pool.data, pool.stride0, pool.stride1, pool_bytes, block_tables, block_tables.stride(0), row_seg,
         RING_LEN=0 if ring.stride0 == ring_len * ring.stride1 else ring_len,
         PER_BLOCK=pool.data.shape[1] if has_pool else 1,
         RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
-        FOLD=fold, HALVES=halves,
+        FOLD=fold, HALVES=halves, L2_AHEAD=tiles.l2_ahead if q.device.type == "cuda" else 0,  # inline PTX
+        L2_LINES=triton.next_power_of_2(triton.cdiv(max(ring_bytes, pool_bytes), 128)),
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty,
         ASM=q.device.type == "cuda" and ty == tl.bfloat16,
