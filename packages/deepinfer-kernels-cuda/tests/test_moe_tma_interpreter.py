@@ -1,7 +1,7 @@
 """The grouped FP4 expert kernels with TMA boxes (TileConfig.tma) under Triton's CPU interpreter (float32,
 tiny shapes) against the reference's routed experts: weights alone, + the down kernel's activations in
-split-order rows, + the transposed scales, weight-tile-fastest grids, mixed with the pointer kernels and
-split_k 2; and the checks on tiles the TMA kernels do not serve."""
+split-order rows (TMA_ACTS), mixed with the pointer kernels, split_k 2; and the checks on tiles the TMA
+kernels do not serve."""
 
 import pytest
 
@@ -22,26 +22,23 @@ x = torch.randn(t, h)
 weights = torch.rand(t, k)
 ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)]).int()
 want = ref_moe.routed_experts(x, weights, ids.long(), ref, 1.0)
-ours = moe.prepare_experts(*w, scales_t=True)
-mlp = moe._Mlp(ours.w1, ours.s1, ours.w3, ours.s3, ours.w2, ours.s2, False, 1, True, False, ours.scales_t)
+ours = moe.prepare_experts(*w)
+mlp = moe._Mlp(ours.w1, ours.s1, ours.w3, ours.s3, ours.w2, ours.s2, False, 1, True)
 plain = TileConfig(32, 16, 32, 1, 4, 1)
 for up, down in ((TileConfig(32, 16, 64, 1, 4, 2, 0, 1), TileConfig(32, 16, 32, 1, 4, 2, 0, 1)),
-                 (TileConfig(32, 16, 64, 2, 4, 2, 0, 9), TileConfig(64, 16, 32, 1, 4, 2, 0, 3)),
-                 (TileConfig(32, 16, 32, 1, 4, 2, 0, 13), TileConfig(32, 16, 64, 2, 4, 2, 0, 7)),
-                 (TileConfig(32, 16, 32, 1, 4, 2, 0, 5), TileConfig(32, 16, 64, 2, 4, 2, 0, 15)),
-                 (TileConfig(32, 32, 32, 1, 4, 2, 0, 5), TileConfig(32, 32, 32, 1, 4, 1)),
-                 (plain, TileConfig(32, 16, 32, 1, 4, 2, 0, 13))):
+                 (TileConfig(32, 16, 64, 2, 4, 2, 0, 1), TileConfig(64, 16, 32, 1, 4, 2, 0, 3)),
+                 (TileConfig(32, 16, 32, 1, 4, 2, 0, 1), TileConfig(32, 16, 64, 2, 4, 2, 0, 3)),
+                 (TileConfig(32, 32, 32, 1, 4, 2, 0, 1), TileConfig(32, 32, 32, 1, 4, 1)),
+                 (plain, TileConfig(32, 16, 32, 1, 4, 2, 0, 1))):
     got = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
     err = float((got.reshape(t, k, h).sum(1).double() - want.double()).norm() / want.double().norm())
     assert err < 1e-5, (up, down, err)
-mlp_plain = moe._Mlp(ours.w1, ours.s1, ours.w3, ours.s3, ours.w2, ours.s2, False, 1, True)
-for m, up, down, message in (
-        (mlp, TileConfig(64, 16, 32, 1, 4, 1, 0, 1), None, "block_n must divide"),
-        (mlp, plain, TileConfig(32, 16, 32, 1, 4, 1, 0, 3), "needs a TMA gate+up tile"),
-        (mlp, TileConfig(32, 16, 32, 1, 4, 1, 0, 3), None, "a down-tile bit"),
-        (mlp_plain, TileConfig(32, 16, 32, 1, 4, 1, 0, 5), None, "transposed scales")):
+for up, down, message in ((TileConfig(64, 16, 32, 1, 4, 1, 0, 1), None, "block_n must divide"),
+                          (plain, TileConfig(32, 16, 32, 1, 4, 1, 0, 3), "needs a TMA gate+up tile"),
+                          (TileConfig(32, 16, 32, 1, 4, 1, 0, 3), None, "a down-tile bit"),
+                          (TileConfig(32, 16, 32, 1, 4, 1, 0, 5), None, "bits 1 and TMA_ACTS")):
     try:
-        moe._grouped_mlp(x, weights, ids, m, e, i, 1.0, up, down_cfg=down)
+        moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
         raise AssertionError(f"ran with {up}, {down}")
     except ValueError as err:
         assert message in str(err), err

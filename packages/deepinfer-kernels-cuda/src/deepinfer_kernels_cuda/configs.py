@@ -33,7 +33,7 @@ class TileConfig:
     num_warps: int
     num_stages: int
     maxnreg: int = 0  # registers per thread the compiler may use (0: its choice): fewer, more programs per SM
-    tma: int = 0  # grouped MoE: the TMA kernels (moe.TMA_ACTS / TMA_SCALES bits; 1: weights alone), 0: off
+    tma: int = 0  # grouped MoE: nonzero = the TMA kernels (bit moe.TMA_ACTS: down tiles read boxed inputs)
     persistent: int = 0  # FP8 GEMV at M = 1: programs per SM of the persistent streaming kernel (0: off)
 
 

@@ -70,9 +70,6 @@ class PreparedExperts:
     s2: torch.Tensor  # [E, H, I/32]
     fp8: bool = False
     asm: bool = False
-    # (s1, s3, s2) transposed per expert, [E, K/32, N]: a TMA kernel's scale bytes of a tile are then one
-    # box ([BK/32, BN]: rows of BN bytes), where [E, N, K/32] gives BK/32-byte rows, below TMA's 16
-    scales_t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def n_experts(self) -> int:
@@ -121,10 +118,9 @@ def asm_decodable(p: PreparedExperts) -> bool:
 
 
 def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False,
-                    asm: bool | None = None, scales_t: bool = False) -> PreparedExperts:
+                    asm: bool | None = None) -> PreparedExperts:
     """Stack (lists of [I, H/2] or stacked [E, ...]) packed FP4 experts into the kernels' layout (FP4
-    split, or E4M3 with `fp8`). `asm`: the packed PTX decode for FP4 (None: wherever `asm_decodable`).
-    `scales_t`: also the transposed scales of the TMA kernels (TMA_SCALES; 1/16 of the FP4 bytes more)."""
+    split, or E4M3 with `fp8`). `asm`: the packed PTX decode for FP4 (None: wherever `asm_decodable`)."""
     p = PreparedExperts(*(_stack(t) for t in (w1, w1_scale, w3, w3_scale, w2, w2_scale)))
     e, i, h = p.n_experts, p.inter, p.hidden
     want = {"w1": (e, i, h // 2), "w1_scale": (e, i, h // GROUP), "w3": (e, i, h // 2),
@@ -140,8 +136,6 @@ def prepare_experts(w1, w1_scale, w3, w3_scale, w2, w2_scale, fp8: bool = False,
     if asm and not asm_decodable(p):
         raise ValueError("experts: the packed decode needs split FP4 experts on a GPU with scale bytes "
                          f"<= {ASM_MAX_SCALE}")
-    if scales_t:
-        p = replace(p, scales_t=tuple(v.transpose(1, 2).contiguous() for v in (p.s1, p.s3, p.s2)))
     return replace(p, asm=asm_decodable(p) if asm is None else asm)
 
 
@@ -428,13 +422,14 @@ def _down_kernel(
 
 
 # --- grouped FP4 GEMMs through the tensor memory accelerator (prefill buckets only)
-# TileConfig.tma bits: the expert weights' packed bytes are always TMA boxes; ACTS (down tiles): the
-# intermediate activations too (the TMA gate+up stores them in the split order; gathering x into such
-# rows for the gate+up cost more than it saved: H200 2026-12-02, 324 us gather vs 140 us at 2048 tokens);
-# SCALES: the scale bytes too (from the transposed copy `PreparedExperts.scales_t`), else pointer loads;
-# N_FAST: programs in weight-tile-fastest order (a block's tiles run together, so its activation rows,
-# larger than L2 in all, come from DRAM once), else block-fastest as the pointer kernels
-TMA_ACTS, TMA_SCALES, TMA_N_FAST = 2, 4, 8
+# TileConfig.tma nonzero: these kernels. The expert weights' packed bytes are TMA boxes, the scale bytes
+# pointer loads (boxes of a transposed copy gained <= 3% on the down kernel, H200 2026-12-02, for 1/16
+# more expert memory); programs run weight-tile-fastest (a block's tiles together, so its input rows,
+# larger than L2 in all, come from DRAM once: 5-7% faster gate+up, ~20% faster down than block-fastest).
+# Bit TMA_ACTS (down tiles): the intermediate activations as boxes too (the TMA gate+up stores them in
+# the split order; gathering x into such rows for the gate+up cost more than it saved: 324 / 597 us
+# gather vs 140 / none at 2048 / 4096 tokens)
+TMA_ACTS = 2
 
 
 @triton.jit
@@ -446,16 +441,10 @@ def _split_pos(n, N):
 
 
 @triton.jit
-def _tma_weight_bytes(w_desc, w_row, s, s_ptrs, s_row, n0, k0, SCALES: tl.constexpr):
-    """A K step's packed FP4 bytes (a box of w_desc, rows from w_row) and scale bytes [BN, BK/32]: a box
-    of s (SCALES: the transposed copy, the expert's rows from s_row) or at s_ptrs (column group 0) plus
-    the K step's group."""
-    packed = w_desc.load([w_row, k0 // 2])
-    if SCALES:
-        sc = tl.trans(s.load([s_row + k0 // GROUP_TL, n0]))
-    else:
-        sc = tl.load(s_ptrs + k0 // GROUP_TL)
-    return packed, sc
+def _tma_weight_bytes(w_desc, w_row, s_ptrs, k0):
+    """A K step's packed FP4 bytes (a box of w_desc, rows from w_row) and scale bytes [BN, BK/32] (s_ptrs:
+    those of column group 0)."""
+    return w_desc.load([w_row, k0 // 2]), tl.load(s_ptrs + k0 // GROUP_TL)
 
 
 @triton.jit
@@ -473,17 +462,16 @@ def _tma_dot(acc_lo, acc_hi, x_lo, x_hi, packed, sc, BN: tl.constexpr, BK: tl.co
 
 @triton.jit
 def _gate_up_tma_kernel(
-    x_ptr, w1_desc, w3_desc, s1, s3, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
+    x_ptr, w1_desc, w3_desc, s1_ptr, s3_ptr, row_assign_ptr, block_expert_ptr, route_w_ptr, act_ptr,
     inter, H, stride_xm, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-    ASM: tl.constexpr, SPLIT: tl.constexpr, SCALES: tl.constexpr, ACT_SPLIT: tl.constexpr,
-    N_FAST: tl.constexpr,
+    ASM: tl.constexpr, SPLIT: tl.constexpr, ACT_SPLIT: tl.constexpr,
 ):
     """`_gate_up_kernel` for FP4 experts with TMA boxes (module comment above TMA_ACTS); BN divides
     inter. ACT_SPLIT: the activations stored in the split order (`_split_pos`) for `_down_tma_kernel`
     with TMA_ACTS."""
-    pid_b = tl.program_id(1 if N_FAST else 0)
-    pid_n = tl.program_id(0 if N_FAST else 1)
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
     expert, rows, assign = _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM, False)
     if expert < 0:
         return
@@ -492,15 +480,9 @@ def _gate_up_tma_kernel(
     n0 = pid_n * BN
     offs_n = n0 + tl.arange(0, BN)
     w_row = expert * inter + n0
-    s_row = expert * (H // GROUP_TL)
-    if SCALES:  # descriptors: no pointers
-        s1_ptrs = 0
-        s3_ptrs = 0
-    else:
-        groups = tl.arange(0, BK // GROUP_TL)[None, :]
-        at = expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn + groups
-        s1_ptrs = s1 + at
-        s3_ptrs = s3 + at
+    at = expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn + tl.arange(0, BK // GROUP_TL)[None, :]
+    s1_ptrs = s1_ptr + at
+    s3_ptrs = s3_ptr + at
     g_lo = tl.zeros((BN, BM), dtype=tl.float32)
     u_lo = tl.zeros((BN, BM), dtype=tl.float32)
     g_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
@@ -511,8 +493,8 @@ def _gate_up_tma_kernel(
         x_lo, x_hi = _expert_inputs(x_rows, valid, k0, False, BK)
         # both weights' bytes before the first MMA: a TMA wait (a branch) between the gate's and the up
         # projection's wgmma makes ptxas serialize them (C7513; sm_90 compile of Triton 3.6)
-        p1, sc1 = _tma_weight_bytes(w1_desc, w_row, s1, s1_ptrs, s_row, n0, k0, SCALES)
-        p3, sc3 = _tma_weight_bytes(w3_desc, w_row, s3, s3_ptrs, s_row, n0, k0, SCALES)
+        p1, sc1 = _tma_weight_bytes(w1_desc, w_row, s1_ptrs, k0)
+        p3, sc3 = _tma_weight_bytes(w3_desc, w_row, s3_ptrs, k0)
         g_lo, g_hi = _tma_dot(g_lo, g_hi, x_lo, x_hi, p1, sc1, BN, BK, IEEE, ASM, SPLIT)
         u_lo, u_hi = _tma_dot(u_lo, u_hi, x_lo, x_hi, p3, sc3, BN, BK, IEEE, ASM, SPLIT)
     out_ty = act_ptr.dtype.element_ty
@@ -527,14 +509,14 @@ def _gate_up_tma_kernel(
 
 @triton.jit
 def _down_tma_kernel(
-    act, w2_desc, s2, row_assign_ptr, block_expert_ptr, y_ptr, H, inter, stride_se, stride_sn,
+    act, w2_desc, s2_ptr, row_assign_ptr, block_expert_ptr, y_ptr, H, inter, stride_se, stride_sn,
     BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr,
-    SPLIT: tl.constexpr, ACTS: tl.constexpr, SCALES: tl.constexpr, N_FAST: tl.constexpr,
+    SPLIT: tl.constexpr, ACTS: tl.constexpr,
 ):
     """`_down_kernel` for FP4 experts with TMA boxes; ACTS: act a descriptor over the split-order
     activations (`_gate_up_tma_kernel` with ACT_SPLIT). BN divides H."""
-    pid_b = tl.program_id(1 if N_FAST else 0)
-    pid_n = tl.program_id(0 if N_FAST else 1)
+    pid_n = tl.program_id(0)
+    pid_b = tl.program_id(1)
     expert, rows, assign = _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM, False)
     if expert < 0:
         return
@@ -542,12 +524,8 @@ def _down_tma_kernel(
     n0 = pid_n * BN
     offs_n = n0 + tl.arange(0, BN)
     w_row = expert * H + n0
-    s_row = expert * (inter // GROUP_TL)
-    if SCALES:
-        s_ptrs = 0
-    else:
-        s_ptrs = (s2 + expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn
-                  + tl.arange(0, BK // GROUP_TL)[None, :])
+    s_ptrs = (s2_ptr + expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn
+              + tl.arange(0, BK // GROUP_TL)[None, :])
     acc_lo = tl.zeros((BN, BM), dtype=tl.float32)
     acc_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
     if ACTS:
@@ -561,7 +539,7 @@ def _down_tma_kernel(
             a_hi = tl.trans(act.load([pid_b * BM, inter // 2 + k0 // 2]))
         else:
             a_lo, a_hi = _expert_inputs(act_rows, valid, k0, False, BK)
-        packed, sc = _tma_weight_bytes(w2_desc, w_row, s2, s_ptrs, s_row, n0, k0, SCALES)
+        packed, sc = _tma_weight_bytes(w2_desc, w_row, s_ptrs, k0)
         acc_lo, acc_hi = _tma_dot(acc_lo, acc_hi, a_lo, a_hi, packed, sc, BN, BK, IEEE, ASM, SPLIT)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
     tl.store(ptrs, (acc_lo + acc_hi).to(y_ptr.dtype.element_ty), mask=valid[None, :])
@@ -953,7 +931,6 @@ class _Mlp:
     scale_rows: int  # FP8: weight rows per scale (1 or 32)
     expert_strides: bool  # stacked [E, ...] (else one [N, K] matrix, expert strides 0)
     asm: bool = False  # FP4: the packed PTX decode
-    scales_t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # PreparedExperts.scales_t
 
     def strides(self, w: torch.Tensor, s: torch.Tensor) -> tuple[int, int, int, int]:
         """(expert, row) strides of a weight and of its scale."""
@@ -1026,12 +1003,12 @@ def _check_tma(mlp: _Mlp, direct: bool, h: int, inter: int, cfg: configs.TileCon
         raise ValueError("grouped MoE: TMA tiles (TileConfig.tma) serve aligned stacked FP4 experts only")
     if (cfg.tma and inter % cfg.block_n) or (down_cfg.tma and h % down_cfg.block_n):
         raise ValueError(f"grouped MoE: TMA tiles {cfg}, {down_cfg}: block_n must divide {inter} / {h}")
+    if (cfg.tma | down_cfg.tma) & ~(1 | TMA_ACTS):
+        raise ValueError(f"grouped MoE: TMA tiles {cfg}, {down_cfg}: tma takes the bits 1 and TMA_ACTS")
     if cfg.tma & TMA_ACTS:
         raise ValueError(f"grouped MoE: gate+up tile {cfg}: TMA_ACTS is a down-tile bit")
     if down_cfg.tma & TMA_ACTS and not cfg.tma:
         raise ValueError("grouped MoE: a down tile with TMA_ACTS needs a TMA gate+up tile (split-order rows)")
-    if (cfg.tma | down_cfg.tma) & TMA_SCALES and mlp.scales_t is None:
-        raise ValueError("grouped MoE: TMA_SCALES needs the transposed scales (prepare_experts scales_t)")
 
 
 def _box(t: torch.Tensor, rows: int, block: list[int]) -> TensorDescriptor:
@@ -1039,31 +1016,17 @@ def _box(t: torch.Tensor, rows: int, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t.view(rows, -1), block)
 
 
-def _scale_boxes(mlp: _Mlp, which: tuple[int, ...], cfg: configs.TileConfig, k: int) -> list[Any]:
-    """The scales of weights `which` (0: w1, 1: w3, 2: w2) as the TMA kernels take them: descriptors over
-    the transposed copies with TMA_SCALES, else the [E, N, K/32] tensors."""
-    plain = (mlp.s1, mlp.s3, mlp.s2)
-    if not cfg.tma & TMA_SCALES:
-        return [plain[j] for j in which]
-    bk = configs.block_k(k, cfg.block_k)
-    box = [bk // GROUP, cfg.block_n]
-    return [_box(mlp.scales_t[j], mlp.scales_t[j].shape[:2].numel(), box) for j in which]
-
-
 def _gate_up_tma(x: torch.Tensor, route_w: torch.Tensor, mlp: _Mlp, al: Alignment, act: torch.Tensor,
                  topk: int, limit: float, cfg: configs.TileConfig, act_split: bool) -> None:
     e, i = mlp.w1.shape[:2]
     h = x.shape[1]
     bn, bm, bk = cfg.block_n, cfg.block_m, configs.block_k(h, cfg.block_k)
-    s1, s3 = _scale_boxes(mlp, (0, 1), cfg, h)
-    n_fast = bool(cfg.tma & TMA_N_FAST)
-    _gate_up_tma_kernel[(i // bn, al.blocks) if n_fast else (al.blocks, i // bn)](
-        x, _box(mlp.w1, e * i, [bn, bk // 2]), _box(mlp.w3, e * i, [bn, bk // 2]), s1, s3,
+    _gate_up_tma_kernel[(i // bn, al.blocks)](
+        x, _box(mlp.w1, e * i, [bn, bk // 2]), _box(mlp.w3, e * i, [bn, bk // 2]), mlp.s1, mlp.s3,
         al.row_assign, al.block_expert, route_w.reshape(-1), act, i, h, x.stride(0),
         mlp.s1.stride(0), mlp.s1.stride(1), float(limit),
         TOPK=topk, BN=bn, BM=bm, BK=bk, IEEE=x.dtype == torch.float32, ASM=mlp.asm, SPLIT=cfg.split_k,
-        SCALES=bool(cfg.tma & TMA_SCALES), ACT_SPLIT=act_split, N_FAST=n_fast, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
+        ACT_SPLIT=act_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
     )
 
 
@@ -1072,14 +1035,11 @@ def _down_tma(act: torch.Tensor, mlp: _Mlp, al: Alignment, y: torch.Tensor, cfg:
     i = act.shape[1]
     bn, bm, bk = cfg.block_n, cfg.block_m, configs.block_k(i, cfg.block_k)
     acts = bool(cfg.tma & TMA_ACTS)
-    (s2,) = _scale_boxes(mlp, (2,), cfg, i)
-    n_fast = bool(cfg.tma & TMA_N_FAST)
-    _down_tma_kernel[(h // bn, al.blocks) if n_fast else (al.blocks, h // bn)](
-        _box(act, act.shape[0], [bm, bk // 2]) if acts else act, _box(mlp.w2, e * h, [bn, bk // 2]), s2,
+    _down_tma_kernel[(h // bn, al.blocks)](
+        _box(act, act.shape[0], [bm, bk // 2]) if acts else act, _box(mlp.w2, e * h, [bn, bk // 2]), mlp.s2,
         al.row_assign, al.block_expert, y, h, i, mlp.s2.stride(0), mlp.s2.stride(1),
         BN=bn, BM=bm, BK=bk, IEEE=act.dtype == torch.float32, ASM=mlp.asm, SPLIT=cfg.split_k, ACTS=acts,
-        SCALES=bool(cfg.tma & TMA_SCALES), N_FAST=n_fast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        maxnreg=cfg.maxnreg or None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
     )
 
 
@@ -1102,7 +1062,7 @@ def routed_experts(
     if t == 0:
         return torch.empty((0, h), dtype=x.dtype, device=x.device)
     p = experts
-    mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True, p.asm, p.scales_t)
+    mlp = _Mlp(p.w1, p.s1, p.w3, p.s3, p.w2, p.s2, p.fp8, 1, True, p.asm)
     if t * k <= DECODE_ASSIGNMENTS and config is None:
         cfg = DECODE_OVERRIDE or configs.lookup_moe_decode(h, i, x.device)
         if cfg.block_m == 1:
