@@ -31,17 +31,21 @@ LARGE_M = [  # (block_n, block_m, block_k, num_warps, num_stages)
     (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 128, 8, 3), (128, 256, 64, 8, 3),
     (256, 128, 64, 8, 3),
 ]
-MOE = [  # grouped gate+up (and down) tiles; split_k 2: a second accumulator; the 7th field: maxnreg
+MOE = [  # grouped gate+up (and down) tiles; split_k 2: a second accumulator; 7th field: maxnreg; 8th: tma
     TileConfig(64, 16, 128, 1, 4, 4), TileConfig(64, 16, 256, 1, 4, 3), TileConfig(128, 16, 128, 1, 8, 3),
     TileConfig(64, 32, 128, 1, 4, 4), TileConfig(128, 64, 64, 1, 8, 3), TileConfig(128, 64, 128, 1, 8, 3),
     TileConfig(128, 128, 64, 1, 8, 3), TileConfig(64, 64, 64, 1, 4, 4), TileConfig(128, 128, 64, 1, 8, 4),
     TileConfig(128, 64, 64, 1, 4, 4), TileConfig(256, 64, 64, 1, 8, 3), TileConfig(64, 64, 64, 1, 4, 3, 128),
     TileConfig(128, 64, 64, 1, 8, 3, 128), TileConfig(64, 32, 64, 1, 4, 3),
+    TileConfig(128, 64, 128, 1, 8, 3, 128, 1), TileConfig(128, 64, 64, 1, 8, 3, 128, 1),
+    TileConfig(64, 64, 64, 1, 4, 3, 128, 1),
 ]
 MOE_DOWN = [  # the down kernel's own tile, tried at the best gate+up tile's block_m
     TileConfig(128, 64, 64, 1, 8, 3), TileConfig(256, 64, 64, 1, 8, 3), TileConfig(128, 64, 64, 1, 8, 4),
     TileConfig(128, 32, 64, 1, 8, 3), TileConfig(64, 16, 128, 2, 4, 4), TileConfig(64, 16, 256, 2, 4, 3),
     TileConfig(128, 16, 128, 2, 8, 4),
+    TileConfig(256, 64, 64, 1, 8, 3, 0, 3), TileConfig(128, 64, 64, 1, 8, 3, 0, 3),
+    TileConfig(128, 64, 128, 1, 8, 3, 0, 3),
 ]
 MOE_DECODE = [  # decode paths at one token: GEMV tiles (block_m 1) and MMA tiles (one block per assignment)
     TileConfig(16, 1, 256, 1, 4, 3), TileConfig(16, 1, 512, 1, 4, 3), TileConfig(32, 1, 256, 1, 4, 3),
@@ -220,7 +224,8 @@ def tune_moe(table: dict, deadline: float, tokens: tuple[int, ...]) -> None:
         table[configs.key("moe", h, i, t * k)] = best
         down_t, down = best_t, best
         for cfg in MOE_DOWN:  # the down kernel's own tile (same block_m: one alignment)
-            if cfg.block_m == best.block_m and cfg != best and time.time() < deadline:
+            boxed = cfg.tma & moe.TMA_ACTS and not best.tma  # boxed activations need the TMA gate+up
+            if cfg.block_m == best.block_m and cfg != best and not boxed and time.time() < deadline:
                 took = _time_moe(x, w, ids, ours.experts, best, t, cfg)
                 down_t, down = min((down_t, down), (took, cfg), key=lambda r: r[0])
         down_key = configs.key("moe-down", h, i, t * k)
