@@ -94,8 +94,9 @@ class LLMEngine:
         self.runner = ModelRunner(model, Sampler(model.eos_token_id, sampling_ops), self.proposer,
                                   self.proposer.num_draft_tokens if self.proposer else 0)
         self.runner.record_sampling_graphs(config.max_num_seqs)  # with the model's: no step records one
-        if verify_scheduler is not None and config.async_scheduling:  # the scheduler plans the totals
-            self.runner.splitter = getattr(verify_scheduler, "split", None)
+        split = getattr(verify_scheduler, "split", None)
+        if split is not None and config.async_scheduling:  # the scheduler plans the totals
+            self.runner.use_splitter(split)
         self._async = config.async_scheduling
         self.runner.structured = StructuredManager(tokenizer, self.vocab_size, self.eos_token_id)
         self.scheduler.admissible = self.runner.structured.admissible

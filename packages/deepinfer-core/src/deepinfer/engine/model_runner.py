@@ -309,6 +309,18 @@ class ModelRunner:
             at += 2 * n
         return out
 
+    def use_splitter(self, splitter: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> None:
+        """Split asynchronous confidence-scheduled steps on the device with `splitter`; on CUDA it runs
+        once here on stand-in estimates, with the row-count sum after it, so that a first split step
+        loads no kernel (a load may wait for the drafting queued ahead: `_load_fill_kernels`)."""
+        self.splitter = splitter
+        if self._device.type == "cuda":
+            rows = to_device([0, 1], self._device)
+            most = to_device([self.num_draft_tokens] * 2, self._device)
+            estimates = torch.full((2, self.num_draft_tokens), 0.5, device=self._device)[rows]
+            kept = splitter(estimates, most, self.num_draft_tokens)
+            HostCopy(most.index_add(0, rows, kept)).get()
+
     def _load_fill_kernels(self) -> None:
         """Run `_fill` once at start-up. CUDA loads a kernel when it is first launched (lazy module
         loading, the default), and the load may wait for the device's queued work (the H200: a first
@@ -356,14 +368,15 @@ class ModelRunner:
     # ---- speculative decoding (the next step is planned once this step's verification is on the host)
 
     def _splits_on_device(self, sched: SchedulerOutput, segments: list[SequenceSegment]) -> bool:
-        """Whether the step's drafts are split on the device: a choice to make (some drafts verified,
-        not all: otherwise the host's split is the only one, and the step keeps the plain forward and
-        its graphs), a splitter, device confidences for every speculating segment and a model that runs
-        device row counts for these segments."""
+        """Whether the step's drafts are split on the device: a choice to make (several speculating
+        sequences, some drafts verified, not all: otherwise the host's split is the only one, and the
+        step keeps the plain forward and its graphs), a splitter, device confidences for every
+        speculating segment and a model that runs device row counts for these segments."""
         split = sched.split
         assert split is not None
         fits = getattr(self.model, "device_rows_fit", None)
-        return (0 < split.num_drafts < sum(sched.segments[i].num_drafts for i in split.host)
+        return (len(split.host) > 1
+                and 0 < split.num_drafts < sum(sched.segments[i].num_drafts for i in split.host)
                 and self.splitter is not None and fits is not None
                 and all(sched.segments[i].drafts.proposal.confidences is not None  # type: ignore[union-attr]
                         for i in split.host)
