@@ -5,9 +5,11 @@ decode. At c9f0981 (row-masked weight loads, before EVEN_N) some down-kernel pro
 call B); those rows crashed batch_invariance --cost. Here: every repeat is finite, small, bitwise the
 first, and the first 16 tokens match the reference. And the H200 table's own (gate+up, down) tile
 pairs at the Flash widths and 384 experts (maxnreg, split_k 2, a down tile of its own) against the fixed
-INVARIANT_CONFIG tiles on the same inputs."""
+INVARIANT_CONFIG tiles on the same inputs; the TMA kernels (TileConfig.tma) bitwise the pointer kernels at
+the same tiles (same products in the same order)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -65,3 +67,23 @@ def test_table_tiles_at_flash_widths_match_the_invariant_tiles(tokens):
     assert torch.equal(moe.routed_experts(x, weights, ids, experts, 10.0), got)
     want = moe.routed_experts(x, weights, ids, experts, 10.0, moe.INVARIANT_CONFIG).float()
     assert float((got.float() - want).norm() / want.norm()) < 1e-3
+
+
+@pytest.mark.parametrize("up, down", [
+    (configs.TileConfig(128, 64, 128, 1, 8, 3, 128), configs.TileConfig(256, 64, 64, 1, 8, 3)),
+    (configs.TileConfig(64, 64, 64, 1, 4, 3, 128), configs.TileConfig(128, 64, 64, 1, 8, 3)),
+])
+def test_tma_kernels_are_bitwise_the_pointer_kernels_at_the_same_tiles(up, down):
+    n, tokens = 384, 1024
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    experts = moe.prepare_experts(*_random_fp4(INTER, H, gen, n), *_random_fp4(INTER, H, gen, n),
+                                  *_random_fp4(H, INTER, gen, n))
+    x = torch.randn(tokens, H, device="cuda", generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(n, device="cuda", generator=gen)[:K] for _ in range(tokens)]).int()
+    weights = torch.rand(tokens, K, device="cuda", generator=gen)
+    want = moe.routed_experts(x, weights, ids, experts, 10.0, up, down)
+    assert want.isfinite().all()
+    for tma_down in (1, moe.TMA_ACTS | 1):  # the down kernel's activations by pointers, then as boxes
+        got = moe.routed_experts(x, weights, ids, experts, 10.0, replace(up, tma=1),
+                                 replace(down, tma=tma_down))
+        assert torch.equal(got, want), tma_down

@@ -1,7 +1,7 @@
 """The grouped FP4 expert kernels with TMA boxes (TileConfig.tma) under Triton's CPU interpreter (float32,
 tiny shapes) against the reference's routed experts: weights alone, + the down kernel's activations in
-split-order rows (TMA_ACTS), mixed with the pointer kernels, split_k 2; and the checks on tiles the TMA
-kernels do not serve."""
+split-order rows (TMA_ACTS), mixed with the pointer kernels, split_k 2, bitwise the pointer kernels at the
+same tiles; and the checks on tiles the TMA kernels do not serve."""
 
 import pytest
 
@@ -33,6 +33,12 @@ for up, down in ((TileConfig(32, 16, 64, 1, 4, 2, 0, 1), TileConfig(32, 16, 32, 
     got = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
     err = float((got.reshape(t, k, h).sum(1).double() - want.double()).norm() / want.double().norm())
     assert err < 1e-5, (up, down, err)
+# same tiles, same products in the same order: bitwise the pointer kernels
+pointer = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, TileConfig(32, 16, 64, 1, 4, 2),
+                           down_cfg=TileConfig(64, 16, 32, 1, 4, 2))
+boxed = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, TileConfig(32, 16, 64, 1, 4, 2, 0, 1),
+                         down_cfg=TileConfig(64, 16, 32, 1, 4, 2, 0, 3))
+assert torch.equal(pointer, boxed)
 for up, down, message in ((TileConfig(64, 16, 32, 1, 4, 1, 0, 1), None, "block_n must divide"),
                           (plain, TileConfig(32, 16, 32, 1, 4, 1, 0, 3), "needs a TMA gate+up tile"),
                           (TileConfig(32, 16, 32, 1, 4, 1, 0, 3), None, "a down-tile bit"),
