@@ -3,22 +3,26 @@ the path the default does not take at that M: tiled vs GEMV vs decode-once + cuB
 torch._scaled_mm on the same FP8 bytes and a BF16 F.linear on the dequantised weight, against rooflines
 measured in the same run. Kernel times are CUDA-graph replays (us_eager: one eager call, host included).
 Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]
---decode: only the FP8 shapes at few tokens, graph-timed, against the copy bandwidth, next to a baseline
-module's `linear(x, prepared, out_dtype)` (--baseline FILE, e.g. an earlier kernel) -> linear_decode.*"""
+--decode: only the FP8 shapes at few tokens, graph-timed, against the copy bandwidth and the read floor
+of the same bytes (`roofline.stream_floor`: the fastest plain read of them in one kernel), next to a
+baseline module's `linear(x, prepared, out_dtype)` (--baseline FILE, e.g. an earlier kernel;
+--baseline-table JSON: the config table it looks up, e.g. the earlier tune) -> linear_decode.*"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from common import copy_bandwidth_gbs, eager_ms
-from roofline import FLASH_LINEARS, TOKENS, graph_ms, rooflines, write
+from roofline import FLASH_LINEARS, TOKENS, graph_ms, rooflines, stream_floor, write
 
 from deepinfer.checkpoint.formats import quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear
@@ -124,15 +128,34 @@ def _point(name, m, ours, ref, weight, w_deq, roof) -> dict:
 
 
 def _load_module(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    spec = importlib.util.spec_from_file_location(f"baseline_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
 
-def decode_table(out: Path, names: list[str], tokens: tuple[int, ...], baseline) -> None:
+@contextlib.contextmanager
+def _config_table(path: Path | None):
+    """Config lookups (at graph capture) read `path` instead of the package's table for this GPU."""
+    if path is None:
+        yield
+        return
+    gpu_file = configs.gpu_file
+    configs.gpu_file = lambda device=None: path
+    configs._entry.cache_clear()
+    try:
+        yield
+    finally:
+        configs.gpu_file = gpu_file
+        configs._entry.cache_clear()
+
+
+def decode_table(out: Path, names: list[str], tokens: tuple[int, ...], baseline,
+                 baseline_table: Path | None = None) -> None:
     """FP8 shapes at few tokens: the default path (GEMV or tiled, per the table) and the baseline, both
-    graph-timed over L2-busting weight copies, %copy on the bytes moved; rel_err vs the reference."""
+    graph-timed over L2-busting weight copies, %copy on the bytes moved, %floor = the same bytes' read
+    floor over the time; rel_err vs the reference."""
     copy_tbs = copy_bandwidth_gbs() / 1e3
     header = {"gpu": torch.cuda.get_device_name(), "copy_tbs": copy_tbs,
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
@@ -146,20 +169,27 @@ def decode_table(out: Path, names: list[str], tokens: tuple[int, ...], baseline)
         ours = linear.prepare_linear(kind, weight, scale, groups)
         ref = ref_linear.prepare_linear(kind, weight, scale, groups)
         wbytes = weight_bytes(ours.weight, ours.scale)
+        floor = stream_floor(wbytes)
+        header["empty_us"] = floor["empty_us"]
         for m in tokens:
             x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
             want = ref_linear.linear(x, ref, torch.bfloat16).float()
             cfg = configs.lookup(kind, n, k, m, x.device)
             moved = wbytes + x.numel() * 2 + m * n * 2
-            row = {"shape": name, "M": m, "path": "gemv" if configs.is_gemv(cfg) else "tiled",
-                   "config": "/".join(map(str, dataclasses.astuple(cfg)))}
-            for tag, fn in (("new", linear.linear), ("old", baseline.linear if baseline else None)):
+            row = {"shape": name, "M": m, "MB": wbytes / 2**20,
+                   "path": "gemv" if configs.is_gemv(cfg) else "tiled",
+                   "config": "/".join(map(str, dataclasses.astuple(cfg))),
+                   "read_us": floor["read_us"], "copy_same_us": floor["copy_us"]}
+            old = baseline.linear if baseline else None
+            for tag, fn, table in (("new", linear.linear, None), ("old", old, baseline_table)):
                 if fn is None:
                     continue
-                got = fn(x, ours, torch.bfloat16).float()
-                t = _time(lambda p, fn=fn, x=x: fn(x, p, torch.bfloat16), ours, wbytes)
+                with _config_table(table):
+                    got = fn(x, ours, torch.bfloat16).float()
+                    t = _time(lambda p, fn=fn, x=x: fn(x, p, torch.bfloat16), ours, wbytes)
                 row[f"{tag}_us"] = t * 1e3
                 row[f"{tag}_%copy"] = 100 * moved / t / 1e9 / copy_tbs
+                row[f"{tag}_%floor"] = 100 * floor["read_us"] / (t * 1e3)
                 row[f"{tag}_rel_err"] = float((got - want).norm() / want.norm())
             rows.append(row)
             print(row, flush=True)
@@ -175,11 +205,13 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma-separated subset of shape names (default all)")
     ap.add_argument("--decode", action="store_true", help="FP8 shapes at few tokens vs --baseline only")
     ap.add_argument("--baseline", type=Path, default=None, help="module file with linear(x, prepared, dt)")
+    ap.add_argument("--baseline-table", type=Path, default=None, help="config JSON the baseline looks up")
     args = ap.parse_args()
     tokens = tuple(int(t) for t in args.tokens.split(","))
     names = [s for s in FLASH_LINEARS if not args.shapes or s in args.shapes.split(",")]
     if args.decode:
-        decode_table(args.out, names, tokens, _load_module(args.baseline) if args.baseline else None)
+        decode_table(args.out, names, tokens, _load_module(args.baseline) if args.baseline else None,
+                     args.baseline_table)
         return
     roof = rooflines()
     header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **roof,

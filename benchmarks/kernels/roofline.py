@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 from common import copy_bandwidth_gbs, eager_ms
 
 # Flash widths (model spec): name -> (out rows N, in columns K per group, groups, weight kind)
@@ -50,6 +53,43 @@ def graph_ms(fns: list[Callable[[], object]], reps: int = 20) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / len(fns))
     return sorted(times)[len(times) // 2]
+
+
+@triton.jit
+def _read_kernel(src_ptr, out_ptr, BLOCK: tl.constexpr):
+    """Reads BLOCK int32 words per program and stores one sum (so the loads are not dead)."""
+    v = tl.load(src_ptr + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK))
+    tl.store(out_ptr + tl.program_id(0), tl.sum(v, axis=0))
+
+
+@triton.jit
+def _empty_kernel():
+    pass
+
+
+READ_TILES = ((2048, 4), (8192, 8), (16384, 8))  # (words per program, warps): 8, 32 and 64 KB per program
+L2_BYTES = 60 << 20
+
+
+def stream_floor(nbytes: int) -> dict[str, float]:
+    """What one kernel moving `nbytes` can reach at best, graph-timed over L2-busting buffers: `read_us`
+    the fastest plain read of that many bytes (READ_TILES), `copy_us` torch's copy of them (reads and
+    writes the bytes), `empty_us` an empty kernel's replay (launch and drain alone)."""
+    copies = max(1, min(32, -(-3 * L2_BYTES // nbytes)))
+    unit = 4 * max(words for words, _ in READ_TILES)
+    size = -(-nbytes // unit) * unit  # whole programs of every tile: at most `unit` bytes more
+    bufs = [torch.empty(size // 4, dtype=torch.int32, device="cuda") for _ in range(copies)]
+    best = float("inf")
+    for words, warps in READ_TILES:
+        grid = size // 4 // words
+        sums = torch.empty(grid, dtype=torch.int32, device="cuda")
+        launch = _read_kernel[(grid,)]
+        best = min(best, graph_ms([functools.partial(launch, b, sums, BLOCK=words, num_warps=warps)
+                                   for b in bufs]))
+    copy = graph_ms([functools.partial(torch.empty_like(b).copy_, b) for b in bufs])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    empty = graph_ms([_empty_kernel[(sms,)]] * 64)
+    return {"read_us": best * 1e3, "copy_us": copy * 1e3, "empty_us": empty * 1e3}
 
 
 def _mm_tflops(s: int = 8192) -> tuple[float, float]:
