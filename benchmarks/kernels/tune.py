@@ -2,14 +2,16 @@
 per-GPU JSON that deepinfer_kernels_cuda.configs reads (no autotuning at serve time).
 Entries not re-tuned keep their values. Usage (GPU):
 python3 benchmarks/kernels/tune.py [--out FILE] [--budget-s 150] [--tokens 1,4096] [--no-moe]
-    [--shapes q_a+kv,q_b+]"""
+    [--shapes q_a+kv,q_b+] [--gemv1]"""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import math
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,6 +97,51 @@ def gemv_refinements(best: TileConfig, n: int, k: int, m: int) -> list[TileConfi
     return [c for c in dict.fromkeys(out) if c != best]
 
 
+def pdl_candidates(base: TileConfig, n: int, k: int, m: int, sm_count: int) -> list[TileConfig]:
+    """A GEMV config (`base`, else the default GEMV where `base` is a tiled one) without and with
+    programmatic dependent launch, and under PDL with register prefetch (num_stages 2), whose first
+    step's weights load before the wait for the previous kernel."""
+    base = replace(base, pdl=0) if configs.is_gemv(base) else configs.default_gemv(n, k, m, sm_count)
+    return list(dict.fromkeys([base, replace(base, pdl=1), replace(base, pdl=1, num_stages=2)]))
+
+
+def pdl_works() -> bool:
+    """Whether PDL launches capture and replay in a CUDA graph with the results of plain launches (run it
+    in a child process, `check_pdl`: a failed capture can leave its CUDA context unusable)."""
+    torch.manual_seed(0)
+    w = torch.randn(1024, 2048, device="cuda").to(torch.float8_e4m3fn)
+    s = torch.full((32, 64), 120, dtype=torch.uint8, device="cuda")
+    prepared = linear.prepare_linear("fp8", w, s)
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    cfg = replace(configs.default_gemv(1024, 2048, 1), num_stages=2)
+    want = linear.block_linear(x, prepared, torch.float32, cfg)
+    try:
+        got = graph_results(lambda: linear.block_linear(x, prepared, torch.float32, replace(cfg, pdl=1)))
+    except Exception as e:
+        print(f"PDL in CUDA graphs: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return False
+    return bool(torch.equal(got, want))
+
+
+def graph_results(fn):
+    """fn's result, captured in a CUDA graph (3 calls back to back) and replayed."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [fn() for _ in range(3)]
+    graph.replay()
+    torch.cuda.synchronize()
+    return outs[-1]
+
+
+def check_pdl() -> bool:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ok = pool.submit(pdl_works).result()
+    print(f"PDL launches in CUDA graphs: {'ok' if ok else 'not used'}", flush=True)
+    return ok
+
+
 def tiled_candidates(n: int, k: int, m: int) -> list[TileConfig]:
     base = configs.default("fp8", n, k, m)
     if m > 64:
@@ -133,11 +180,12 @@ def _summary(results: list[tuple[float, TileConfig]]) -> str:
 
 
 def tune_linears(table: dict, deadline: float, tokens: tuple[int, ...],
-                 only: list[str] | None = None) -> None:
+                 only: list[str] | None = None, gemv1: bool = False, pdl: bool = False) -> None:
     """Every FP8 shape (or those whose name contains one of `only`) at each M, the target points (1, 4096)
     first and with 3x the time share of the others. Up to 8 tokens the GEMV is swept (two rounds) and
     the tiled kernel at the table's config timed next to it: the faster is stored (a GEMV config has
-    block_m < 16)."""
+    block_m < 16). `pdl`: the GEMV winner under programmatic dependent launch too; `gemv1`: at M = 1 only
+    the table's entry (the incumbent, whichever kernel) against GEMVs under PDL."""
     shapes = {(n, k, groups, kind): name for name, (n, k, groups, kind) in FLASH_LINEARS.items()
               if kind != "dense" and (only is None or any(part in name for part in only))}
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
@@ -152,11 +200,19 @@ def tune_linears(table: dict, deadline: float, tokens: tuple[int, ...],
         prepared = linear.prepare_linear(kind, weight, scale, groups)
         x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
         name = f"{shapes[(n, k, groups, kind)]} M={m}"
-        if kind == "fp8" and m <= 8:
+        if kind == "fp8" and m == 1 and gemv1:
+            incumbent = configs.lookup(kind, n, k, m, x.device)
+            more = pdl_candidates(incumbent, n, k, m, sm_count) if pdl else []
+            results = _sweep(x, prepared, list(dict.fromkeys([incumbent, *more])), m, float("inf"))
+        elif kind == "fp8" and m <= 8:
             results = _sweep(x, prepared, gemv_candidates(n, k, groups, m, sm_count), m, share)
             if results:
                 best = min(results, key=lambda r: r[0])[1]
                 results += _sweep(x, prepared, gemv_refinements(best, n, k, m), m, share)
+                if pdl:
+                    best = min(results, key=lambda r: r[0])[1]
+                    more = [c for c in pdl_candidates(best, n, k, m, sm_count) if c != best]
+                    results += _sweep(x, prepared, more, m, share)
             tiled = configs.lookup(kind, n, k, m, x.device)  # the tiled kernel as the table serves it
             if configs.is_gemv(tiled):
                 tiled = configs.default(kind, n, k, max(m, configs.GEMV_M + 1))
@@ -257,6 +313,8 @@ def main() -> None:
     ap.add_argument("--moe-tokens", default="1,64,256,1024,4096,16384",
                     help="MoE batch sizes to tune (1: the decode path)")
     ap.add_argument("--moe-share", type=float, default=0.4, help="share of the budget for the MoE")
+    ap.add_argument("--gemv1", action="store_true",
+                    help="FP8 at M=1: only the table's entry against GEMVs under PDL (where PDL works)")
     args = ap.parse_args()
     path = args.out or configs.gpu_file()
     deadline = time.time() + args.budget_s
@@ -265,8 +323,10 @@ def main() -> None:
         if not args.no_moe:
             tune_moe(table, time.time() + args.budget_s * args.moe_share,
                      tuple(int(t) for t in args.moe_tokens.split(",")))
-        tune_linears(table, deadline, tuple(int(t) for t in args.tokens.split(",")),
-                     args.shapes.split(",") if args.shapes else None)
+        only = args.shapes.split(",") if args.shapes else None
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+        pdl = min(tokens) <= 8 and check_pdl()
+        tune_linears(table, deadline, tokens, only, args.gemv1, pdl)
     finally:  # also on SIGINT (timeout -s INT): keep what was tuned
         configs.save(path, table)
         print(f"wrote {len(table)} configs to {path}", flush=True)

@@ -51,7 +51,8 @@ for kind, quant in (("fp8", quantize_fp8), ("fp4", quantize_fp4)):
 # (num_stages 3, 4) and register prefetch over 3 steps (the last ragged), 1- to 8-row programs
 w, s = quantize_fp8(torch.randn(64, 384) * 0.1)
 for m, groups, cfg in ((1, 1, TileConfig(1, 1, 256, 1, 4, 3)), (2, 2, TileConfig(2, 2, 128, 1, 4, 4)),
-                       (1, 1, TileConfig(8, 1, 128, 2, 4, 2)), (3, 2, TileConfig(4, 4, 512, 1, 4, 1))):
+                       (1, 1, TileConfig(8, 1, 128, 2, 4, 2)), (3, 2, TileConfig(4, 4, 512, 1, 4, 1)),
+                       (1, 2, TileConfig(4, 1, 128, 1, 4, 2, pdl=1))):  # PDL: CUDA only, a plain launch here
     x = torch.randn(m, 384 * groups)
     ours = linear.prepare_linear("fp8", w, s, groups)
     want = ref_linear.linear(x, ref_linear.prepare_linear("fp8", w, s, groups), torch.float32)

@@ -34,7 +34,7 @@ class TileConfig:
     num_stages: int
     maxnreg: int = 0  # registers per thread the compiler may use (0: its choice): fewer, more programs per SM
     tma: int = 0  # grouped MoE: nonzero = the TMA kernels (bit moe.TMA_ACTS: down tiles read boxed inputs)
-    persistent: int = 0  # FP8 GEMV at M = 1: programs per SM of the persistent streaming kernel (0: off)
+    pdl: int = 0  # FP8 GEMV: 1 = programmatic dependent launch (starts while the previous kernel drains)
 
 
 def m_bucket(m: int) -> int:
@@ -70,8 +70,8 @@ def save(path: Path, table: dict[str, TileConfig]) -> None:
 
 
 def _fields(cfg: TileConfig) -> dict[str, int]:
-    """A config as stored: maxnreg, tma and persistent only where set (most entries leave them at 0)."""
-    return {k: v for k, v in asdict(cfg).items() if k not in ("maxnreg", "tma", "persistent") or v}
+    """A config as stored: maxnreg, tma and pdl only where set (most entries leave them at 0)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("maxnreg", "tma", "pdl") or v}
 
 
 # every linear call looks its config up: memoised, so the host pays a dict hit, not a device query
@@ -87,11 +87,6 @@ def _sm_count(index: int) -> int:
 
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device (the fallback count for CPU tensors: the Triton interpreter)."""
-    return _sm_count(_index(device)) if device.type == "cuda" else SM_COUNT_FALLBACK
 
 
 def block_k(k: int, want: int) -> int:

@@ -10,7 +10,10 @@ Three paths, chosen by the number of tokens M (`configs.GEMV_M`, `configs.DEQUAN
   through cp.async (ptxas alone does not issue a step's loads ahead of its first products). Each
   chunk's 8 products are summed in registers and then scaled (a power of two: exact). Small
   rows-per-program counts fill the SMs without splitting K; where they cannot, K splits (float32
-  partials, then a fixed-order reduction: deterministic).
+  partials, then a fixed-order reduction: deterministic). A config with `pdl` launches it with
+  programmatic dependent launch: its programs start while the previous kernel drains and wait for it
+  (griddepcontrol.wait) before reading the input or writing; with register prefetch the first step's
+  weights, which no kernel writes, load before the wait.
 * Otherwise below DEQUANT_M: the tiled kernel. Swap-AB: the decoded weight tile is the MMA's register A
   operand (BLOCK_N weight rows on the M side, which Hopper's wgmma needs >= 64 of), tokens its N side.
   Also serves FP4 and, in batch-invariant mode, dense weights, at every M.
@@ -43,6 +46,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from deepinfer.ops.reference import linear as reference_linear
 from deepinfer_kernels_cuda import configs
@@ -159,9 +163,15 @@ def _block_linear_kernel(
 
 
 @triton.jit
-def _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols, SCALE_WORDS: tl.constexpr):
-    """One GEMV K step's operands as stored: FP8 weights, input rows, the scale byte of each chunk's
-    32-column block (the program's rows share one scale row). Chunks past k_hi load nothing.
+def _gemv_weights(w_rows, k0, k_hi, n_mask, chunk, cols):
+    """One GEMV K step's FP8 weights as stored; chunks past k_hi load nothing."""
+    return tl.load(w_rows + k0 + cols, mask=n_mask[:, None, None, None] & ((k0 + chunk) < k_hi), other=0.0)
+
+
+@triton.jit
+def _gemv_inputs(x_rows, s_row, k0, k_hi, m_mask, chunk, cols, SCALE_WORDS: tl.constexpr):
+    """One GEMV K step's input rows and the scale byte of each chunk's 32-column block (the program's
+    rows share one scale row). Chunks past k_hi load nothing.
     SCALE_WORDS: the scale row is read as 32-bit words (4 blocks each) and the byte picked out, since
     Triton's pipeliner streams loads of >= 4 bytes per thread through cp.async but not byte loads."""
     k_in = (k0 + chunk) < k_hi
@@ -173,8 +183,14 @@ def _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols, SC
         s = (word >> (8 * ((col // _BLOCK_ROWS) % 4))) & 0xFF
     else:
         s = tl.load(s_row + col // _BLOCK_ROWS, mask=k_in, other=127)
-    w = tl.load(w_rows + k0 + cols, mask=n_mask[:, None, None, None] & k_in, other=0.0)
-    return w, xt, s
+    return xt, s
+
+
+@triton.jit
+def _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols, SCALE_WORDS: tl.constexpr):
+    """One GEMV K step's operands: weights, input rows, scale bytes."""
+    xt, s = _gemv_inputs(x_rows, s_row, k0, k_hi, m_mask, chunk, cols, SCALE_WORDS)
+    return _gemv_weights(w_rows, k0, k_hi, n_mask, chunk, cols), xt, s
 
 
 @triton.jit
@@ -191,6 +207,7 @@ def _gemv_fp8_kernel(
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
     BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -210,14 +227,22 @@ def _gemv_fp8_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BN, BM, BK // _CHUNK, 1), dtype=tl.float32)
+    # PDL (programmatic dependent launch): the program may start before the previous kernel has finished
+    # and must wait for it before touching anything that kernel may write (the input, the output); the
+    # weights it never writes, so with register prefetch the first step's weights load before the wait
     if STAGES == 2:  # register prefetch: the next step's loads are issued before this step's products
-        w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k_lo, k_hi, m_mask, n_mask, chunk, cols, SCALE_WORDS)
+        w = _gemv_weights(w_rows, k_lo, k_hi, n_mask, chunk, cols)
+        if PDL:
+            gdc_wait()
+        xt, s = _gemv_inputs(x_rows, s_row, k_lo, k_hi, m_mask, chunk, cols, SCALE_WORDS)
         for k0 in range(k_lo, k_hi, BK):
             w_next, xt_next, s_next = _gemv_loads(x_rows, w_rows, s_row, k0 + BK, k_hi, m_mask, n_mask,
                                                   chunk, cols, SCALE_WORDS)
             acc += _gemv_chunk_sums(w, xt, s)
             w, xt, s = w_next, xt_next, s_next
-    else:  # STAGES >= 3: Triton's pipeliner keeps STAGES - 1 steps in flight (cp.async to shared memory)
+    else:  # STAGES 1: a step at a time; >= 3: Triton's pipeliner keeps STAGES - 1 steps in flight (cp.async)
+        if PDL:
+            gdc_wait()
         for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
             k0 = tl.multiple_of(k0, BK)
             w, xt, s = _gemv_loads(x_rows, w_rows, s_row, k0, k_hi, m_mask, n_mask, chunk, cols, SCALE_WORDS)
@@ -296,6 +321,13 @@ def tiled_linear(
     )
 
 
+def _pdl(cfg: configs.TileConfig, x: torch.Tensor) -> dict:
+    """GEMV launch arguments for programmatic dependent launch where the config asks for it (CUDA only:
+    the interpreter has no grid dependency control)."""
+    pdl = bool(cfg.pdl) and x.is_cuda
+    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
+
+
 def gemv_linear(
     x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig
 ) -> torch.Tensor:
@@ -308,7 +340,7 @@ def gemv_linear(
     return _launch(
         _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype,
         replace(cfg, num_stages=1), BN=cfg.block_n, BM=triton.next_power_of_2(x.shape[0]), BK=cfg.block_k,
-        STAGES=cfg.num_stages, SCALE_WORDS=scale_words,
+        STAGES=cfg.num_stages, SCALE_WORDS=scale_words, **_pdl(cfg, x),
     )
 
 
