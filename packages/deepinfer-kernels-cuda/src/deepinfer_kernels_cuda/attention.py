@@ -55,8 +55,7 @@ class Tiles:
     num_stages: int
     programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
-    ahead: int = 0  # CUDA: tiles ahead whose rows are prefetched before a tile's loads (0: none)
-    into_l1: bool = False  # prefetched into this SM's L1 (loads that go through it: one stage), else L2
+    l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -73,18 +72,18 @@ class Tiles:
 #   76.2 -> 70.9): the HBM latency hides, the copy from L2 still waits;
 # * "h32w4": value halves with one warpgroup, 32-key tiles, two programs per SM, keys split down to 32
 #   per program: 10.9 / 49.9 / 76.4 | 15.3 / 62.2 / 104.4: more programs when there are few rows.
-# Dropped in session 9: L2 requests two tiles ahead (v1 / v1s3: 70.0 / 53.4 at bf16 B = 128), 32-key tiles
-# 5 deep (three buffers: the copies do run under the products, but twice the tiles' fixed work: 58.2 |
-# 101.1), 64-key tiles 2 deep (timed in session 8: 58.1 | 103.7); in session 6: 16-key halves, also 3
-# deep; in session 5: 16/32-key tiles 3-4 deep, rescaling only when a maximum grew. FEW_ROWS_DECODE_TILES
-# takes B <= 13 at 640 keys a row.
+# Dropped in session 9: the next tile's rows into L1 for v1 (its loads go through L1; 12:31 UTC, release
+# B = 128: 74.0 against v1a1's 73.7 us), L2 requests two tiles ahead (v1 / v1s3: 70.0 / 53.4 at bf16
+# B = 128), 32-key tiles 5 deep (three buffers: the copies do run under the products, but twice the
+# tiles' fixed work: 58.2 | 101.1), 64-key tiles 2 deep (timed in session 8: 58.1 | 103.7); in session 6:
+# 16-key halves, also 3 deep; in session 5: 16/32-key tiles 3-4 deep, rescaling only when a maximum grew.
+# FEW_ROWS_DECODE_TILES takes B <= 13 at 640 keys a row.
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
     "v1s3": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3),
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
-    "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, ahead=1),
-    "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, ahead=1),
-    "v1l1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, ahead=1, into_l1=True),
+    "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
+    "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory
@@ -191,15 +190,15 @@ def _pool_rows(j, block, pool_ptr, pool_s0, pool_s1, PER_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _prefetch(rows, valid, nbytes, LINES: tl.constexpr, LEVEL: tl.constexpr):
-    """Asks cache LEVEL ("L1": this SM's, "L2") for the first `nbytes` of the `valid` rows at pointers
-    `rows`, a 128-byte line per instruction: a hint that holds no registers or shared memory."""
+def _prefetch_l2(rows, valid, nbytes, LINES: tl.constexpr):
+    """Asks L2 for the first `nbytes` of the `valid` rows at pointers `rows`, a 128-byte line per
+    instruction: a hint that holds no registers or shared memory and returns nothing."""
     c = tl.arange(0, LINES) * 128
     lines = rows.to(tl.pointer_type(tl.uint8), bitcast=True)[:, None] + c[None, :]
     on = (valid[:, None] & (c < nbytes)[None, :]).to(tl.int32)
     tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global." + LEVEL + " [$1]; mov.b32 $0, 0; }",
-        "=r,l,r", [lines, on], dtype=tl.int32, is_pure=False, pack=1)
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }", "=r,l,r",
+        [lines, on], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -207,30 +206,29 @@ def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, 
           cur_ptr, cur_stride, ring_bytes, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, pool_bytes,
           bt_ptr, bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN: tl.constexpr, PER_BLOCK: tl.constexpr,
           RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
-          HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, HALVES: tl.constexpr, AHEAD: tl.constexpr,
-          PF_LINES: tl.constexpr, PF_LEVEL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
-          ASM: tl.constexpr):
+          HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr, HALVES: tl.constexpr, L2_AHEAD: tl.constexpr,
+          L2_LINES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+          BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr, ASM: tl.constexpr):
     """Online softmax of row t over its keys lo..hi (window positions < W, then compressed entries).
     Key ids in int32 (fewer registers), byte offsets in int64.
-    AHEAD > 0: each step first prefetches the rows of the tile AHEAD tiles ahead (within lo..hi) into
-    PF_LEVEL, so that their HBM reads run under the products of the tiles before it. Triton's pipeliner
-    alone gives ids -> rows -> products one stage each and issues a tile's copy after the products of the
-    tile before: the copy then waits for HBM with nothing to overlap (a third buffer of 64-key rows does
-    not fit in shared memory with q)."""
+    L2_AHEAD > 0: each step first asks L2 for the rows of the tile L2_AHEAD tiles ahead (within lo..hi),
+    so that their HBM reads run under the products of the tiles before it. Triton's pipeliner alone gives
+    ids -> rows -> products one stage each and issues a tile's copy after the products of the tile
+    before: the copy then waits for HBM with nothing to overlap (a third buffer of 64-key rows does not
+    fit in shared memory with q)."""
     m_i = tl.full((BLOCK_H,), -1.0e30, tl.float32)  # finite: an all-padding block must not make NaNs
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), tl.float32)
     win_hi = tl.minimum(hi, W)
-    if AHEAD > 0:  # the ids of the tile ahead are loaded one step before their use (no wait on them)
-        ra = _window_ids(win_ptr, t, win_stride, lo + AHEAD * BLOCK_N, win_hi, BLOCK_N)
+    if L2_AHEAD > 0:  # the ids of the tile ahead are loaded one step before their use (no wait on them)
+        ra = _window_ids(win_ptr, t, win_stride, lo + L2_AHEAD * BLOCK_N, win_hi, BLOCK_N)
     for start in range(lo, win_hi, BLOCK_N):
         r = _window_ids(win_ptr, t, win_stride, start, win_hi, BLOCK_N)
-        if AHEAD > 0:
+        if L2_AHEAD > 0:
             rows = _window_rows(ra, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride, RING_LEN,
                                 HAS_CURRENT)
-            _prefetch(rows, ra >= 0, ring_bytes, PF_LINES, PF_LEVEL)
-            ra = _window_ids(win_ptr, t, win_stride, start + (AHEAD + 1) * BLOCK_N, win_hi, BLOCK_N)
+            _prefetch_l2(rows, ra >= 0, ring_bytes, L2_LINES)
+            ra = _window_ids(win_ptr, t, win_stride, start + (L2_AHEAD + 1) * BLOCK_N, win_hi, BLOCK_N)
         rows = _window_rows(r, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr, cur_stride, RING_LEN,
                             HAS_CURRENT)
         m_i, l_i, acc = _attend_rows(q, q2, rows, r >= 0, dvb, D, m_i, l_i, acc, scale_log2, RING_FMT, HALVES,
@@ -238,18 +236,18 @@ def _keys(q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, 
     if HAS_POOL:
         seq = tl.load(seg_ptr + t).to(tl.int64)
         p_lo = tl.maximum(lo, W)
-        if AHEAD > 0:  # ids two steps and their blocks one step before their use
-            ja = _pool_ids(topk_ptr, t, topk_stride, p_lo + AHEAD * BLOCK_N, W, hi, BLOCK_N)
-            ja1 = _pool_ids(topk_ptr, t, topk_stride, p_lo + (AHEAD + 1) * BLOCK_N, W, hi, BLOCK_N)
+        if L2_AHEAD > 0:  # ids two steps and their blocks one step before their use
+            ja = _pool_ids(topk_ptr, t, topk_stride, p_lo + L2_AHEAD * BLOCK_N, W, hi, BLOCK_N)
+            ja1 = _pool_ids(topk_ptr, t, topk_stride, p_lo + (L2_AHEAD + 1) * BLOCK_N, W, hi, BLOCK_N)
             ba = _pool_blocks(ja, bt_ptr, seq, bt_stride, PER_BLOCK)
         for start in range(p_lo, hi, BLOCK_N):
             j = _pool_ids(topk_ptr, t, topk_stride, start, W, hi, BLOCK_N)
-            if AHEAD > 0:
+            if L2_AHEAD > 0:
                 rows = _pool_rows(ja, ba, pool_ptr, pool_s0, pool_s1, PER_BLOCK)
-                _prefetch(rows, ja >= 0, pool_bytes, PF_LINES, PF_LEVEL)
+                _prefetch_l2(rows, ja >= 0, pool_bytes, L2_LINES)
                 ba = _pool_blocks(ja1, bt_ptr, seq, bt_stride, PER_BLOCK)
                 ja = ja1
-                ja1 = _pool_ids(topk_ptr, t, topk_stride, start + (AHEAD + 2) * BLOCK_N, W, hi, BLOCK_N)
+                ja1 = _pool_ids(topk_ptr, t, topk_stride, start + (L2_AHEAD + 2) * BLOCK_N, W, hi, BLOCK_N)
             block = _pool_blocks(j, bt_ptr, seq, bt_stride, PER_BLOCK)
             rows = _pool_rows(j, block, pool_ptr, pool_s0, pool_s1, PER_BLOCK)
             m_i, l_i, acc = _attend_rows(q, q2, rows, j >= 0, dvb, D, m_i, l_i, acc, scale_log2, POOL_FMT,
@@ -295,10 +293,9 @@ def _attention_kernel(
     topk_ptr, topk_stride, K, pool_ptr, pool_s0, pool_s1, pool_bytes, bt_ptr, bt_stride, seg_ptr,
     RING_LEN: tl.constexpr, PER_BLOCK: tl.constexpr, RING_FMT: tl.constexpr, POOL_FMT: tl.constexpr,
     HAS_CURRENT: tl.constexpr, HAS_POOL: tl.constexpr,
-    SPLIT: tl.constexpr, FOLD: tl.constexpr, HALVES: tl.constexpr, AHEAD: tl.constexpr,
-    PF_LINES: tl.constexpr, PF_LEVEL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr,
-    ASM: tl.constexpr,
+    SPLIT: tl.constexpr, FOLD: tl.constexpr, HALVES: tl.constexpr, L2_AHEAD: tl.constexpr,
+    L2_LINES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, TY: tl.constexpr, ASM: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb, dvb = tl.program_id(2) // (2 if HALVES else 1), tl.program_id(2) % (2 if HALVES else 1)
@@ -322,8 +319,7 @@ def _attention_kernel(
                 q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr,
                 cur_stride, ring_bytes, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, pool_bytes, bt_ptr,
                 bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN, PER_BLOCK, RING_FMT, POOL_FMT, HAS_CURRENT,
-                HAS_POOL, HALVES, AHEAD, PF_LINES, PF_LEVEL, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION,
-                TY, ASM)
+                HAS_POOL, HALVES, L2_AHEAD, L2_LINES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
             lse, o = _normalise(m_i, l_i, acc)
             top, den, num = _fold(top, den, num, lse, o)
         tl.store(out_at, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=omask)
@@ -334,8 +330,7 @@ def _attention_kernel(
             q, q2, t, lo, hi, win_ptr, win_stride, W, ring_ptr, ring_s0, ring_s1, ring_rows, cur_ptr,
             cur_stride, ring_bytes, topk_ptr, topk_stride, pool_ptr, pool_s0, pool_s1, pool_bytes, bt_ptr,
             bt_stride, seg_ptr, dvb, D, scale_log2, RING_LEN, PER_BLOCK, RING_FMT, POOL_FMT, HAS_CURRENT,
-            HAS_POOL, HALVES, AHEAD, PF_LINES, PF_LEVEL, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY,
-            ASM)
+            HAS_POOL, HALVES, L2_AHEAD, L2_LINES, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION, TY, ASM)
         if SPLIT:
             row = (t * n_splits + s).to(tl.int64) * heads + h
             lse, o = _normalise(m_i, l_i, acc)
@@ -496,9 +491,8 @@ def _attention(
         RING_LEN=0 if ring.stride0 == ring_len * ring.stride1 else ring_len,
         PER_BLOCK=pool.data.shape[1] if has_pool else 1,
         RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
-        FOLD=fold, HALVES=halves, AHEAD=tiles.ahead if q.device.type == "cuda" else 0,  # inline PTX
-        PF_LINES=triton.next_power_of_2(triton.cdiv(max(ring_bytes, pool_bytes), 128)),
-        PF_LEVEL="L1" if tiles.into_l1 else "L2",
+        FOLD=fold, HALVES=halves, L2_AHEAD=tiles.l2_ahead if q.device.type == "cuda" else 0,  # inline PTX
+        L2_LINES=triton.next_power_of_2(triton.cdiv(max(ring_bytes, pool_bytes), 128)),
         BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty,
         ASM=q.device.type == "cuda" and ty == tl.bfloat16,
