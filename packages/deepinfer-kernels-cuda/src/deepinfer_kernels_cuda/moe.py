@@ -323,11 +323,19 @@ def _expert_dot(acc_lo, acc_hi, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stri
         acc_lo = tl.dot(w.to(x_a.dtype), x_a, acc_lo, input_precision="ieee" if IEEE else None)
     else:
         w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, ASM)
-        acc_lo = tl.dot(w_lo.to(x_a.dtype), x_a, acc_lo, input_precision="ieee" if IEEE else None)
-        if SPLIT == 2:
-            acc_hi = tl.dot(w_hi.to(x_a.dtype), x_b, acc_hi, input_precision="ieee" if IEEE else None)
-        else:
-            acc_lo = tl.dot(w_hi.to(x_a.dtype), x_b, acc_lo, input_precision="ieee" if IEEE else None)
+        acc_lo, acc_hi = _split_dots(acc_lo, acc_hi, x_a, x_b, w_lo, w_hi, IEEE, SPLIT)
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def _split_dots(acc_lo, acc_hi, x_lo, x_hi, w_lo, w_hi, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    """The two MMAs of an FP4 K step: decoded low / high nibbles' tiles times their input columns, into
+    acc_lo, or with SPLIT 2 the high nibbles' into acc_hi (`_expert_dot`)."""
+    acc_lo = tl.dot(w_lo.to(x_lo.dtype), x_lo, acc_lo, input_precision="ieee" if IEEE else None)
+    if SPLIT == 2:
+        acc_hi = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_hi, input_precision="ieee" if IEEE else None)
+    else:
+        acc_lo = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_lo, input_precision="ieee" if IEEE else None)
     return acc_lo, acc_hi
 
 
@@ -452,12 +460,7 @@ def _tma_dot(acc_lo, acc_hi, x_lo, x_hi, packed, sc, BN: tl.constexpr, BK: tl.co
              ASM: tl.constexpr, SPLIT: tl.constexpr):
     """`_expert_dot` of FP4 bytes and scales already loaded (`_tma_weight_bytes`)."""
     w_lo, w_hi = fp4_split_decode(packed, sc, BN, BK, ASM)
-    acc_lo = tl.dot(w_lo.to(x_lo.dtype), x_lo, acc_lo, input_precision="ieee" if IEEE else None)
-    if SPLIT == 2:
-        acc_hi = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_hi, input_precision="ieee" if IEEE else None)
-    else:
-        acc_lo = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_lo, input_precision="ieee" if IEEE else None)
-    return acc_lo, acc_hi
+    return _split_dots(acc_lo, acc_hi, x_lo, x_hi, w_lo, w_hi, IEEE, SPLIT)
 
 
 @triton.jit
