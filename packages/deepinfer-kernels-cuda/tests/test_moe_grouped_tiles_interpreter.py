@@ -1,7 +1,9 @@
 """Grouped MoE tile options under Triton's CPU interpreter (float32, tiny shapes) against the reference's
 routed experts: split_k 2 (the FP4 high nibbles' products in a second accumulator, summed at the end),
 a down tile other than the gate+up tile (same block_m), maxnreg (a launch option the interpreter ignores,
-so only the plumbing is checked here), E4M3 experts; and the checks on bad tiles."""
+so only the plumbing is checked here), E4M3 experts; the FP4 kernels with TMA boxes (TileConfig.tma:
+weights alone, + the down kernel's activations in split-order rows (TMA_ACTS), mixed with the pointer
+kernels, split_k 2, bitwise the pointer kernels at the same tiles); and the checks on bad tiles."""
 
 import pytest
 
@@ -31,8 +33,29 @@ for fp8 in (False, True):
         got = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
         err = float((got.reshape(t, k, h).sum(1).double() - want.double()).norm() / want.double().norm())
         assert err < 1e-5, (fp8, up, down, err)
+tma = ((TileConfig(32, 16, 64, 1, 4, 2, 0, 1), TileConfig(32, 16, 32, 1, 4, 2, 0, 1)),
+       (TileConfig(32, 16, 64, 2, 4, 2, 0, 1), TileConfig(64, 16, 32, 1, 4, 2, 0, 3)),
+       (TileConfig(32, 16, 32, 1, 4, 2, 0, 1), TileConfig(32, 16, 64, 2, 4, 2, 0, 3)),
+       (TileConfig(32, 32, 32, 1, 4, 2, 0, 1), TileConfig(32, 32, 32, 1, 4, 1)),
+       (one, TileConfig(32, 16, 32, 1, 4, 2, 0, 1)))
+ours = moe.prepare_experts(*w)
+mlp = moe._Mlp(ours.w1, ours.s1, ours.w3, ours.s3, ours.w2, ours.s2, False, 1, True)
+for up, down in tma:
+    got = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
+    err = float((got.reshape(t, k, h).sum(1).double() - want.double()).norm() / want.double().norm())
+    assert err < 1e-5, (up, down, err)
+# same tiles, same products in the same order: bitwise the pointer kernels
+pointer = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, TileConfig(32, 16, 64, 1, 4, 2),
+                           down_cfg=TileConfig(64, 16, 32, 1, 4, 2))
+boxed = moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, TileConfig(32, 16, 64, 1, 4, 2, 0, 1),
+                         down_cfg=TileConfig(64, 16, 32, 1, 4, 2, 0, 3))
+assert torch.equal(pointer, boxed)
 for up, down, message in ((TileConfig(32, 16, 32, 3, 4, 1), None, "split_k must be 1 or 2"),
-                          (one, TileConfig(32, 32, 32, 1, 4, 1), "down block_m 32")):
+                          (one, TileConfig(32, 32, 32, 1, 4, 1), "down block_m 32"),
+                          (TileConfig(64, 16, 32, 1, 4, 1, 0, 1), None, "block_n must divide"),
+                          (one, TileConfig(32, 16, 32, 1, 4, 1, 0, 3), "needs a TMA gate+up tile"),
+                          (TileConfig(32, 16, 32, 1, 4, 1, 0, 3), None, "a down-tile bit"),
+                          (TileConfig(32, 16, 32, 1, 4, 1, 0, 5), None, "bits 1 and TMA_ACTS")):
     try:
         moe._grouped_mlp(x, weights, ids, mlp, e, i, 1.0, up, down_cfg=down)
         raise AssertionError(f"ran with {up}, {down}")
