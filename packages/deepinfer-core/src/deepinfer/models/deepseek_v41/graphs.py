@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -50,6 +50,8 @@ from deepinfer.models.interface import ForwardBatch, ForwardOutput, SequenceSegm
 from deepinfer.ops.recorder import Recorder
 
 logger = logging.getLogger(__name__)
+
+G = TypeVar("G")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 # a pool allocates whole segments (the caching allocator's 2 MiB small and 20 MiB large ones)
@@ -185,6 +187,16 @@ def _rows_per_seq(shape: FixedShape) -> int:
     return shape.tokens if shape.logits == "all" else 1
 
 
+def try_capture(capture: Callable[[], G], what: object, then: str) -> G | None:
+    """capture(), or None after a warning that capturing `what` failed (an op that cannot be captured,
+    e.g. one reading the device) and `then` (what runs eagerly from now on: the caller stops capturing)."""
+    try:
+        return capture()
+    except RuntimeError as exc:
+        logger.warning("CUDA graphs: capturing %s failed, %s from now on: %s", what, then, exc)
+        return None
+
+
 class DecodeGraphs:
     """Graphs of one runtime's cache, captured per FixedShape (lazily, or ahead with `precapture`).
 
@@ -312,13 +324,9 @@ class DecodeGraphs:
         return count
 
     def _capture_or_fail(self, shape: FixedShape) -> _Graph | None:
-        try:
-            return self._capture(shape)
-        except RuntimeError as exc:  # an op that cannot be captured (e.g. one reading the device)
-            logger.warning("CUDA graphs: capturing %s failed, every step runs eagerly from now on: %s",
-                           shape, exc)
-            self.failed = True
-            return None
+        graph = try_capture(lambda: self._capture(shape), shape, "every step runs eagerly")
+        self.failed |= graph is None
+        return graph
 
     def _capture(self, shape: FixedShape) -> _Graph:
         staging = Staging(self.builder.staging.device, persistent=True)
@@ -397,13 +405,10 @@ class DraftGraphs:
         return len(self.graphs) - before
 
     def _capture_or_fail(self, bucket: int) -> _DraftGraph | None:
-        try:
-            return self._capture(bucket)
-        except RuntimeError as exc:
-            logger.warning("CUDA graphs: capturing the draft forward of %d sequences failed, drafts run "
-                           "eagerly from now on: %s", bucket, exc)
-            self.failed = True
-            return None
+        graph = try_capture(lambda: self._capture(bucket), f"the draft forward of {bucket} sequences",
+                            "drafts run eagerly")
+        self.failed |= graph is None
+        return graph
 
     def _capture(self, bucket: int) -> _DraftGraph:
         ds = self.dspark

@@ -15,7 +15,6 @@ graph captured into a buffer that has since been replaced is captured again.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,11 +22,9 @@ import torch
 
 from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.models.deepseek_v41.device_metadata import DeviceMetadataBuilder, SplitShape
-from deepinfer.models.deepseek_v41.graphs import DecodeGraphs, StepFn, _table_width, bucket_for
+from deepinfer.models.deepseek_v41.graphs import DecodeGraphs, StepFn, _table_width, bucket_for, try_capture
 from deepinfer.models.deepseek_v41.metadata import Staging
 from deepinfer.models.interface import ForwardBatch
-
-logger = logging.getLogger(__name__)
 
 MAX_GRAPHS = 256  # split graphs kept per cache (each holds its executable graph and pool blocks)
 
@@ -86,13 +83,10 @@ class SplitGraphs:
         return graph.logits.clone()
 
     def _capture_or_fail(self, shape: SplitShape) -> _SplitGraph | None:
-        try:
-            return self._capture(shape)
-        except RuntimeError as exc:  # an op that cannot be captured
-            logger.warning("CUDA graphs: capturing the split step %s failed, split steps run eagerly from "
-                           "now on: %s", shape, exc)
-            self.failed = True
-            return None
+        graph = try_capture(lambda: self._capture(shape), f"the split step {shape}",
+                            "split steps run eagerly")
+        self.failed |= graph is None
+        return graph
 
     def _capture(self, shape: SplitShape) -> _SplitGraph:
         builder = self.builder
