@@ -278,16 +278,19 @@ def tune_moe(table: dict, deadline: float, tokens: tuple[int, ...]) -> None:
             return
         best_t, best = min(results, key=lambda r: r[0])
         table[configs.key("moe", h, i, t * k)] = best
+        down_key = configs.key("moe-down", h, i, t * k)
+        table.pop(down_key, None)  # an earlier tune's entry may not fit the new gate+up tile (block_m, TMA)
         down_t, down = best_t, best
         for cfg in MOE_DOWN:  # the down kernel's own tile (same block_m: one alignment)
             boxed = cfg.tma & moe.TMA_ACTS and not best.tma  # boxed activations need the TMA gate+up
             if cfg.block_m == best.block_m and cfg != best and not boxed and time.time() < deadline:
-                took = _time_moe(x, w, ids, ours.experts, best, t, cfg)
+                try:
+                    took = _time_moe(x, w, ids, ours.experts, best, t, cfg)
+                except Exception as err:  # a config the compiler rejects (resources): skip it
+                    print(f"  down {cfg}: {type(err).__name__}: {str(err)[:120]}", flush=True)
+                    continue
                 down_t, down = min((down_t, down), (took, cfg), key=lambda r: r[0])
-        down_key = configs.key("moe-down", h, i, t * k)
-        if down == best:
-            table.pop(down_key, None)  # an entry of an earlier tune may hold another block_m
-        else:
+        if down != best:
             table[down_key] = down
         summary = ", ".join(f"{c.block_n}/{c.block_m}/{c.block_k}/{c.split_k}/{c.num_warps}w/{c.maxnreg} "
                             f"{tt * 1e3:.0f}" for tt, c in results)

@@ -1,12 +1,14 @@
 """The MoE tile table: the down kernel's own entries (same block_m as the gate+up entry, else an error
-naming both) and the maxnreg field (tables written before it load with 0: the compiler's choice)."""
+naming both), the maxnreg / tma / pdl fields (tables written before them load with 0), the checks on TMA
+tiles, and the shipped H200 table's TMA entries passing them."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from deepinfer_kernels_cuda import configs
+from deepinfer_kernels_cuda import configs, moe
 from deepinfer_kernels_cuda.configs import TileConfig
 
 CUDA0 = torch.device("cuda", 0)  # only looked up by name here: no device needed
@@ -34,9 +36,48 @@ def test_down_entry_with_another_block_m_is_refused(monkeypatch):
 
 def test_maxnreg_round_trips_and_defaults_to_zero(tmp_path):
     path = tmp_path / "gpu.json"
-    configs.save(path, {"moe:5120x2304:16384": UP})
-    assert configs.load(path)["moe:5120x2304:16384"] == UP
+    boxed, pdl = TileConfig(256, 64, 64, 1, 8, 3, 0, 3), TileConfig(4, 1, 1024, 1, 4, 1, pdl=1)
+    configs.save(path, {"moe:5120x2304:16384": UP, "moe-down:5120x2304:16384": boxed, "fp8:1280x5120:1": pdl})
+    assert configs.load(path) == {"moe:5120x2304:16384": UP, "moe-down:5120x2304:16384": boxed,
+                                  "fp8:1280x5120:1": pdl}
     old = {"block_n": 64, "block_m": 16, "block_k": 128, "split_k": 1, "num_warps": 4, "num_stages": 4}
     path.write_text(json.dumps({"moe:5120x2304:512": old}))
     configs.save(tmp_path / "other.json", {})  # clears the table cache
     assert configs.load(path)["moe:5120x2304:512"].maxnreg == 0
+
+
+STACKED_FP4 = SimpleNamespace(fp8=False, expert_strides=(1,))  # what _check_tma reads of a _Mlp
+TMA_UP = TileConfig(128, 64, 128, 1, 8, 3, 128, 1)
+PLAIN = TileConfig(128, 64, 64, 1, 8, 3)
+ONLY_STACKED_FP4 = "aligned stacked FP4 experts only"
+
+
+@pytest.mark.parametrize("mlp, direct, up, down, message", [
+    (SimpleNamespace(fp8=True, expert_strides=(1,)), False, TMA_UP, TMA_UP, ONLY_STACKED_FP4),
+    (SimpleNamespace(fp8=False, expert_strides=None), False, TMA_UP, TMA_UP, ONLY_STACKED_FP4),
+    (STACKED_FP4, True, TMA_UP, TMA_UP, ONLY_STACKED_FP4),
+    (STACKED_FP4, False, TileConfig(512, 64, 128, 1, 8, 3, 0, 1), PLAIN, "block_n must divide 2304 / 5120"),
+    (STACKED_FP4, False, TMA_UP, TileConfig(384, 64, 64, 1, 8, 3, 0, 1), "block_n must divide 2304 / 5120"),
+    (STACKED_FP4, False, TileConfig(128, 64, 128, 1, 8, 3, 0, 4), PLAIN, "bits 1 and TMA_ACTS"),
+    (STACKED_FP4, False, TileConfig(128, 64, 128, 1, 8, 3, 0, 2), PLAIN, "a down-tile bit"),
+    (STACKED_FP4, False, PLAIN, TileConfig(256, 64, 64, 1, 8, 3, 0, 3), "needs a TMA gate\\+up tile"),
+])
+def test_tma_tiles_are_checked(mlp, direct, up, down, message):
+    with pytest.raises(ValueError, match=message):
+        moe._check_tma(mlp, direct, 5120, 2304, up, down)
+
+
+def test_shipped_h200_tma_entries_pass_the_checks():
+    table = configs.load(configs.CONFIG_DIR / "NVIDIA_H200.json")
+    checked = 0
+    for name, up in table.items():
+        kernel, shape, bucket = name.split(":")
+        if kernel != "moe":
+            continue
+        h, inter = map(int, shape.split("x"))
+        down = table.get(f"moe-down:{shape}:{bucket}", up)
+        assert down.block_m == up.block_m, name
+        if up.tma or down.tma:
+            moe._check_tma(STACKED_FP4, False, h, inter, up, down)
+            checked += 1
+    assert checked  # the prefill buckets take the TMA kernels

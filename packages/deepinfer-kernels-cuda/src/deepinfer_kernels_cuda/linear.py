@@ -39,6 +39,7 @@ decoded values meet the same MMAs in the same order, so the bits are those of th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -322,10 +323,15 @@ def tiled_linear(
 
 
 def _pdl(cfg: configs.TileConfig, x: torch.Tensor) -> dict:
-    """GEMV launch arguments for programmatic dependent launch where the config asks for it (CUDA only:
-    the interpreter has no grid dependency control)."""
-    pdl = bool(cfg.pdl) and x.is_cuda
+    """GEMV launch arguments for programmatic dependent launch where the config asks for it (CUDA sm_90 and
+    newer: grid dependency control is a Hopper instruction; the interpreter has none)."""
+    pdl = bool(cfg.pdl) and x.is_cuda and _has_pdl(x.device)
     return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
+
+
+@functools.cache
+def _has_pdl(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def gemv_linear(
