@@ -5,6 +5,7 @@ live cache entry and state equals a no-speculation run's; the DSpark proposer's 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -68,6 +69,16 @@ def speculators(monkeypatch):
     monkeypatch.setattr(registry, "available_speculators", lambda: found)
 
 
+def _in_startup_profile() -> bool:
+    """Whether the caller runs inside the confidence scheduler's start-up latency profile."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "time_verification":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def generate(path: Path, reqs, **kwargs) -> tuple[list[list[list[int]]], LLM]:
     llm = LLM(path, max_model_len=96, max_num_seqs=4, log_stats_interval=0, **kwargs)
     outs = llm.generate(prompt_token_ids=[p for p, _ in reqs], sampling_params=[s for _, s in reqs])
@@ -84,7 +95,8 @@ def test_greedy_speculation_equals_no_speculation(checkpoint: Path, monkeypatch)
     split_steps, forward_rows = [], DeepseekV41Runtime.forward_rows
 
     def spied(rt: DeepseekV41Runtime, batch, rows: torch.Tensor, total: int) -> torch.Tensor:
-        split_steps.append((total, sum(len(s.token_ids) for s in batch.segments)))
+        if not _in_startup_profile():  # serving steps only
+            split_steps.append((total, sum(len(s.token_ids) for s in batch.segments)))
         return forward_rows(rt, batch, rows, total)
 
     monkeypatch.setattr(DeepseekV41Runtime, "forward_rows", spied)
@@ -94,7 +106,11 @@ def test_greedy_speculation_equals_no_speculation(checkpoint: Path, monkeypatch)
         drafted, llm = generate(checkpoint, reqs, speculator=name, spec_schedule=schedule)
         assert drafted == plain, (name, schedule)
         assert llm.engine.stats.spec_draft_tokens > 0
-        assert bool(split_steps) == (schedule == "confidence"), (name, schedule)
+        # serving steps split on the device only with a choice among several speculating sequences:
+        # DSpark drafts for every sequence; prompt lookup only where its context repeats, which these
+        # prompts need not give two sequences in one step
+        if name == "dspark":
+            assert bool(split_steps) == (schedule == "confidence"), schedule
     ReferenceProposer.reference = {tuple(p): out[0] for (p, _), out in zip(reqs, plain, strict=True)}
     referenced, llm = generate(checkpoint, reqs, speculator="reference", num_draft_tokens=3)
     assert referenced == plain
@@ -103,9 +119,10 @@ def test_greedy_speculation_equals_no_speculation(checkpoint: Path, monkeypatch)
 
 
 @pytest.mark.usefixtures("speculators")
-def test_async_confidence_split_steps_replay_graphs(checkpoint: Path) -> None:
+def test_async_confidence_split_steps_replay_graphs(checkpoint: Path, monkeypatch) -> None:
     """With graphs (the CPU stand-in recorder), the device-split steps of the async confidence schedule
     replay split graphs and greedy output stays that of no speculation."""
+    from deepinfer.models.deepseek_v41.split_graphs import SplitGraphs
     from deepinfer.testing.engine import run_requests
     from deepinfer.testing.recorder import rerun_recorder
 
@@ -114,9 +131,18 @@ def test_async_confidence_split_steps_replay_graphs(checkpoint: Path) -> None:
     plain, _ = run_requests(load_runtime(checkpoint), reqs, **config)
     rt = load_runtime(checkpoint)
     rt.graph_recorder = rerun_recorder
+    replays, forward = [], SplitGraphs.forward
+
+    def counted(graphs: SplitGraphs, batch, rows: torch.Tensor, total: int) -> torch.Tensor | None:
+        logits = forward(graphs, batch, rows, total)
+        if logits is not None and not _in_startup_profile():  # a serving step replayed a graph
+            replays.append(total)
+        return logits
+
+    monkeypatch.setattr(SplitGraphs, "forward", counted)
     drafted, engine = run_requests(rt, reqs, speculator="dspark", spec_schedule="confidence", **config)
     assert drafted == plain and engine.stats.spec_draft_tokens > 0
-    assert rt.split_graphs is not None and rt.split_graphs.graphs
+    assert replays
 
 
 def live_state(rt: DeepseekV41Runtime, slot: int, blocks: list[int], length: int) -> dict[str, torch.Tensor]:

@@ -293,6 +293,44 @@ def test_async_confidence_schedule_plans_without_waiting_for_the_drafts(make_eng
     assert 0 < engine.stats.spec_draft_tokens < sum(len(row) for row, _ in choices)
 
 
+def test_async_confidence_split_charges_the_budget_with_the_rows_that_run(make_engine, drain, speculators,
+                                                                          monkeypatch):
+    """Every draft is planned (an upper bound) but the token budget is charged with the host's total: a
+    budget smaller than the planned rows still schedules every running sequence and admits prompts, and
+    no step runs more rows than the budget."""
+    pytest.importorskip("deepinfer_spec.confidence")
+    from deepinfer_spec.latency import LatencyCurve
+
+    monkeypatch.setitem(speculators, "varying", VaryingProposer)
+    reqs = [(p, GREEDY) for p in prompts(8)]
+    plain, _ = run(make_engine, drain, reqs)
+    budget = 12
+    engine = make_engine(model=toy(), speculator="varying", num_draft_tokens=K, spec_schedule="confidence",
+                         max_num_batched_tokens=budget)
+    timing = engine.scheduler.verify_scheduler
+    timing.curve = LatencyCurve([1, 32], [2.0, 2.0 + 31 * 0.25])  # drafts worth verifying only when likely
+    monkeypatch.setattr(timing, "record", lambda *a: None)
+    schedule, steps = engine.scheduler.schedule, []
+
+    def planned():  # (rows planned, rows charged, running sequences left out) of each step
+        running = [s for s in engine.scheduler.running if not s.num_inflight]
+        out = schedule()
+        split = out.split.host if out.split is not None else {}
+        charged = sum(len(s.token_ids) - s.num_drafts + split.get(i, s.num_drafts)
+                      for i, s in enumerate(out.segments))
+        scheduled = {s.seq.seq_id for s in out.segments}
+        steps.append((out.num_tokens, charged, sum(s.seq_id not in scheduled for s in running)))
+        return out
+
+    monkeypatch.setattr(engine.scheduler, "schedule", planned)
+    for i, (ids, params) in enumerate(reqs):
+        engine.add_request(ids, params, request_id=f"r{i}")
+    assert tokens(drain(engine)) == tokens(plain)
+    assert all(charged <= budget for _, charged, _ in steps)
+    assert any(rows > budget for rows, _, _ in steps)  # the upper bounds alone would not fit
+    assert not any(left_out for _, charged, left_out in steps if charged < budget)
+
+
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "alone"])
 def test_async_confidence_split_runs_only_the_drafts_it_verifies(make_engine, drain, speculators, monkeypatch,
                                                                  batched):

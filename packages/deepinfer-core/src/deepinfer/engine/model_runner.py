@@ -23,7 +23,8 @@ confidences on the device (the proposal's tensors; `splitter`), has the model ru
 (`forward_rows`: metadata built on the device) and reads the row counts back behind an event queued
 before the forward, so it waits for the drafting only, then verifies each sequence's kept drafts. A
 model without `forward_rows`, or a step it cannot run that way (a prefill chunk beside the decodes),
-gets the host's split of the same total instead.
+gets the host's split of the same total instead, as does a step with nothing to choose (one speculating
+sequence, or a total of none or all of the drafts).
 """
 
 from __future__ import annotations
@@ -370,8 +371,9 @@ class ModelRunner:
     def _splits_on_device(self, sched: SchedulerOutput, segments: list[SequenceSegment]) -> bool:
         """Whether the step's drafts are split on the device: a choice to make (several speculating
         sequences, some drafts verified, not all: otherwise the host's split is the only one, and the
-        step keeps the plain forward and its graphs), a splitter, device confidences for every
-        speculating segment and a model that runs device row counts for these segments."""
+        step keeps the plain forward and its graphs), a splitter, confidences for every speculating
+        segment (on the device, or a host proposal's, uploaded) and a model that runs device row counts
+        for these segments."""
         split = sched.split
         assert split is not None
         fits = getattr(self.model, "device_rows_fit", None)
@@ -407,8 +409,9 @@ class ModelRunner:
         slot, at position 0, one block each), logits for every row, greedy verification of a draft on
         every row but the segments' last. The slots are reset afterwards. Every row has its own token
         (spread over the vocabulary): equal rows would all route to the same experts, so an MoE step
-        would read a fraction of a real batch's expert weights. With a device split the step runs as
-        split steps do (`forward_rows`: exactly its rows, no padding to the verification length)."""
+        would read a fraction of a real batch's expert weights. With a device split a step of several
+        segments runs as split steps do (`forward_rows`: exactly its rows, no padding to the verification
+        length); one segment runs the plain forward, as a step of one speculating sequence does."""
         segments, drafts = [], []
         for i, first in enumerate(range(0, num_tokens, width)):
             n = min(width, num_tokens - first)
@@ -419,7 +422,8 @@ class ModelRunner:
         for s in segments:
             self.model.reset_slot(s.slot)
         fits = getattr(self.model, "device_rows_fit", None)
-        split = self.splitter is not None and fits is not None and fits(segments)
+        # as steps run: several sequences split on the device, one takes the plain (padded) forward
+        split = self.splitter is not None and fits is not None and len(segments) > 1 and fits(segments)
         start = time.perf_counter()
         if split:
             lens = to_device([len(s.token_ids) for s in segments], self._device)

@@ -18,8 +18,9 @@ budget, the room left before the sequence's limit and, with a verification sched
 scheduler's choice. That choice needs the drafts' confidences; under async scheduling the newest ones
 are still on their way to the host (drafting runs behind the step handed over), so the host chooses
 from each sequence's estimates for the drafts it had before (`SpecState.estimates`), which are there,
-and keeps only the step's total: every speculating segment holds all its drafts (an upper bound, its
-blocks reserved) and `SchedulerOutput.split` says how many drafts the step verifies in all; the model
+and keeps only the step's total: every speculating segment holds all its drafts (an upper bound within
+its limit, its blocks reserved unless that would preempt another sequence) and `SchedulerOutput.split`
+says how many drafts the step verifies in all, the rows the token budget is charged with; the model
 runner splits them by the newest confidences on the device (deepinfer-official §6-§7), or applies the
 host's own split (`DraftSplit.host`) where it cannot. `num_computed` counts all planned rows; the
 engine corrects it to the accepted length after verification (rejected rows are simply overwritten by
@@ -88,7 +89,7 @@ class SchedulerOutput:
     resets: list[int] = field(default_factory=list)  # slots to clear before the forward
     forks: list[ForkCopy] = field(default_factory=list)
     num_tokens: int = 0
-    split: DraftSplit | None = None  # async confidence schedule: the drafts are split on the device
+    split: DraftSplit | None = None  # async confidence schedule: the step's total of drafts to verify
 
 
 class Scheduler:
@@ -137,10 +138,17 @@ class Scheduler:
             if known >= seq.limit:
                 continue  # what is sampled or in flight already finishes it
             n = min(known - seq.num_computed, budget)
-            k = self._num_drafts(seq, budget, verify if split is None else {}) if n == 1 else 0
+            if n == 1 and split is not None:  # all its drafts planned, the host's choice charged
+                k = self._num_drafts(seq, {})
+                choice = min(k, verify.get(seq.seq_id, k), budget - 1)
+            else:
+                k = choice = self._num_drafts(seq, verify, budget) if n == 1 else 0
             n += k
             while (seq.num_computed + n > len(seq.blocks) * block_size  # fast path: fits already
                    and not self.cache.grow(seq, seq.num_computed + n)):
+                if k > choice:  # drafts beyond the host's choice are not worth a preemption
+                    n, k = n - (k - choice), choice
+                    continue
                 victim = next(s for s in reversed(self.running) if s.scheduled_step != step)
                 self._preempt(victim, f"no free cache block for request {seq.request.request_id}")
                 if victim is seq:
@@ -149,8 +157,8 @@ class Scheduler:
                 break  # it was the youngest unplanned sequence: nothing after it can run either
             self._add_segment(out, seq, n, k)
             if k and split is not None:
-                split[len(out.segments) - 1] = min(k, verify.get(seq.seq_id, k))
-            budget -= n
+                split[len(out.segments) - 1] = choice
+            budget -= n - k + choice  # the rows the step runs (a split runs the host's total)
         if split:
             out.split = DraftSplit(sum(split.values()), split)
         self._admit(out, budget)
@@ -159,7 +167,7 @@ class Scheduler:
     def _verify_counts(self) -> dict[int, int]:
         """The verification scheduler's choice per speculating sequence that has estimates: its drafts'
         own (synchronous steps: waits for their copy) or, under async scheduling, those of the drafts
-        it had before (the last one repeated; none yet: all its drafts run)."""
+        it had before (the last one repeated; none yet: all its drafts count toward the step's total)."""
         if self.verify_scheduler is None:
             return {}
         seqs, confidences = [], []
@@ -180,13 +188,14 @@ class Scheduler:
         return {s.seq_id: c for s, c in zip(seqs, counts, strict=True)}
 
     @staticmethod
-    def _num_drafts(seq: Sequence, budget: int, verify: dict[int, int]) -> int:
-        """Drafts to verify in a decode of `seq`: what it holds, within the budget and its limit."""
+    def _num_drafts(seq: Sequence, verify: dict[int, int], budget: int | None = None) -> int:
+        """Drafts planned in a decode of `seq`: what it holds, within its limit, the verification
+        scheduler's choice (`verify`) and the token budget (if given)."""
         if seq.spec is None or seq.spec.next is None or seq.num_inflight:
             return 0
         room = seq.limit - len(seq.token_ids) - 1  # a step emits up to k + 1 tokens
         held = seq.spec.next.count
-        return max(0, min(held, verify.get(seq.seq_id, held), room, budget - 1))
+        return max(0, min(held, verify.get(seq.seq_id, held), room, held if budget is None else budget - 1))
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         i = 0  # waiting[:i] are passed over this step (grammar still compiling)

@@ -213,6 +213,10 @@ class DeepseekV41Runtime:
         (summing to `total`): metadata built there (device_metadata.py), through a CUDA graph of the
         step's shape (split_graphs.py) or eagerly; batch.input_ids (if given) are the uncut segments' ids."""
         self._require_cache()
+        planned = sum(len(s.token_ids) for s in batch.segments)
+        if batch.input_ids is not None and batch.input_ids.shape != (planned,):
+            raise ValueError(f"input_ids has shape {tuple(batch.input_ids.shape)}, the (uncut) segments hold "
+                             f"{planned} tokens")
         graphed = self.split_graphs.forward(batch, rows, total) if self.split_graphs is not None else None
         if graphed is not None:
             return graphed
