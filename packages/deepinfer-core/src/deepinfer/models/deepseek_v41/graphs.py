@@ -175,6 +175,13 @@ def _table_width(blocks: int) -> int:
     return 1 << max(blocks - 1, 0).bit_length()
 
 
+def step_table_width(segs: Sequence[SequenceSegment], n: int) -> int:
+    """The table width of a padded step whose segments run up to n tokens each: the longest table, or
+    the blocks the furthest new positions reach (ceil is monotone)."""
+    furthest = max(s.start_pos for s in segs) + n
+    return _table_width(max(max(len(s.block_table) for s in segs), -(-furthest // BLOCK_TOKENS)))
+
+
 @dataclass
 class _Graph:
     staging: Staging  # the metadata buffers the graph reads
@@ -245,10 +252,7 @@ class DecodeGraphs:
         if padded and any(k > 1 and s.logits != "all" for k, s in zip(lens, segs, strict=True)):
             return None  # a prefill piece among decodes: padding every decode to it costs more than it saves
         logits = "last" if n == 1 else "all" if padded else kinds.pop()
-        # the longest table, or the blocks the furthest new positions reach (ceil is monotone)
-        furthest = max(s.start_pos for s in segs) + n
-        blocks = max(max(len(s.block_table) for s in segs), -(-furthest // BLOCK_TOKENS))
-        return FixedShape(num_seqs, n, _table_width(blocks), logits)  # type: ignore[arg-type]
+        return FixedShape(num_seqs, n, step_table_width(segs, n), logits)  # type: ignore[arg-type]
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput | None:
         """Replay the batch's graph (capturing it first if new); None when the batch runs eagerly."""

@@ -22,7 +22,13 @@ import torch
 
 from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.models.deepseek_v41.device_metadata import DeviceMetadataBuilder, SplitShape
-from deepinfer.models.deepseek_v41.graphs import DecodeGraphs, StepFn, _table_width, bucket_for, try_capture
+from deepinfer.models.deepseek_v41.graphs import (
+    DecodeGraphs,
+    StepFn,
+    bucket_for,
+    step_table_width,
+    try_capture,
+)
 from deepinfer.models.deepseek_v41.metadata import Staging
 from deepinfer.models.interface import ForwardBatch
 
@@ -57,9 +63,7 @@ class SplitGraphs:
         bucket = bucket_for(len(segs), self.decode.buckets) if segs else None
         if bucket is None or max(len(s.token_ids) for s in segs) > self.tokens:
             return None
-        furthest = max(s.start_pos for s in segs) + self.tokens
-        blocks = max(max(len(s.block_table) for s in segs), -(-furthest // BLOCK_TOKENS))
-        return SplitShape(bucket, total, self.tokens, _table_width(blocks))
+        return SplitShape(bucket, total, self.tokens, step_table_width(segs, self.tokens))
 
     def forward(self, batch: ForwardBatch, rows: torch.Tensor, total: int) -> torch.Tensor | None:
         """Logits [total, V] through the step's graph (captured first if new); None: run it eagerly."""
