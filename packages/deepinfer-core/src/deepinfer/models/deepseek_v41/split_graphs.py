@@ -2,15 +2,15 @@
 
 Such a step's rows per sequence exist only on the device, but its total T is a host int, and the device
 build (device_metadata.py) makes every shape a function of its `SplitShape`: the batch padded to a
-bucket with sequences of no rows, the step's T, the most rows per sequence (the verification length
-1 + K) and the table width. A graph per shape holds the device half of the build and the forward; each
-replay uploads the host half into the graph's persistent staging buffer, copies the row counts and the
-device token ids into the buffers the graph reads, and replays. Shapes are captured on first use (T
-takes R..R(1 + K) values per bucket, too many to capture ahead; the least recently used graph is
-dropped beyond `MAX_GRAPHS`), on a batch of padding sequences only (slot 0, block 0: no real
-sequence's state is touched). The logits go to the verification graphs'
-shared output buffer (graphs never replay concurrently and the logits are copied out at once); a
-graph captured into a buffer that has since been replaced is captured again.
+bucket with padding sequences (slot 0, block 0: no real sequence's state is touched), T rounded up to a
+multiple of `GRANULE` (the rows added go to padding sequences, their logits dropped), the most rows per
+sequence (the verification length 1 + K) and the table width. A graph per shape holds the device half
+of the build and the forward; each replay uploads the host half into the graph's persistent staging
+buffer, copies the row counts and the device token ids into the buffers the graph reads, and replays.
+Shapes are captured on first use (T still takes ~R * K / GRANULE values per bucket; the least recently
+used graph is dropped beyond `MAX_GRAPHS`), on a batch of padding sequences only. The logits go to the
+verification graphs' shared output buffer (graphs never replay concurrently and the logits are copied
+out at once); a graph captured into a buffer that has since been replaced is captured again.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from deepinfer.models.deepseek_v41.metadata import Staging
 from deepinfer.models.interface import ForwardBatch
 
 MAX_GRAPHS = 256  # split graphs kept per cache (each holds its executable graph and pool blocks)
+# totals are padded up to a multiple of this (the official engine keys decode graphs by total query
+# tokens: 1, 2, 4, then multiples of 8): a few padding rows instead of a graph per total
+GRANULE = 8
 
 
 @dataclass
@@ -58,12 +61,23 @@ class SplitGraphs:
         self.failed = False  # a capture failed: every split step runs eagerly
 
     def shape(self, batch: ForwardBatch, total: int) -> SplitShape | None:
-        """The step's graph key, or None when it runs eagerly."""
+        """The step's graph key, or None when it runs eagerly: its total rounded up to a multiple of
+        `GRANULE`, the bucket with room for the padding sequences of any total in the granule (so they
+        share the key), or the exact total where that room would pass the largest bucket."""
         segs = batch.segments
-        bucket = bucket_for(len(segs), self.decode.buckets) if segs else None
-        if bucket is None or max(len(s.token_ids) for s in segs) > self.tokens:
+        if not segs or max(len(s.token_ids) for s in segs) > self.tokens:
             return None
-        return SplitShape(bucket, total, self.tokens, step_table_width(segs, self.tokens))
+        rows = -(-total // GRANULE) * GRANULE
+        bucket = bucket_for(len(segs) + len(self._padding(GRANULE - 1)), self.decode.buckets)
+        if bucket is None:
+            rows, bucket = total, bucket_for(len(segs), self.decode.buckets)
+        if bucket is None:
+            return None
+        return SplitShape(bucket, rows, self.tokens, step_table_width(segs, self.tokens))
+
+    def _padding(self, pad: int) -> list[int]:
+        """Row counts of the padding sequences that hold `pad` rows (each at most `tokens`)."""
+        return [min(self.tokens, pad - i) for i in range(0, pad, self.tokens)]
 
     def forward(self, batch: ForwardBatch, rows: torch.Tensor, total: int) -> torch.Tensor | None:
         """Logits [total, V] through the step's graph (captured first if new); None: run it eagerly."""
@@ -81,10 +95,12 @@ class SplitGraphs:
         n = len(batch.segments)
         graph.rows[:n].copy_(rows)
         graph.rows[n:].zero_()
+        for i, count in enumerate(self._padding(shape.rows - total)):
+            graph.rows[n + i].fill_(count)
         if batch.input_ids is not None:
             graph.ids[: batch.input_ids.shape[0]].copy_(batch.input_ids)  # after the upload of the list ids
         graph.replay()
-        return graph.logits.clone()
+        return graph.logits[:total].clone()
 
     def _capture_or_fail(self, shape: SplitShape) -> _SplitGraph | None:
         graph = try_capture(lambda: self._capture(shape), f"the split step {shape}",
