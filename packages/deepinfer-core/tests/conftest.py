@@ -35,7 +35,8 @@ class ToyLM:
         self.forward_calls = 0
         self.batch_sizes: list[int] = []
         self.device_id_batches = 0  # forwards whose values came (partly) from `input_ids` only
-        self.split_rows: list[tuple[int, int]] = []  # forward_rows: (rows run, rows planned)
+        # forward_rows: (rows run, rows planned, rows run by each segment planned with drafts)
+        self.split_rows: list[tuple[int, int, list[int]]] = []
 
     def cache_layout(self) -> CacheLayout:
         return CacheLayout(self.block_size, bytes_per_block=8 * self.block_size, bytes_per_slot=64)
@@ -105,7 +106,8 @@ class ToyLM:
         counts = rows.tolist()
         assert sum(counts) == total and all(1 <= n <= len(s.token_ids)
                                             for n, s in zip(counts, batch.segments, strict=True))
-        self.split_rows.append((total, sum(len(s.token_ids) for s in batch.segments)))
+        drafted = [n for n, s in zip(counts, batch.segments, strict=True) if len(s.token_ids) > 1]
+        self.split_rows.append((total, sum(len(s.token_ids) for s in batch.segments), drafted))
         segs, ids, at = [], [], 0
         for n, s in zip(counts, batch.segments, strict=True):
             segs.append(SequenceSegment(s.slot, s.block_table, s.start_pos, s.token_ids[:n], s.logits))

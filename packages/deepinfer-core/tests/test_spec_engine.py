@@ -367,15 +367,16 @@ def test_async_confidence_split_runs_only_the_drafts_it_verifies(make_engine, dr
     for i, (ids, params) in enumerate(reqs):
         engine.add_request(ids, params, request_id=f"r{i}")
     assert tokens(drain(engine)) == tokens(plain)
-    rows = engine.model.split_rows  # (rows computed, rows planned) of each device-split step
+    rows = engine.model.split_rows  # (rows computed, rows planned, per sequence) of each device-split step
     if not batched:  # one speculating sequence: the host's split is the only one, no device split
         assert any(0 < n < most for n, most in choices) and not splits and not rows
         return
     assert len(rows) == len(splits) > 0
-    assert any(computed < planned for computed, planned in rows)
-    for (most, n, kept), (computed, planned) in zip(splits, rows, strict=True):
+    assert any(computed < planned for computed, planned, _ in rows)
+    for (most, n, kept), (computed, planned, per_seq) in zip(splits, rows, strict=True):
         assert int(kept.sum()) == n and bool((kept <= most).all())  # the host's total, within the drafts
         assert planned - computed == int(most.sum()) - n  # the rows left out are the drafts left out
+        assert per_seq == [1 + k for k in kept.tolist()]  # each sequence runs its own share
 
 
 def test_structured_output_verifies_against_the_masked_target(make_engine, drain, speculators,
