@@ -255,10 +255,39 @@ def test_forward_rows_equals_the_forward_of_the_cut_step(checkpoint, replay: str
 
 
 def test_split_graphs_beyond_their_cap_drop_the_least_recently_used(checkpoint, monkeypatch) -> None:
+    """At the cap the least recently used graph goes (A, B, A, C keeps A and C); a graph whose shared
+    output buffer was replaced is captured again, with the same logits."""
     from deepinfer.models.deepseek_v41 import split_graphs
+    from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
+    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, load_runtime
+    from deepinfer.testing.recorder import rerun_recorder
 
-    monkeypatch.setattr(split_graphs, "MAX_GRAPHS", 1)
-    _forward_rows_equals_the_cut_forward(checkpoint, "cpu", "off", graphs=True)
+    monkeypatch.setattr(split_graphs, "MAX_GRAPHS", 2)
+    rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graphs=False))
+    rt.allocate_cache(num_blocks=6, num_slots=6)
+    tokens = rt.max_backtrack
+    decode = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rt.vocab_size, rerun_recorder,
+                          buckets=(1, 2, 4, 8), max_backtrack=rt.max_backtrack, verify_tokens=tokens)
+    graphs = split_graphs.SplitGraphs(rt.device_builder, decode, rt.run_step)
+    captured = []
+    capture = graphs._capture
+    monkeypatch.setattr(graphs, "_capture", lambda shape: captured.append(shape) or capture(shape))
+
+    def step(rows: list[int]) -> tuple[split_graphs.SplitShape, torch.Tensor]:
+        segs = [SequenceSegment(s, [s], 0, [7 + s] * tokens, "all") for s in range(1, len(rows) + 1)]
+        batch = ForwardBatch(segs)
+        return graphs.shape(batch, sum(rows)), graphs.forward(batch, torch.tensor(rows), sum(rows))
+
+    # A first: the largest, so the shared output buffer never grows (growing it recaptures older graphs)
+    many = [tokens, tokens, 1]
+    (a, first), (b, _), (_, again), (c, _) = step(many), step([1]), step(many), step([1] * 5)
+    assert len({a, b, c}) == 3 and captured == [a, b, c]  # A's second step replayed its graph
+    assert set(graphs.graphs) == {a, c}
+    torch.testing.assert_close(again, first)
+    decode._output(tokens, 2 * decode.outputs[tokens].shape[0])  # a larger shared buffer replaces it
+    _, recaptured = step(many)
+    assert captured == [a, b, c, a]
+    torch.testing.assert_close(recaptured, first)
 
 
 def test_split_graph_keys_pad_the_total_to_the_granule(checkpoint) -> None:
