@@ -387,15 +387,9 @@ def _gate_up_kernel(
                                  W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
         u_lo, u_hi = _expert_dot(u_lo, u_hi, x_a, x_b, w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn,
                                  W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
-    acc_g = g_lo + g_hi
-    acc_u = u_lo + u_hi
-    out_ty = act_ptr.dtype.element_ty
-    gate = tl.minimum(acc_g.to(out_ty).to(tl.float32), limit)
-    up = tl.minimum(tl.maximum(acc_u.to(out_ty).to(tl.float32), -limit), limit)
-    act = gate / (1.0 + tl.exp(-gate)) * up
     rw = tl.load(route_w_ptr + assign, mask=valid, other=0.0)
     ptrs = act_ptr + rows[None, :].to(tl.int64) * inter + offs_n[:, None]
-    tl.store(ptrs, (act * rw[None, :]).to(out_ty), mask=n_mask[:, None] & valid[None, :])
+    _swiglu_store(g_lo + g_hi, u_lo + u_hi, rw[None, :], limit, ptrs, n_mask[:, None] & valid[None, :])
 
 
 @triton.jit
@@ -500,14 +494,10 @@ def _gate_up_tma_kernel(
         p3, sc3 = _tma_weight_bytes(w3_desc, w_row, s3_ptrs, k0)
         g_lo, g_hi = _tma_dot(g_lo, g_hi, x_lo, x_hi, p1, sc1, BN, BK, IEEE, ASM, SPLIT)
         u_lo, u_hi = _tma_dot(u_lo, u_hi, x_lo, x_hi, p3, sc3, BN, BK, IEEE, ASM, SPLIT)
-    out_ty = act_ptr.dtype.element_ty
-    gate = tl.minimum((g_lo + g_hi).to(out_ty).to(tl.float32), limit)
-    up = tl.minimum(tl.maximum((u_lo + u_hi).to(out_ty).to(tl.float32), -limit), limit)
-    act = gate / (1.0 + tl.exp(-gate)) * up
     rw = tl.load(route_w_ptr + assign, mask=valid, other=0.0)
     cols = _split_pos(offs_n, inter) if ACT_SPLIT else offs_n
     ptrs = act_ptr + rows[None, :].to(tl.int64) * inter + cols[:, None]
-    tl.store(ptrs, (act * rw[None, :]).to(out_ty), mask=valid[None, :])
+    _swiglu_store(g_lo + g_hi, u_lo + u_hi, rw[None, :], limit, ptrs, valid[None, :])
 
 
 @triton.jit
