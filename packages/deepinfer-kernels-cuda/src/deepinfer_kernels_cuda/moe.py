@@ -340,6 +340,13 @@ def _split_dots(acc_lo, acc_hi, x_lo, x_hi, w_lo, w_hi, IEEE: tl.constexpr, SPLI
 
 
 @triton.jit
+def _accumulators(BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr):
+    """(lo, hi) float32 accumulators of a [BN, BM] tile; hi holds the FP4 high nibbles' products only
+    with SPLIT 2 (`_split_dots`), else it is a [BN, 1] zero added at the end."""
+    return tl.zeros((BN, BM), dtype=tl.float32), tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+
+
+@triton.jit
 def _block_rows(row_assign_ptr, block_expert_ptr, pid_b, BM: tl.constexpr, DIRECT: tl.constexpr):
     """(expert, rows, assignments) of expert block pid_b: its BM aligned rows (assignment -1: padding),
     or DIRECT (decode, no alignment) block pid_b = assignment pid_b alone, block_expert_ptr = the ids, and
@@ -375,10 +382,8 @@ def _gate_up_kernel(
     w3_e = w3_ptr + expert.to(tl.int64) * stride_we
     s1_e = s1_ptr + expert.to(tl.int64) * stride_se
     s3_e = s3_ptr + expert.to(tl.int64) * stride_se
-    g_lo = tl.zeros((BN, BM), dtype=tl.float32)
-    u_lo = tl.zeros((BN, BM), dtype=tl.float32)
-    g_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
-    u_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    g_lo, g_hi = _accumulators(BN, BM, SPLIT)
+    u_lo, u_hi = _accumulators(BN, BM, SPLIT)
     x_rows = x_ptr + token[None, :] * stride_xm
     tl.assume(H > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(0, H, BK):
@@ -410,8 +415,7 @@ def _down_kernel(
     n_mask = (offs_n < H) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     w2_e = w2_ptr + expert.to(tl.int64) * stride_we
     s2_e = s2_ptr + expert.to(tl.int64) * stride_se
-    acc_lo = tl.zeros((BN, BM), dtype=tl.float32)
-    acc_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    acc_lo, acc_hi = _accumulators(BN, BM, SPLIT)
     act_rows = act_ptr + rows[None, :].to(tl.int64) * inter
     tl.assume(inter > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(0, inter, BK):
@@ -480,10 +484,8 @@ def _gate_up_tma_kernel(
     at = expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn + tl.arange(0, BK // GROUP_TL)[None, :]
     s1_ptrs = s1_ptr + at
     s3_ptrs = s3_ptr + at
-    g_lo = tl.zeros((BN, BM), dtype=tl.float32)
-    u_lo = tl.zeros((BN, BM), dtype=tl.float32)
-    g_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
-    u_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    g_lo, g_hi = _accumulators(BN, BM, SPLIT)
+    u_lo, u_hi = _accumulators(BN, BM, SPLIT)
     x_rows = x_ptr + token[None, :] * stride_xm
     tl.assume(H > 0)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(0, H, BK):
@@ -519,8 +521,7 @@ def _down_tma_kernel(
     w_row = expert * H + n0
     s_ptrs = (s2_ptr + expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn
               + tl.arange(0, BK // GROUP_TL)[None, :])
-    acc_lo = tl.zeros((BN, BM), dtype=tl.float32)
-    acc_hi = tl.zeros((BN, BM if SPLIT == 2 else 1), dtype=tl.float32)
+    acc_lo, acc_hi = _accumulators(BN, BM, SPLIT)
     if ACTS:
         act_rows = 0
     else:
