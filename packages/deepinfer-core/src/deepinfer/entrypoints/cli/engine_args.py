@@ -89,7 +89,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    "dspark: the checkpoint's draft block size)")
     g.add_argument("--spec-schedule", choices=["fixed", "confidence"], default="fixed",
                    help="fixed: verify every draft; confidence: choose each step's verified drafts from the "
-                   "draft confidences and the measured step latency")
+                   "draft confidences and the measured step latency (with async scheduling the step's total "
+                   "is chosen on the host, its split among the sequences on the device from the newest "
+                   "confidences)")
     add_runtime_args(parser)
 
 
