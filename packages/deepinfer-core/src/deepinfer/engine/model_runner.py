@@ -376,13 +376,16 @@ class ModelRunner:
         for these segments."""
         split = sched.split
         assert split is not None
-        fits = getattr(self.model, "device_rows_fit", None)
         return (len(split.host) > 1
                 and 0 < split.num_drafts < sum(sched.segments[i].num_drafts for i in split.host)
-                and self.splitter is not None and fits is not None
                 and all(sched.segments[i].drafts.proposal.confidences is not None  # type: ignore[union-attr]
                         for i in split.host)
-                and fits(segments))
+                and self._rows_on_device(segments))
+
+    def _rows_on_device(self, segments: list[SequenceSegment]) -> bool:
+        """Whether a split is set up and the model runs device row counts for these segments."""
+        fits = getattr(self.model, "device_rows_fit", None)
+        return self.splitter is not None and fits is not None and fits(segments)
 
     def _forward_split(self, sched: SchedulerOutput, batch: ForwardBatch) -> tuple[torch.Tensor, list[int]]:
         """Split the step's drafts on the device, run the rows kept, and cut the segments to them once
@@ -421,9 +424,8 @@ class ModelRunner:
         rows = [SampleRow(_PROFILE_PARAMS, 0, j, 0) for j in range(num_tokens)]
         for s in segments:
             self.model.reset_slot(s.slot)
-        fits = getattr(self.model, "device_rows_fit", None)
         # as steps run: several sequences split on the device, one takes the plain (padded) forward
-        split = self.splitter is not None and fits is not None and len(segments) > 1 and fits(segments)
+        split = len(segments) > 1 and self._rows_on_device(segments)
         start = time.perf_counter()
         if split:
             lens = to_device([len(s.token_ids) for s in segments], self._device)

@@ -115,7 +115,8 @@ class SplitGraphs:
         names = list(host)
         t = dict(zip(names, staging.upload([host[n] for n in names]), strict=True))
         # the capture's padding sequences share the rows out (each at most `tokens`)
-        split = [min(shape.tokens, max(shape.rows - shape.tokens * b, 0)) for b in range(shape.num_seqs)]
+        split = self._padding(shape.rows)
+        split += [0] * (shape.num_seqs - len(split))
         rows = torch.tensor(split, dtype=torch.int64).to(t["slots"].device)
         capacity = {r: shape.table_width * (BLOCK_TOKENS // r) for r in builder.geo.ratios}
         out = self.decode._output(self.tokens, shape.rows)
