@@ -254,21 +254,30 @@ def test_forward_rows_equals_the_forward_of_the_cut_step(checkpoint, replay: str
     _forward_rows_equals_the_cut_forward(checkpoint, "cpu", replay, graphs)
 
 
+def _split_graphs(checkpoint):
+    """Split graphs over a CPU runtime with room for 5 sequences: buckets 1, 2, 4, 8, steps of up to
+    max_backtrack rows a sequence, recorded by the CPU stand-in."""
+    from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
+    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, load_runtime
+    from deepinfer.models.deepseek_v41.split_graphs import SplitGraphs
+    from deepinfer.testing.recorder import rerun_recorder
+
+    rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graphs=False))
+    rt.allocate_cache(num_blocks=6, num_slots=6)
+    tokens = rt.max_backtrack  # 1 + the drafts a step verifies
+    decode = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rt.vocab_size, rerun_recorder,
+                          buckets=(1, 2, 4, 8), max_backtrack=tokens, verify_tokens=tokens)
+    return SplitGraphs(rt.device_builder, decode, rt.run_step)
+
+
 def test_split_graphs_beyond_their_cap_drop_the_least_recently_used(checkpoint, monkeypatch) -> None:
     """At the cap the least recently used graph goes (A, B, A, C keeps A and C); a graph whose shared
     output buffer was replaced is captured again, with the same logits."""
     from deepinfer.models.deepseek_v41 import split_graphs
-    from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
-    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, load_runtime
-    from deepinfer.testing.recorder import rerun_recorder
 
     monkeypatch.setattr(split_graphs, "MAX_GRAPHS", 2)
-    rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graphs=False))
-    rt.allocate_cache(num_blocks=6, num_slots=6)
-    tokens = rt.max_backtrack
-    decode = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rt.vocab_size, rerun_recorder,
-                          buckets=(1, 2, 4, 8), max_backtrack=rt.max_backtrack, verify_tokens=tokens)
-    graphs = split_graphs.SplitGraphs(rt.device_builder, decode, rt.run_step)
+    graphs = _split_graphs(checkpoint)
+    decode, tokens = graphs.decode, graphs.tokens
     captured = []
     capture = graphs._capture
     monkeypatch.setattr(graphs, "_capture", lambda shape: captured.append(shape) or capture(shape))
@@ -293,17 +302,10 @@ def test_split_graphs_beyond_their_cap_drop_the_least_recently_used(checkpoint, 
 def test_split_graph_keys_pad_the_total_to_the_granule(checkpoint) -> None:
     """Totals in one granule share a graph; the padding rows go to padding sequences counted in the bucket,
     and a step whose padding sequences would pass the largest bucket keeps its exact total."""
-    from deepinfer.models.deepseek_v41.graphs import DecodeGraphs
-    from deepinfer.models.deepseek_v41.runtime import RuntimeOptions, load_runtime
-    from deepinfer.models.deepseek_v41.split_graphs import GRANULE, SplitGraphs
-    from deepinfer.testing.recorder import rerun_recorder
+    from deepinfer.models.deepseek_v41.split_graphs import GRANULE
 
-    rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graphs=False))
-    rt.allocate_cache(num_blocks=5, num_slots=5)
-    tokens = rt.max_backtrack  # 1 + the drafts a step verifies
-    graphs = DecodeGraphs(rt.builder, rt.last_is_consumer, rt.run_step, rt.vocab_size, rerun_recorder,
-                          buckets=(1, 2, 4, 8), max_backtrack=rt.max_backtrack, verify_tokens=tokens)
-    split = SplitGraphs(rt.device_builder, graphs, rt.run_step)
+    split = _split_graphs(checkpoint)
+    tokens = split.tokens
 
     def batch(n: int) -> ForwardBatch:
         return ForwardBatch([SequenceSegment(s, [s], 0, [7] * tokens, "all") for s in range(1, n + 1)])
