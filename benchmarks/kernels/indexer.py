@@ -5,14 +5,22 @@ Then indexer_topk (paged MXFP4 keys, scores + top-512 per row) at 64k context (c
 row of a decode batch in its own sequence, and its top-k select alone: the path the op takes for that
 row count (several programs per row below ~264 rows) against one program per row.
     python benchmarks/kernels/indexer.py [--out table.md] [--select]   (--select: only the select alone)
+--prefill [--baseline FILE]: only a 2048-token causal prefill's op (one sequence, capacity 1024 = ratio
+2, MXFP4 keys): the scores kernel's row-tile configs, the select's warps and the whole op, graph-timed,
+against a baseline module's (an earlier indexer.py), with the largest difference from it.
 """
 
 from __future__ import annotations
 
+import argparse
+import runpy
+from pathlib import Path
+
 import torch
-from common import backends, copy_bandwidth_gbs, emit, graph_ms, input_sets, parse_args, times_ms
+from common import backends, copy_bandwidth_gbs, emit, graph_ms, input_sets, times_ms
 
 from deepinfer.cache.codecs import Codec
+from deepinfer_kernels_cuda import indexer
 from deepinfer_kernels_cuda.indexer import select_chunk, topk_select
 
 HEADS, DIM, TOPK, PER_BLOCK = 32, 128, 512, 64
@@ -37,8 +45,85 @@ def topk_inputs(t: int, capacity: int) -> tuple:
     return q, w, pool, codec, tables, torch.arange(t, device="cuda"), visible, capacity, TOPK
 
 
+def prefill_inputs(t: int, ratio: int = 2) -> tuple:
+    """One sequence's causal prefill of t rows: row r sees (r + 1) // ratio MXFP4 index keys."""
+    capacity = t // ratio
+    q, w, pool, codec, tables, _, _, _, _ = topk_inputs(1, capacity)
+    q = torch.randn(t, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(t, HEADS, device="cuda", dtype=torch.bfloat16)
+    visible = (torch.arange(t, device="cuda") + 1) // ratio
+    return q, w, pool, codec, tables, torch.zeros(t, dtype=torch.long, device="cuda"), visible, capacity
+
+
+def prefill(out, baseline: dict | None, t: int = 2048) -> None:
+    """The prefill's scores (row tiles), select and whole op: configs and the baseline, graph µs."""
+    sets = input_sets(lambda: prefill_inputs(t), t * HEADS * DIM * 2 + t * t * 2)
+    visible, capacity = sets[0][-2:]
+    pairs = int(visible.sum())
+    mods = {"new": vars(indexer)} | ({"baseline": baseline} if baseline else {})
+
+    def scores_of(mod: dict):
+        def run(q, w, pool, codec, tables, row_seg, visible, capacity):
+            scores = torch.empty(t, capacity, device="cuda")
+            block_t = mod["tile_rows"](t, 1, HEADS, False)
+            mod["paged_scores"](q, w, pool, codec, tables, row_seg, visible, scores, block_t=block_t)
+            return scores
+        return run
+
+    rows: list[list[object]] = []
+    want = scores_of(mods.get("baseline", mods["new"]))(*sets[0])
+    configs = [("baseline", None)] if baseline else []
+    configs += [("new", c) for c in ((4, 8, 128), (1, 8, 128), (2, 8, 128), (16, 8, 128), (4, 4, 128),
+                                     (1, 8, 256), (4, 8, 256), (16, 8, 256))]
+    default = indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS
+    for name, config in configs:
+        if config:
+            indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS = config
+        try:
+            fn = scores_of(mods[name])
+            got = fn(*sets[0])
+            same = torch.equal(got, want)
+            diff = float((got - want).nan_to_num(posinf=0.0, neginf=0.0).abs().max())
+            ms = graph_ms(fn, sets)
+        finally:
+            indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS = default
+        tflops = 2 * pairs * HEADS * DIM / ms / 1e9
+        rows.append([f"scores {name} {config or ''}", ms * 1e3, tflops, same, diff])
+        print(rows[-1], flush=True)
+    scores = want
+    top_want = topk_select(scores, TOPK, chunk=capacity)
+    select_default = indexer._SELECT_WARPS
+    for name, warps in ([("baseline", None)] if baseline else []) + [("new", 8), ("new", 4), ("new", 2)]:
+        if warps:
+            indexer._SELECT_WARPS = warps
+        try:
+            fn = mods[name]["topk_select"]
+            same = torch.equal(fn(scores, TOPK, chunk=capacity), top_want)
+            ms = graph_ms(lambda s, fn=fn: fn(s, TOPK, chunk=capacity), [(scores,)])
+        finally:
+            indexer._SELECT_WARPS = select_default
+        rows.append([f"select {name} {warps or ''} warps", ms * 1e3, "", same, ""])
+        print(rows[-1], flush=True)
+    for name, mod in mods.items():
+        ms = graph_ms(lambda *a, mod=mod: mod["indexer_topk"](*a, TOPK), sets)
+        rows.append([f"indexer_topk {name}", ms * 1e3, "", "", ""])
+        print(rows[-1], flush=True)
+    emit(f"prefill of {t} rows, capacity {capacity} (causal, one sequence), {HEADS} heads x {DIM}, MXFP4 "
+         "keys; scores configs (key tiles per program, warps, product rows), select warps",
+         ["case", "graph µs", "TFLOP/s (causal pairs)", "equal to the baseline", "max |difference|"], rows,
+         out)
+
+
 def main() -> None:
-    args = parse_args(__doc__, "--select")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="also write the tables (markdown) here")
+    ap.add_argument("--select", action="store_true")
+    ap.add_argument("--prefill", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="with --prefill: a module file (an earlier indexer.py)")
+    args = ap.parse_args()
+    if args.prefill:
+        prefill(args.out, runpy.run_path(str(args.baseline)) if args.baseline else None)
+        return
     if not args.select:
         scores_and_topk(args.out)
     select_alone(args.out)

@@ -16,6 +16,7 @@ import torch
 from deepinfer.cache.codecs import Codec
 from deepinfer.ops.reference.cache_quant import QUANT_OPS
 from deepinfer.ops.reference.indexer import candidate_blocks, indexer_logits, indexer_topk as ref_topk
+import deepinfer_kernels_cuda.indexer as ixm
 from deepinfer_kernels_cuda.indexer import indexer_topk, paged_scores, select_chunk, tile_rows, topk_select
 
 INF = float("inf")
@@ -120,12 +121,13 @@ row_seg = torch.cat([torch.zeros(8, dtype=torch.long), torch.randint(0, 2, (13,)
 visible = torch.randint(0, capacity + 1, (t,), generator=g)
 visible[:8] = torch.arange(8) * 25
 out = {}
-for block_t in (1, 8):
+for block_t, key_tiles in ((1, 4), (8, 4), (8, 1)):  # key tiles per program: one chunk, or 4 of them
+    ixm._TILE_BLOCKS = key_tiles
     hist = torch.full((4, t, 256), 7, dtype=torch.int32)
     got = (torch.empty(t, capacity), torch.empty(t, capacity, dtype=torch.bool), hist)
     paged_scores(q, w, pool, codec, block_tables, row_seg, visible, got[0], mask=got[1], cand=8, hist=got[2],
                  block_t=block_t)
-    out[block_t] = got
+    out[block_t, key_tiles] = got
 entries = torch.arange(capacity)
 want = torch.stack([indexer_logits(q[r : r + 1], seq_keys[row_seg[r], :capacity], w[r : r + 1])[0]
                     for r in range(t)]).masked_fill(entries >= visible[:, None], -INF)

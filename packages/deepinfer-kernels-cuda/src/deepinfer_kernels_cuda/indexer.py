@@ -96,14 +96,16 @@ def _all_blocks_mask(scores, visible, CAND: tl.constexpr, BLOCK_N: tl.constexpr)
 
 
 @triton.jit
-def _all_blocks_mask_rows(scores, visible, CAND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """`_all_blocks_mask` of BLOCK_T rows at once: scores [BLOCK_T, BLOCK_N], visible [BLOCK_T]."""
+def _all_blocks_mask_rows(scores, visible, n, CAND: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    """`_all_blocks_mask` of BLOCK_T rows at once: scores [BLOCK_T, BLOCK_N] of entries n (a whole number
+    of blocks from n[0] on), visible [BLOCK_T]."""
     nb: tl.constexpr = BLOCK_N // CAND
     live = tl.reshape((scores > -float("inf")).to(tl.int32), (BLOCK_T, nb, CAND))
     nan = tl.reshape((scores != scores).to(tl.int32), (BLOCK_T, nb, CAND))
     pooled = (tl.max(live, axis=2) > 0) & (tl.max(nan, axis=2) == 0)  # [BLOCK_T, nb]
     latest = tl.where(visible > 0, (visible - 1) // CAND, -1)
-    b = (tl.program_id(1) * BLOCK_N) // CAND + tl.arange(0, nb)
+    b = tl.min(n, axis=0) // CAND + tl.arange(0, nb)
     kept = (b[None, :] == latest[:, None]) | pooled
     keep = tl.reshape(tl.broadcast_to(kept[:, :, None], (BLOCK_T, nb, CAND)), (BLOCK_T, BLOCK_N))
     return keep & (scores > -float("inf")) & (scores < float("inf"))
@@ -148,26 +150,45 @@ def _paged_scores_kernel(
         tl.store(mask_ptr + t.to(tl.int64) * capacity + n, keep, mask=n < capacity)
 
 
+@triton.jit
+def _tile_scores(q, w, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seq, n, top, D,
+                 FMT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Scores [BLOCK_T, BLOCK_N] of a row tile's queries q [BLOCK_T * BLOCK_H, BLOCK_D] (head weights w)
+    against entries n of sequence `seq` (entries >= top are not loaded)."""
+    valid = n < top
+    j = tl.where(valid, n, 0)
+    block = tl.load(bt_ptr + seq * bt_stride + j // per_block, mask=valid, other=0).to(tl.int64)
+    ty = q.dtype
+    k = decode_rows(pool_ptr, block * pool_s0 + (j % per_block) * pool_s1, valid, 0, D, FMT, BLOCK_D, ty)
+    dots = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ty).to(tl.float32), 0.0)
+    terms = (dots * w[:, None]).to(ty).to(tl.float32)
+    return tl.sum(tl.reshape(terms, (BLOCK_T, BLOCK_H, BLOCK_N)), axis=1)
+
+
 @triton.jit(do_not_specialize=["bt_stride", "T"])  # table widths, row counts: no new kernel per value
 def _paged_scores_tile_kernel(
     q_ptr, w_ptr, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride, seg_ptr, visible_ptr, out_ptr,
     mask_ptr, hist_ptr, T, heads, D, capacity, q_stride_t, q_stride_h, w_stride_t,
     FMT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, CAND: tl.constexpr, ZERO_HIST: tl.constexpr,
+    TILES: tl.constexpr,
 ):
-    """`_paged_scores_kernel` for BLOCK_T rows per program (many rows: a prefill): each key tile is decoded
-    once for the tile's rows of one sequence and multiplied with all their heads in one product
-    ([BLOCK_T * BLOCK_H] query rows). Rows of several sequences in one tile take one pass per sequence."""
+    """`_paged_scores_kernel` for BLOCK_T rows and TILES entry blocks per program (many rows: a prefill):
+    the tile's queries are loaded once, and each key tile is decoded once for the tile's rows of one
+    sequence and multiplied with all their heads in one product ([BLOCK_T * BLOCK_H] query rows). Key
+    tiles past every row's visible count (the causal half of a prefill) are not loaded: -inf is stored.
+    Rows of several sequences in one tile take one pass per sequence."""
     tt = tl.arange(0, BLOCK_T)
     t = tl.program_id(0) * BLOCK_T + tt
     live = t < T
+    chunk = tl.program_id(1) * (TILES * BLOCK_N)
     if ZERO_HIST:
         bins = tl.arange(0, 256)
         first = bins < tl.where(tl.program_id(1) == 0, 256, 0)  # only the rows' first programs store
         for p in tl.static_range(4):
             tl.store(hist_ptr + ((p * T + t) * 256)[:, None] + bins[None, :],
                      tl.zeros((BLOCK_T, 256), tl.int32), mask=live[:, None] & first[None, :])
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     r = tl.arange(0, BLOCK_T * BLOCK_H)
     rt = tl.program_id(0) * BLOCK_T + r // BLOCK_H
@@ -178,27 +199,34 @@ def _paged_scores_tile_kernel(
     w = w.to(tl.float32)
     seqs = tl.load(seg_ptr + t, mask=live, other=-1)
     visible = tl.load(visible_ptr + t, mask=live, other=0)
-    ty = q_ptr.dtype.element_ty
+    nn = tl.arange(0, BLOCK_N)
+    rows = t[:, None].to(tl.int64) * capacity
     todo = live
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         lead = tl.min(tl.where(todo, tt, BLOCK_T), axis=0)
         seq = tl.sum(tl.where(tt == lead, seqs, 0), axis=0)
         mine = todo & (seqs == seq)
-        valid = n < tl.max(tl.where(mine, visible, 0), axis=0)
-        j = tl.where(valid, n, 0).to(tl.int64)
-        block = tl.load(bt_ptr + seq.to(tl.int64) * bt_stride + j // per_block, mask=valid, other=0)
-        block = block.to(tl.int64)
-        k = decode_rows(pool_ptr, block * pool_s0 + (j % per_block) * pool_s1, valid, 0, D, FMT, BLOCK_D, ty)
-        dots = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ty).to(tl.float32), 0.0)
-        terms = (dots * w[:, None]).to(ty).to(tl.float32)
-        scores = tl.sum(tl.reshape(terms, (BLOCK_T, BLOCK_H, BLOCK_N)), axis=1)
-        scores = tl.where(n[None, :] < visible[:, None], scores, -float("inf"))
-        at = t[:, None].to(tl.int64) * capacity + n[None, :]
-        stored = mine[:, None] & (n < capacity)[None, :]
-        tl.store(out_ptr + at, scores, mask=stored)
-        if CAND > 0:
-            keep = _all_blocks_mask_rows(scores, visible, CAND, BLOCK_T, BLOCK_N)
-            tl.store(mask_ptr + at, keep, mask=stored)
+        top = tl.max(tl.where(mine, visible, 0), axis=0)
+        # entry blocks with a visible entry, then the rest (-inf, and not kept)
+        live_tiles = tl.minimum(tl.maximum(tl.cdiv(top - chunk, BLOCK_N), 0), TILES)
+        for i in range(live_tiles):
+            n = chunk + i * BLOCK_N + nn
+            scores = _tile_scores(q, w, pool_ptr, pool_s0, pool_s1, per_block, bt_ptr, bt_stride,
+                                  seq.to(tl.int64), n, top, D, FMT, BLOCK_T, BLOCK_H, BLOCK_N, BLOCK_D,
+                                  PRECISION)
+            scores = tl.where(n[None, :] < visible[:, None], scores, -float("inf"))
+            stored = mine[:, None] & (n < capacity)[None, :]
+            tl.store(out_ptr + rows + n[None, :], scores, mask=stored)
+            if CAND > 0:
+                keep = _all_blocks_mask_rows(scores, visible, n, CAND, BLOCK_T, BLOCK_N)
+                tl.store(mask_ptr + rows + n[None, :], keep, mask=stored)
+        for i in range(live_tiles, TILES):
+            n = chunk + i * BLOCK_N + nn
+            stored = mine[:, None] & (n < capacity)[None, :]
+            tl.store(out_ptr + rows + n[None, :], tl.full((BLOCK_T, BLOCK_N), -float("inf"), tl.float32),
+                     mask=stored)
+            if CAND > 0:
+                tl.store(mask_ptr + rows + n[None, :], tl.zeros((BLOCK_T, BLOCK_N), tl.int1), mask=stored)
         todo = todo & (seqs != seq)
 
 
@@ -213,6 +241,7 @@ def _order_key(s):
 # steps so that about _TARGET_PROGRAMS programs (2 per SM of an H200) share the work.
 _BLOCK = 1024
 _TARGET_PROGRAMS = 264
+_SELECT_WARPS = 8  # warps of the one-program-per-row select
 
 
 @triton.jit
@@ -292,12 +321,19 @@ def _topk_kernel(
     digits of the order key, ties broken by the lowest entry id; ids ascending, then -1 padding."""
     t = tl.program_id(0).to(tl.int64)
     row, allowed_row = scores_ptr + t * capacity, allowed_ptr + t * capacity
-    prefix = tl.zeros((), tl.uint32)
-    remaining = tl.zeros((), tl.int32)
-    for p in tl.static_range(4):
-        hist = _digit_histogram(row, allowed_row, 0, capacity, prefix, 24 - 8 * p, HAS_ALLOWED, BLOCK)
-        digit, remaining = _next_digit(hist, remaining, k, p == 0)
-        prefix |= digit.to(tl.uint32) << (24 - 8 * p)
+    hist = _digit_histogram(row, allowed_row, 0, capacity, tl.zeros((), tl.uint32), 24, HAS_ALLOWED, BLOCK)
+    if tl.sum(hist, axis=0) <= k:
+        # at most k entries take part (the early rows of a causal prefill): all of them; every key of a
+        # finite score is > 0
+        prefix = tl.zeros((), tl.uint32)
+        remaining = tl.zeros((), tl.int32)
+    else:
+        digit, remaining = _next_digit(hist, tl.zeros((), tl.int32), k, True)
+        prefix = digit.to(tl.uint32) << 24
+        for p in tl.static_range(1, 4):
+            hist = _digit_histogram(row, allowed_row, 0, capacity, prefix, 24 - 8 * p, HAS_ALLOWED, BLOCK)
+            digit, remaining = _next_digit(hist, remaining, k, False)
+            prefix |= digit.to(tl.uint32) << (24 - 8 * p)
     # prefix is now the k-th largest key; take every larger key and the first `remaining` equal ones
     out_row = out_ptr + t * k
     taken = _write_ids(row, allowed_row, out_row, 0, capacity, prefix, remaining, tl.zeros((), tl.int32),
@@ -429,7 +465,7 @@ def topk_select(
     block_k = min(1024, triton.next_power_of_2(k))
     if chunk >= capacity:
         _topk_kernel[(rows,)](scores, allowed_arg, top, capacity, k, HAS_ALLOWED=allowed is not None,
-                              BLOCK=_BLOCK, BLOCK_K=block_k, num_warps=8)
+                              BLOCK=_BLOCK, BLOCK_K=block_k, num_warps=_SELECT_WARPS)
         return top
     block = min(_BLOCK, chunk)
     if chunk < 1 or block & (block - 1) or chunk % block:
@@ -451,7 +487,9 @@ def topk_select(
     return top
 
 
-_SCORE_ENTRIES = 64  # entries per program of the scores kernels
+_SCORE_ENTRIES = 64  # entries per key tile of the scores kernels
+_TILE_BLOCKS = 4  # key tiles per program of the row tiles (the queries' load shared by them)
+_TILE_WARPS = 8  # the row tiles' warps: the tile's query rows, keys and products in half the registers
 
 
 def paged_scores(
@@ -478,12 +516,12 @@ def paged_scores(
               "BLOCK_N": _SCORE_ENTRIES, "BLOCK_D": max(16, triton.next_power_of_2(d)),
               "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "CAND": cand,
               "ZERO_HIST": hist is not None, "num_warps": 4}
-    entry_blocks = triton.cdiv(capacity, _SCORE_ENTRIES)
-    if block_t > 1:  # 8 warps: the tile's query rows, keys and products in half the registers per thread
-        config["num_warps"] = 8
-        _paged_scores_tile_kernel[(triton.cdiv(t, block_t), entry_blocks)](*args, BLOCK_T=block_t, **config)
+    if block_t > 1:
+        config["num_warps"] = _TILE_WARPS
+        grid = (triton.cdiv(t, block_t), triton.cdiv(capacity, _TILE_BLOCKS * _SCORE_ENTRIES))
+        _paged_scores_tile_kernel[grid](*args, BLOCK_T=block_t, TILES=_TILE_BLOCKS, **config)
     else:
-        _paged_scores_kernel[(t, entry_blocks)](*args, **config)
+        _paged_scores_kernel[(t, triton.cdiv(capacity, _SCORE_ENTRIES))](*args, **config)
 
 
 def indexer_topk(
