@@ -3,7 +3,9 @@ largest deviation from the reference: the default, batch-invariant mode and a ba
 `hc_coefficients` (--baseline FILE, e.g. an earlier mhc.py); then each fused op against the two ops it
 replaces (graph-timed); then every op against the reference op: time and achieved bandwidth.
 
-    python benchmarks/kernels/mhc.py [--tokens 1,64,2048] [--baseline FILE] [--out table.md]
+    python benchmarks/kernels/mhc.py [--tokens 1,64,2048] [--baseline FILE] [--out table.md] [--prefill]
+
+--prefill: only the variants table and the split path's configs at the largest size (a prefill).
 """
 
 from __future__ import annotations
@@ -124,16 +126,53 @@ def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[objec
     return rows
 
 
+_SPLIT_CONFIGS = [  # tile rows, columns per program, columns per step, warps, stages
+    (64, 1024, 64, 4, 4), (64, 512, 64, 4, 4), (64, 2048, 128, 4, 3), (128, 1024, 64, 4, 4),
+    (128, 2048, 64, 8, 4), (128, 1024, 128, 8, 3),
+]
+
+
+def split_config_rows(t: int) -> list[list[object]]:
+    """[tile config, finish rows, T, graph µs, max |error| vs the reference] of hc_coefficients on the
+    split path (bf16 streams past 64 rows) for each tile config, and the finish's rows per program."""
+    ref = backends()[1].hc_coefficients
+    sets = input_sets(lambda: coefficient_args(t), coefficient_bytes(t))
+    want = ref(*sets[0])
+    default = dict(mhc._SPLIT_TILE), mhc._SPLIT_FINISH_ROWS
+    configs = [(c, default[1]) for c in _SPLIT_CONFIGS] + [(_SPLIT_CONFIGS[0], r) for r in (4, 16, 32)]
+    rows: list[list[object]] = []
+    for (block_t, chunk, block_k, warps, stages), finish in configs:
+        mhc._SPLIT_TILE.update(BLOCK_T=block_t, K_CHUNK=chunk, BLOCK_K=block_k, num_warps=warps,
+                               num_stages=stages)
+        mhc._SPLIT_FINISH_ROWS = finish
+        try:
+            err = max(float((a - b).abs().max())
+                      for a, b in zip(mhc.hc_coefficients(*sets[0]), want, strict=True))
+            rows.append([f"{block_t}x{block_k} /{chunk} w{warps} s{stages}", finish, t,
+                         graph_ms(mhc.hc_coefficients, sets) * 1e3, err])
+        finally:
+            mhc._SPLIT_TILE.update(default[0])
+            mhc._SPLIT_FINISH_ROWS = default[1]
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="also write the tables (markdown) here")
     ap.add_argument("--tokens", default="1,64,2048")
     ap.add_argument("--baseline", type=Path, help="a module file with hc_coefficients (an earlier mhc.py)")
+    ap.add_argument("--prefill", action="store_true")
     args = ap.parse_args()
     sizes = [int(t) for t in args.tokens.split(",")]
     baseline = runpy.run_path(str(args.baseline))["hc_coefficients"] if args.baseline else None
     emit("hc_coefficients variants (graph-timed)", ["variant", "T", "graph µs", "max abs error vs reference"],
          variant_rows(sizes, baseline), args.out)
+    if args.prefill:
+        emit("hc_coefficients split path configs (graph-timed)",
+             ["tile (rows x columns per step, columns per program, warps, stages)", "finish rows", "T",
+              "graph µs", "max abs error vs reference"], split_config_rows(max(sizes)), args.out)
+        return
     emit("fused ops vs the two ops they replace (graph-timed)",
          ["op", "T", "fused µs", "two ops µs", "max abs difference"], fused_rows(sizes), args.out)
     emit("hc_residual latency kernel configs (graph-timed)", ["columns", "warps", "T", "graph µs"],

@@ -30,7 +30,8 @@ def _coefficient_args(t: int, h: int, dtype: torch.dtype = torch.bfloat16) -> tu
     return streams, fn, base, scale, 20, 1e-6, 1e-6
 
 
-# bf16 streams at decode sizes (16-row tiles: three bf16 products) and past 64 rows (3xTF32), float32 streams
+# bf16 streams at decode sizes (16-row tiles: three bf16 products) and past 64 rows (the split path: the same
+# products against the matrix split beforehand), float32 streams
 @pytest.mark.parametrize("t,h,dtype", [(1, 128, torch.bfloat16), (5, 128, torch.bfloat16),
                                        (70, 128, torch.bfloat16), (1, 5120, torch.bfloat16),
                                        (33, 5120, torch.bfloat16), (2048, 5120, torch.bfloat16),

@@ -65,3 +65,31 @@ print("ok")
 @pytest.mark.slow
 def test_fused_mhc_ops_match_in_the_interpreter(run_in_interpreter):
     run_in_interpreter(_FUSED_SCRIPT)
+
+
+# the split path's projection kernel: its row tiles, column chunks and steps (a ragged last chunk and step,
+# a partial row tile) against a float64 product. The kernel takes any operand dtype; float32 here, since
+# the interpreter's bf16 cast and dot are wrong (the bf16 split itself is checked on the GPU)
+_SPLIT_SCRIPT = r"""
+import torch
+import triton
+from deepinfer_kernels_cuda import mhc as ker
+
+g = torch.Generator().manual_seed(2)
+for t, k, block_t, chunk, block_k in ((70, 640, 64, 256, 64), (130, 400, 16, 128, 32)):
+    x = torch.randn(t, k, generator=g)
+    parts = torch.randn(3, 32, k, generator=g)
+    splits = triton.cdiv(k, chunk)
+    part, sq = torch.full((splits, t, 32), float("nan")), torch.full((splits, t), float("nan"))
+    ker._hc_project_split_kernel[(triton.cdiv(t, block_t), splits)](
+        x, parts, part, sq, t, k, x.stride(0), K_CHUNK=chunk, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_N=32)
+    want = x.double() @ parts.double().sum(0).T
+    torch.testing.assert_close(part.sum(0).double(), want, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(sq.sum(0), (x * x).sum(1), atol=1e-3, rtol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_split_projection_tiles_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_SPLIT_SCRIPT)

@@ -9,10 +9,14 @@ matmul). Two paths, measured on the H200 (2026-12-02):
   every SM reads a slice of the ~2 MB matrix at once); bf16 streams enter as exact bf16 operands against
   the matrix split in three bf16 parts (hi + mid + lo carry all 24 bits); one finish program per row sums
   its chunks as one tile. T=1 12.7 us, T=64 22 us (the rows path: 26 / 42 us).
-* rows (T > 64, and batch-invariant mode at every T): 3xTF32 in 64-row tiles (16 at T <= 16 outside
-  invariant mode) over 512-column chunks, finish programs of 32 rows summing the chunks in order.
-  T=2048 160 us (the latency path's kernels at that size, even with 64-row tiles and 512-column chunks:
-  587 us).
+* split (default mode, bf16 streams, T > 64: a prefill): the matrix is split once per call into its
+  three bf16 parts (a [3, 32, K] bf16 copy, ~4 MB), so both operands of the three bf16 products enter
+  the tensor cores straight from memory and Triton pipelines their loads (the latency path's in-register
+  split and the rows path's float32 operands are not pipelined: the streams were read at ~0.4 TB/s);
+  finish programs of 8 rows.
+* rows (float32 streams past 64 rows, and batch-invariant mode at every T): 3xTF32 in 64-row tiles (16
+  at T <= 16 outside invariant mode) over 512-column chunks, finish programs of 32 rows summing the chunks
+  in order. T=2048 160 us.
 `batch_invariant` keeps the rows path with 64-row tiles at every T, so a row's bits do not depend on T.
 Fused ops: `hc_residual` (coefficients + expansion; on the latency path each expansion program finishes
 its row's coefficients from the partials, so no finish launch) and `hc_collapse_norm` (collapse +
@@ -31,6 +35,10 @@ _ROWS_CHUNK = 512  # ... on the rows path (40 programs a row block at Flash)
 _LATENCY_ROWS = 64  # default mode up to this many rows: the latency path
 _RESIDUAL_BLOCK_H = 512  # columns per program of the expansion that finishes the coefficients ...
 _RESIDUAL_WARPS = 1  # ... and its warps (one: the Sinkhorn's reductions stay within a warp)
+# the split path (bf16 streams past _LATENCY_ROWS rows, default mode: a prefill): tile rows, columns per
+# program, columns per step, warps, pipeline stages; and rows per program of its finish
+_SPLIT_TILE = {"BLOCK_T": 64, "K_CHUNK": 1024, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
+_SPLIT_FINISH_ROWS = 8
 
 
 @triton.jit
@@ -87,6 +95,51 @@ def _hc_project_kernel(
             acc = _dot_bf16x3(x, w, acc)
         else:
             acc = tl.dot(xf, w, acc, input_precision="tf32x3")
+    base = split.to(tl.int64) * T + t
+    tl.store(part_ptr + base[:, None] * BLOCK_N + j[None, :], acc, mask=(t < T)[:, None])
+    tl.store(sq_ptr + base, sq, mask=t < T)
+
+
+@triton.jit
+def _split_bf16x3_kernel(fn_ptr, out_ptr, n_out, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fn [n_out, K] float32 -> out [3, BLOCK_N, K] bf16: lo, mid, hi (`_dot_bf16x3`'s parts; rows past
+    n_out zero)."""
+    j = tl.program_id(0)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = tl.load(fn_ptr + j * K + k, mask=k < tl.where(j < n_out, K, 0), other=0.0)
+    hi = w.to(tl.bfloat16)
+    rest = w - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    tl.store(out_ptr + j * K + k, lo, mask=k < K)
+    tl.store(out_ptr + (BLOCK_N + j) * K + k, mid, mask=k < K)
+    tl.store(out_ptr + (2 * BLOCK_N + j) * K + k, hi, mask=k < K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _hc_project_split_kernel(
+    x_ptr, w_ptr, part_ptr, sq_ptr, T, K, x_stride, K_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """`_hc_project_kernel`'s partials for bf16 streams against the matrix already split in its three
+    bf16 parts (w [3, BLOCK_N, K]: lo, mid, hi): both operands of the three products enter the tensor
+    cores straight from memory, so the loads are pipelined (the streams are read once, at copy speed)."""
+    pid_t, split = tl.program_id(0), tl.program_id(1)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    j = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    sq = tl.zeros((BLOCK_T,), tl.float32)
+    for k0 in range(split * K_CHUNK, tl.minimum(split * K_CHUNK + K_CHUNK, K), BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
+                    mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
+        w = w_ptr + j[None, :] * K + k[:, None]  # [BLOCK_K, BLOCK_N] of the lo part
+        kmask = (k < K)[:, None]
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+        acc = tl.dot(x, tl.load(w, mask=kmask, other=0.0), acc)
+        acc = tl.dot(x, tl.load(w + BLOCK_N * K, mask=kmask, other=0.0), acc)
+        acc = tl.dot(x, tl.load(w + 2 * BLOCK_N * K, mask=kmask, other=0.0), acc)
     base = split.to(tl.int64) * T + t
     tl.store(part_ptr + base[:, None] * BLOCK_N + j[None, :], acc, mask=(t < T)[:, None])
     tl.store(sq_ptr + base, sq, mask=t < T)
@@ -180,15 +233,32 @@ def _check_coefficients(streams: torch.Tensor, fn: torch.Tensor, base: torch.Ten
                          f"{sinkhorn_iters}")
 
 
+def _split_path(streams: torch.Tensor, batch_invariant: bool) -> bool:
+    """Whether the projection takes the split path (`_hc_project_split_kernel`)."""
+    return streams.shape[0] > _LATENCY_ROWS and not batch_invariant and streams.dtype == torch.bfloat16
+
+
 def _project(streams: torch.Tensor, fn: torch.Tensor, latency: bool, batch_invariant: bool
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunk partials of the projection [splits, T, BLOCK_N] and of the sums of squares [splits, T] of
-    T >= 1 rows, float32 fn; `latency`: the latency path's tiles and chunks, else the rows path's."""
+    T >= 1 rows, float32 fn; `latency`: the latency path's tiles and chunks, else the split path's
+    (`_split_path`) or the rows path's."""
     t, m, h = streams.shape
     k, n_out = m * h, m * (m + 2)
     x = streams.reshape(t, k)
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if not latency and _split_path(streams, batch_invariant):
+        block_n = max(16, triton.next_power_of_2(n_out))
+        parts = torch.empty(3, block_n, k, dtype=torch.bfloat16, device=x.device)
+        _split_bf16x3_kernel[(block_n, triton.cdiv(k, 1024))](fn, parts, n_out, k, BLOCK_N=block_n,
+                                                               BLOCK_K=1024)
+        splits = triton.cdiv(k, _SPLIT_TILE["K_CHUNK"])
+        part = torch.empty(splits, t, block_n, dtype=torch.float32, device=x.device)
+        sq = torch.empty(splits, t, dtype=torch.float32, device=x.device)
+        _hc_project_split_kernel[(triton.cdiv(t, _SPLIT_TILE["BLOCK_T"]), splits)](
+            x, parts, part, sq, t, k, x.stride(0), BLOCK_N=block_n, **_SPLIT_TILE)
+        return part, sq
     block_t = 16 if latency or (t <= 16 and not batch_invariant) else 64
     chunk = _LATENCY_CHUNK if latency else _ROWS_CHUNK
     splits = triton.cdiv(k, chunk)
@@ -237,9 +307,10 @@ def hc_coefficients(
             M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n, num_warps=1,
         )
     else:
-        _hc_finish_rows_kernel[(triton.cdiv(t, 32),)](
+        rows = _SPLIT_FINISH_ROWS if _split_path(streams, batch_invariant) else 32
+        _hc_finish_rows_kernel[(triton.cdiv(t, rows),)](
             part, sq, base, scale, pre, post, comb, t, m * h, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
-            M=m, BLOCK_T=32, BLOCK_N=block_n, num_warps=4,
+            M=m, BLOCK_T=rows, BLOCK_N=block_n, num_warps=4,
         )
     return pre, post, comb
 
