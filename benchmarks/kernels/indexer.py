@@ -73,12 +73,13 @@ def prefill(out, baseline: dict | None, t: int = 2048) -> None:
     rows: list[list[object]] = []
     want = scores_of(mods.get("baseline", mods["new"]))(*sets[0])
     configs = [("baseline", None)] if baseline else []
-    configs += [("new", c) for c in ((4, 8, 128), (1, 8, 128), (2, 8, 128), (16, 8, 128), (4, 4, 128),
-                                     (1, 8, 256), (4, 8, 256), (16, 8, 256))]
-    default = indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS
+    configs += [("new", c) for c in ((4, 8, 128, 128), (4, 8, 128, 0), (1, 8, 128, 128), (2, 8, 128, 128),
+                                     (16, 8, 128, 128), (4, 4, 128, 0), (1, 8, 256, 128), (4, 8, 256, 128),
+                                     (16, 8, 256, 0))]
+    default = indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS, indexer._TILE_MAXNREG
     for name, config in configs:
         if config:
-            indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS = config
+            indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS, indexer._TILE_MAXNREG = config
         try:
             fn = scores_of(mods[name])
             got = fn(*sets[0])
@@ -86,7 +87,7 @@ def prefill(out, baseline: dict | None, t: int = 2048) -> None:
             diff = float((got - want).nan_to_num(posinf=0.0, neginf=0.0).abs().max())
             ms = graph_ms(fn, sets)
         finally:
-            indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS = default
+            indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS, indexer._TILE_MAXNREG = default
         tflops = 2 * pairs * HEADS * DIM / ms / 1e9
         rows.append([f"scores {name} {config or ''}", ms * 1e3, tflops, same, diff])
         print(rows[-1], flush=True)
@@ -109,7 +110,7 @@ def prefill(out, baseline: dict | None, t: int = 2048) -> None:
         rows.append([f"indexer_topk {name}", ms * 1e3, "", "", ""])
         print(rows[-1], flush=True)
     emit(f"prefill of {t} rows, capacity {capacity} (causal, one sequence), {HEADS} heads x {DIM}, MXFP4 "
-         "keys; scores configs (key tiles per program, warps, product rows), select warps",
+         "keys; scores configs (key tiles per program, warps, product rows, register cap), select warps",
          ["case", "graph µs", "TFLOP/s (causal pairs)", "equal to the baseline", "max |difference|"], rows,
          out)
 

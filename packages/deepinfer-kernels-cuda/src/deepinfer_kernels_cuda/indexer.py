@@ -490,6 +490,9 @@ def topk_select(
 _SCORE_ENTRIES = 64  # entries per key tile of the scores kernels
 _TILE_BLOCKS = 4  # key tiles per program of the row tiles (the queries' load shared by them)
 _TILE_WARPS = 8  # the row tiles' warps: the tile's query rows, keys and products in half the registers
+# ... and their register cap: ptxas (sm_90a) takes 141 a thread for the pipelined key-tile loop (one
+# program per SM), 116 under this cap without spilling (two per SM)
+_TILE_MAXNREG = 128
 
 
 def paged_scores(
@@ -517,7 +520,7 @@ def paged_scores(
               "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "CAND": cand,
               "ZERO_HIST": hist is not None, "num_warps": 4}
     if block_t > 1:
-        config["num_warps"] = _TILE_WARPS
+        config["num_warps"], config["maxnreg"] = _TILE_WARPS, _TILE_MAXNREG or None
         grid = (triton.cdiv(t, block_t), triton.cdiv(capacity, _TILE_BLOCKS * _SCORE_ENTRIES))
         _paged_scores_tile_kernel[grid](*args, BLOCK_T=block_t, TILES=_TILE_BLOCKS, **config)
     else:
