@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import functools
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -198,6 +199,127 @@ def decode_table(out: Path, names: list[str], tokens: tuple[int, ...], baseline,
         write(out, "linear_decode", rows, header)  # after every shape: a time limit keeps what ran
 
 
+def _invariant_candidates(kind: str, n: int, k: int, sms: int) -> list[configs.TileConfig]:
+    """Base batch-invariant configs to try at M = 1: K steps of 256 and 128 columns, each with the
+    heuristic's split (`configs.default_invariant_linear`) and its neighbours, 4 stages."""
+    out = []
+    for bk in (256, 128):
+        bk = configs.block_k(k, bk)
+        steps = -(-k // bk)
+        h = dataclasses.replace(configs.default_invariant_linear(kind, n, k, sms), block_k=bk)
+        for split in sorted({max(1, h.split_k // 2), h.split_k, 2 * h.split_k, 4 * h.split_k}):
+            if split <= steps and dataclasses.replace(h, split_k=split) not in out:
+                out.append(dataclasses.replace(h, split_k=split))
+    return out
+
+
+@contextlib.contextmanager
+def _invariant_base(cfg: configs.TileConfig | None):
+    """Batch-invariant linears take `cfg` as every shape's base config (None: the table's)."""
+    if cfg is None:
+        yield
+        return
+    saved = configs.invariant_linear
+    configs.invariant_linear = lambda *args, **kwargs: cfg
+    try:
+        yield
+    finally:
+        configs.invariant_linear = saved
+
+
+GEMV_TRIES = ((16, 1024, 4, 2), (32, 512, 4, 2), (16, 512, 2, 2), (32, 1024, 8, 2), (8, 1024, 4, 3),
+              (16, 2048, 8, 1))  # (rows, columns per step, warps, stages): wide-row GEMVs for short K
+
+
+def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_path: Path) -> None:
+    """FP8 shapes: the batch-invariant base config swept at M = 1 (`_invariant_candidates`; one more
+    stage count for the winner), the fastest written as "invariant-fp8:<N>x<K>:1" into `table_path`
+    (then every later process on this machine uses it) and into OUT/invariant_entries.json; then at
+    `tokens` the default and the invariant mode graph-timed (ratio inv_x), whether a probe row is bitwise
+    the same alone and as row 0 of M rows, and at M >= DEQUANT_M the decode-once path's parts (the decode
+    alone, cuBLAS alone on the decoded copy). At M = 1 also the read floor of the weight bytes
+    (`roofline.stream_floor`) and, for K <= 2048, a few wide-row GEMV configs against the default."""
+    copy_tbs = copy_bandwidth_gbs() / 1e3
+    header = {"gpu": torch.cuda.get_device_name(), "copy_tbs": copy_tbs,
+              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    print(header, flush=True)
+    table = configs.load(table_path)
+    entries, rows, sweep = {}, [], []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name in names:
+        n, k, groups, kind = FLASH_LINEARS[name]
+        if kind != "fp8":
+            continue
+        weight, scale = make_weight(n, k, groups, kind)
+        ours = linear.prepare_linear(kind, weight, scale, groups)
+        wbytes = weight_bytes(ours.weight, ours.scale)
+        probe = torch.randn(1, groups * k, device="cuda", dtype=torch.bfloat16)
+
+        def inv(p, x):
+            return linear.linear(x, p, torch.bfloat16, batch_invariant=True)
+
+        timed = []
+        for cfg in _invariant_candidates(kind, n, k, sms):
+            with _invariant_base(cfg):
+                timed.append((_time(lambda p, x=probe: inv(p, x), ours, wbytes), cfg))
+        best = min(timed, key=lambda t: t[0])[1]
+        more = dataclasses.replace(best, num_stages=3)
+        with _invariant_base(more):
+            timed.append((_time(lambda p, x=probe: inv(p, x), ours, wbytes), more))
+        best = min(timed, key=lambda t: t[0])[1]
+        sweep += [{"shape": name, "config": "/".join(map(str, dataclasses.astuple(c)[:6])), "us": t * 1e3}
+                  for t, c in timed]
+        table[configs.key(f"invariant-{kind}", n, k, 1)] = best
+        entries[configs.key(f"invariant-{kind}", n, k, 1)] = dataclasses.asdict(best)
+        configs.save(table_path, table)
+        (out / "invariant_entries.json").write_text(json.dumps(entries, indent=1))
+        floor = stream_floor(wbytes)
+        with _invariant_base(best):
+            alone = inv(ours, probe)
+            for m in tokens:
+                x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+                x[0] = probe[0]
+                moved = wbytes + x.numel() * 2 + m * n * 2
+                t_def = _time(lambda p, x=x: linear.linear(x, p, torch.bfloat16), ours, wbytes)
+                t_inv = _time(lambda p, x=x: inv(p, x), ours, wbytes)
+                row = {"shape": name, "M": m, "base": "/".join(map(str, dataclasses.astuple(best)[:6])),
+                       "default_us": t_def * 1e3, "inv_us": t_inv * 1e3, "inv_x": t_inv / t_def,
+                       "bitwise": bool(torch.equal(inv(ours, x)[:1], alone)),
+                       "def_%copy": 100 * moved / t_def / 1e9 / copy_tbs}
+                if m == 1:
+                    row["read_us"] = floor["read_us"]
+                    row["def_%floor"] = 100 * floor["read_us"] / (t_def * 1e3)
+                    row["inv_%floor"] = 100 * floor["read_us"] / (t_inv * 1e3)
+                    if k <= 2048:
+                        gemvs = []
+                        for bn, bk, warps, stages in GEMV_TRIES:
+                            cfg = configs.TileConfig(bn, 1, bk, 1, warps, stages)
+                            try:
+                                t = _time(lambda p, c=cfg, x=x: linear.gemv_linear(x, p, torch.bfloat16, c),
+                                          ours, wbytes)
+                            except Exception as err:  # a config that does not compile or fit
+                                print("gemv", cfg, type(err).__name__, flush=True)
+                                continue
+                            gemvs.append((t, cfg))
+                        if gemvs:
+                            t, cfg = min(gemvs, key=lambda g: g[0])
+                            row["gemv_try"] = "/".join(map(str, dataclasses.astuple(cfg)[:6]))
+                            row["gemv_try_us"] = t * 1e3
+                if m >= configs.DEQUANT_M:
+                    dense = linear._decoded(ours, torch.bfloat16)
+                    row["decode_us"] = _time(lambda p: linear._decoded(p, torch.bfloat16), ours, wbytes) * 1e3
+                    row["cublas_us"] = _time(lambda p, x=x: linear.dense_linear(x, p, torch.bfloat16), dense,
+                                             2 * wbytes) * 1e3
+                    row["tiled_us"] = _time(lambda p, x=x: linear.block_linear(x, p, torch.bfloat16), ours,
+                                            wbytes) * 1e3
+                rows.append(row)
+                print(row, flush=True)
+        del weight, scale, ours
+        torch.cuda.empty_cache()
+        write(out, "linear_invariant", rows, header)
+        write(out, "linear_invariant_sweep", sweep, header)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -206,9 +328,16 @@ def main() -> None:
     ap.add_argument("--decode", action="store_true", help="FP8 shapes at few tokens vs --baseline only")
     ap.add_argument("--baseline", type=Path, default=None, help="module file with linear(x, prepared, dt)")
     ap.add_argument("--baseline-table", type=Path, default=None, help="config JSON the baseline looks up")
+    ap.add_argument("--invariant", action="store_true",
+                    help="sweep the batch-invariant base configs into --table, then default vs invariant")
+    ap.add_argument("--table", type=Path, default=None, help="--invariant: config JSON to write "
+                    "(default: the installed package's file for this GPU)")
     args = ap.parse_args()
     tokens = tuple(int(t) for t in args.tokens.split(","))
     names = [s for s in FLASH_LINEARS if not args.shapes or s in args.shapes.split(",")]
+    if args.invariant:
+        invariant_table(args.out, names, tokens, args.table or configs.gpu_file())
+        return
     if args.decode:
         decode_table(args.out, names, tokens, _load_module(args.baseline) if args.baseline else None,
                      args.baseline_table)

@@ -161,6 +161,38 @@ def invariant(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
     return _entry(f"invariant-{kind}", n, k, 1, index) or default_invariant(kind, n, k, _sm_count(index))
 
 
+@cache
+def default_invariant_linear(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
+    """Base batch-invariant config of a linear (`linear._invariant_tiles` uses it as it is up to 16 tokens
+    and derives the tiles of larger M from it, keeping its K steps and split): decode-sized tiles (64
+    weight rows, 16 tokens, K steps of 256 FP8 / 128 FP4 / 64 dense columns) and a split-K count from the
+    shape alone, doubled while the row tiles times the splits stay under two programs per SM and every
+    split keeps >= 2 K steps (at M = 1 the weight must stream from all SMs; at large M the splits run
+    inside each program, so they cost no partial-sum traffic there)."""
+    bk = 64 if kind == "dense" else block_k(k, 256 if kind == "fp8" else 128)
+    tiles, steps = -(-n // 64), -(-k // bk)
+    split = 1
+    while tiles * split < 2 * sm_count and steps >= 4 * split:
+        split *= 2
+    return TileConfig(64, 16, bk, split, 4, 3 if kind == "dense" else 4)
+
+
+def invariant_linear(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
+    """Base batch-invariant config of an [n, k] linear: the table's "invariant-<kind>:<N>x<K>:1" entry,
+    else `default_invariant_linear` (the older `invariant` / `default_invariant` one-config scheme is no
+    longer used by the linears)."""
+    if device.type != "cuda":
+        return default_invariant_linear(kind, n, k)
+    index = _index(device)
+    found = _entry(f"invariant-{kind}", n, k, 1, index)
+    return found or default_invariant_linear(kind, n, k, _sm_count(index))
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (SM_COUNT_FALLBACK elsewhere)."""
+    return _sm_count(_index(device)) if device.type == "cuda" else SM_COUNT_FALLBACK
+
+
 def default_moe(assignments: int, n_experts: int) -> TileConfig:
     """Rows per expert block follow the mean assignments per expert (padding wastes MMA rows). For the
     grouped kernels split_k is 1 or 2 (2: the FP4 high nibbles' products in a second accumulator)."""

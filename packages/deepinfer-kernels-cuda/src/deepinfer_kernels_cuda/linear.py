@@ -31,10 +31,13 @@ copy bandwidth at M=1 and is at its MMA peak at large M; `torch.mm(out_dtype=)` 
 from BF16 operands without the reference's float32 copy of the weight.
 
 Batch-invariant mode (`batch_invariant=True`; docs/performance.md): every kind, at every M, runs the tiled
-kernel with one config per weight shape (`configs.invariant`: fixed tiles and a fixed split-K count
-whose partials are summed in a fixed order), so a row's reduction order never depends on the batch.
-From DEQUANT_M tokens the weight is decoded once and the same kernel runs on the dense copy: the same
-decoded values meet the same MMAs in the same order, so the bits are those of the in-register decode.
+kernel with one base config per weight shape (`configs.invariant_linear`: decode-sized tiles, fixed K
+steps and a fixed split-K count whose partials are summed in a fixed order), so a row's reduction order
+never depends on the batch. Larger M take larger tiles with the same K steps and split (on CUDA with
+16-bit operands, where the wgmma chain makes the tile shape irrelevant to each output's sums; see
+`_invariant_tiles`), and sum the splits inside each program once the tiles fill the SMs. From DEQUANT_M
+tokens the weight is decoded once and the same kernel runs on the dense copy: the same decoded values
+meet the same MMAs in the same order, so the bits are those of the in-register decode.
 """
 
 from __future__ import annotations
@@ -126,23 +129,10 @@ def compute_dtype(
 
 
 @triton.jit
-def _block_linear_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr,
-    M, N, K, rows_per_group, k_per_split,
-    stride_xm, stride_wn, stride_sn, stride_om, stride_split,
-    KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    n_mask = offs_n < N
-    m_mask = offs_m < M
-    x_col = (pid_n * BN // rows_per_group) * K  # the group's input chunk (BN divides rows_per_group)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+def _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo, k_hi,
+                  stride_xm, stride_wn, stride_sn, KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                  BK: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr):
+    """The float32 [BN, BM] sum of columns k_lo..k_hi (whole K steps from zero, one MMA chain)."""
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     # every split has columns (`_split`); with no zero-trip path ptxas keeps wgmmas in flight (else C7515)
     tl.assume(k_hi > k_lo)
@@ -159,6 +149,41 @@ def _block_linear_kernel(
             w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
                         mask=n_mask[:, None] & k_in[None, :], other=0.0)
         acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision="ieee" if IEEE else None)
+    return acc
+
+
+@triton.jit
+def _block_linear_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr,
+    M, N, K, rows_per_group, k_per_split,
+    stride_xm, stride_wn, stride_sn, stride_om, stride_split,
+    KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_LOOP: tl.constexpr = False,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    x_col = (pid_n * BN // rows_per_group) * K  # the group's input chunk (BN divides rows_per_group)
+    if SPLIT_LOOP:
+        # every split of K in this one program, each summed from zero and added in split order: the
+        # float32 operations of the split grid plus `_split_reduce_kernel` (partial 0, + partial 1, ...),
+        # so the bits do not depend on which of the two ran (batch-invariant mode picks by grid size)
+        acc = _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, 0,
+                            tl.minimum(k_per_split, K), stride_xm, stride_wn, stride_sn,
+                            KIND, BN, BM, BK, IEEE, EVEN_K)
+        for k_lo in range(k_per_split, K, k_per_split):
+            acc += _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo,
+                                 tl.minimum(k_lo + k_per_split, K), stride_xm, stride_wn, stride_sn,
+                                 KIND, BN, BM, BK, IEEE, EVEN_K)
+    else:
+        k_lo = pid_k * k_per_split
+        acc = _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo,
+                            tl.minimum(k_lo + k_per_split, K), stride_xm, stride_wn, stride_sn,
+                            KIND, BN, BM, BK, IEEE, EVEN_K)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
@@ -271,13 +296,17 @@ def _split(k: int, cfg: configs.TileConfig) -> tuple[int, int]:
 
 
 def _launch(kernel, grid_n: int, grid_m: int | None, x: torch.Tensor, w: PreparedLinear,
-            out_dtype: torch.dtype, cfg: configs.TileConfig, **meta) -> torch.Tensor:
-    """Runs `kernel` over (N tiles[, M tiles], splits) and, for split K, the fixed-order reduction."""
+            out_dtype: torch.dtype, cfg: configs.TileConfig, split_loop: bool = False,
+            **meta) -> torch.Tensor:
+    """Runs `kernel` over (N tiles[, M tiles], splits) and, for split K, the fixed-order reduction.
+    split_loop (tiled kernel): every split inside each program instead (the same float32 operations)."""
     m, n, k = x.shape[0], w.out_features, w.in_features
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     split, per_split = _split(k, cfg)
+    if split_loop:
+        meta["SPLIT_LOOP"], split = True, 1
     target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     scale = w.scale if w.scale is not None else w.weight  # dense: unused
     grid = (grid_n, split) if grid_m is None else (grid_n, grid_m, split)
@@ -298,11 +327,9 @@ def _operand(x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype) -> torc
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def tiled_linear(
-    x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig
-) -> torch.Tensor:
-    """x [M, groups * K] -> [M, N] through the tiled MMA kernel at `cfg` (any kind, any M)."""
-    x = _operand(x, w, out_dtype)
+def _tiled_config(x: torch.Tensor, w: PreparedLinear, cfg: configs.TileConfig) -> configs.TileConfig:
+    """`cfg` fitted to the operands and the weight shape: a function of (cfg, operand dtype, weight shape)
+    alone, so a batch-invariant config keeps its K steps and split boundaries at every M."""
     if x.dtype == torch.float32:  # float32 operands (tiny test configs) take 2x the shared memory per stage
         cfg = replace(cfg, block_k=min(cfg.block_k, 64), num_stages=min(cfg.num_stages, 2))
     rows_per_group = w.out_features // w.groups
@@ -315,10 +342,22 @@ def tiled_linear(
         cfg = replace(cfg, block_k=configs.block_k(k, cfg.block_k))
     elif k < cfg.block_k:  # dense only: a ragged last step
         cfg = replace(cfg, block_k=max(16, triton.next_power_of_2(k)))  # the MMA's K is >= 16
+    return cfg
+
+
+def tiled_linear(
+    x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig,
+    split_loop: bool = False,
+) -> torch.Tensor:
+    """x [M, groups * K] -> [M, N] through the tiled MMA kernel at `cfg` (any kind, any M); split_loop:
+    each program sums cfg's K splits itself, in split order (the same bits as the split grid)."""
+    x = _operand(x, w, out_dtype)
+    cfg = _tiled_config(x, w, cfg)
+    k = w.in_features
     return _launch(
         _block_linear_kernel, triton.cdiv(w.out_features, cfg.block_n), triton.cdiv(x.shape[0], cfg.block_m),
-        x, w, out_dtype, cfg, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m, BK=cfg.block_k,
-        IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0,
+        x, w, out_dtype, cfg, split_loop, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m,
+        BK=cfg.block_k, IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0,
     )
 
 
@@ -399,6 +438,47 @@ def _as_dense(prepared: reference_linear.ReferenceLinear, dtype: torch.dtype) ->
     return PreparedLinear("dense", w, None, prepared.groups, w.shape[0], w.shape[1])
 
 
+def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
+                     weight_bytes: int = 2) -> tuple[configs.TileConfig, bool]:
+    """Batch-invariant tiles at M tokens: (config, split inside each program).
+
+    Each output's float32 operations are fixed by the K steps and the split (`_tiled_config` of the base
+    config and the weight shape), which never change. On CUDA with 16-bit operands the MMA is wgmma, and a
+    wgmma chain gives each output the same k16 products and adds whatever the token tile (its N side), the
+    rows per tile (one m64 MMA per warpgroup) and the warps or pipeline stages: those follow M there (the
+    base's decode tile up to 16 tokens, 32/64-token tiles to 64, then 128-row tiles of 8 warps as far as
+    shared memory allows; `weight_bytes`: bytes per stored weight element, 1 where decoded in registers).
+    Float32 operands (FMA dots) and the interpreter (numpy matmuls, whose sums depend on the matrix
+    shapes) keep one tile, the base's with 64 tokens. The split runs as a grid plus `_split_reduce_kernel`
+    while the output tiles alone leave SMs idle, else inside each program (`SPLIT_LOOP`: the same adds)."""
+    if not x.is_cuda or x.dtype == torch.float32:
+        cfg = replace(base, block_m=64)
+    elif m <= 16:
+        cfg = base
+    elif m <= 64:
+        cfg = replace(base, block_m=configs.m_bucket(m))
+    else:  # the first large tile whose stages fit the shared memory, else the smallest
+        for bn, bm, warps, stages in _LARGE_TILES:
+            cfg = replace(base, block_n=max(base.block_n, bn), block_m=bm, num_warps=warps, num_stages=stages)
+            if _smem_bytes(cfg, weight_bytes) <= _SMEM_BUDGET:
+                break
+    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
+    return cfg, base.split_k > 1 and tiles >= configs.sm_count(x.device)
+
+
+# invariant tiles past 64 tokens, best first: (rows, tokens, warps, stages)
+_LARGE_TILES = ((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2))
+_SMEM_BUDGET = 200 << 10  # of the H100/H200's 227 KB per block, with room for Triton's own scratch
+
+
+def _smem_bytes(cfg: configs.TileConfig, weight_bytes: int) -> int:
+    """Shared memory of a tiled-kernel config, estimated: its pipeline stages of weight and input tiles
+    plus, for a weight decoded in registers (1-byte storage), one BF16 tile for the move into the MMA's
+    operand layout."""
+    stage = cfg.block_n * cfg.block_k * weight_bytes + cfg.block_k * cfg.block_m * 2
+    return cfg.num_stages * stage + (cfg.block_n * cfg.block_k * 2 if weight_bytes == 1 else 0)
+
+
 def linear(
     x: torch.Tensor,
     prepared: PreparedLinear | reference_linear.ReferenceLinear,
@@ -421,11 +501,13 @@ def linear(
     x2 = x.reshape(-1, x.shape[-1])
     n, k = prepared.out_features, prepared.in_features
     if batch_invariant:
-        cfg = configs.invariant(prepared.kind, n, k, x.device)
+        base = configs.invariant_linear(prepared.kind, n, k, x.device)
         if prepared.kind != "dense" and x2.shape[0] >= configs.DEQUANT_M:
-            # the same tiles, K steps and MMAs on the weight decoded once: the in-register decode's bits
+            # the same K steps and MMAs on the weight decoded once: the in-register decode's bits
             prepared = _decoded(prepared, compute_dtype(x.dtype, out_dtype))
-        y = tiled_linear(x2, prepared, out_dtype, cfg)
+        x2 = _operand(x2, prepared, out_dtype)
+        cfg, split_loop = _invariant_tiles(base, x2.shape[0], n, x2, prepared.weight.element_size())
+        y = tiled_linear(x2, prepared, out_dtype, cfg, split_loop)
     elif prepared.kind == "dense":
         y = dense_linear(x2, prepared, out_dtype)
     elif x2.shape[0] >= configs.DEQUANT_M:
