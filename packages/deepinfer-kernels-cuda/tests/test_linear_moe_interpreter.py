@@ -71,6 +71,15 @@ for groups in (1, 2):  # dense and reference-prepared (partial 32-blocks) weight
     assert isinstance(ours, ref_linear.ReferenceLinear)
     want = ref_linear.linear(x, ref, torch.float32)
     check(linear.linear(x, ours, torch.float32, batch_invariant=True), want, "partial blocks", groups)
+# the split summed inside each program (batch-invariant mode on large grids) adds the same partials in the
+# same order as the split grid plus its reduction kernel: bitwise equal (FP8 grouped; dense, ragged K)
+wq, sq = quantize_fp8(torch.randn(64, 160) * 0.1)
+for kind, wt, st, groups in (("fp8", wq, sq, 2), ("dense", torch.randn(64, 100), None, 1)):
+    ours = linear.prepare_linear(kind, wt, st, groups)
+    x = torch.randn(5, wt.shape[1] * groups)
+    cfg = TileConfig(32, 16, 32, 3, 4, 1)
+    grid = linear.tiled_linear(x, ours, torch.float32, cfg)
+    assert torch.equal(linear.tiled_linear(x, ours, torch.float32, cfg, split_loop=True), grid), kind
 
 e, h, i, k = 8, 64, 64, 3
 layer, common = toy_moe(e, h, i, k)
@@ -91,6 +100,18 @@ for fp8 in (False, True):  # experts as split-layout FP4, or re-encoded as E4M3
         inv = moe.moe(x, ours, mask, batch_invariant=True)  # fixed tiles at every size, shared expert too
         assert rel(inv, want) < 1e-5, ("invariant", fp8, t, rel(inv, want))
         assert torch.equal(moe.moe(x[:1], ours, mask[:1], batch_invariant=True)[0], inv[0])
+# alignment above SMALL_ALIGN: the two alignment kernels build the torch ops' layout exactly (uniform
+# routing, all on 6 of 64 experts, counts at block boundaries; block_m 16 and 64)
+for ids in (torch.stack([torch.randperm(64)[:6] for _ in range(40)]),
+            torch.stack([torch.randperm(6)[:6] for _ in range(700)]) * 7,
+            torch.tensor([0] * 64 + [1] * 65 + [5] * 63 + [63] * 1).view(-1, 1)):
+    for bm in (16, 64):
+        moe.ALIGN_KERNELS = False
+        want_al = moe.align(ids.int(), 64, bm)
+        moe.ALIGN_KERNELS = True
+        got_al = moe.align(ids.int(), 64, bm)
+        assert torch.equal(got_al.row_assign, want_al.row_assign), (bm, ids.shape)
+        assert torch.equal(got_al.block_expert, want_al.block_expert), (bm, ids.shape)
 # NaN router logits rank first (torch.topk's order): ids stay in range, the row's weights are NaN
 logits = torch.randn(3, e)
 logits[1], logits[2, 5] = float("nan"), float("nan")
