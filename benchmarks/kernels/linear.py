@@ -227,17 +227,19 @@ def _invariant_base(cfg: configs.TileConfig | None):
         configs.invariant_linear = saved
 
 
-GEMV_TRIES = ((16, 1024, 4, 2), (32, 512, 4, 2), (16, 512, 2, 2), (32, 1024, 8, 2), (8, 1024, 4, 3),
-              (16, 2048, 8, 1))  # (rows, columns per step, warps, stages): wide-row GEMVs for short K
+GEMV_TRIES = ((16, 1024, 4, 2), (32, 512, 4, 2), (16, 2048, 8, 1))  # (rows, columns per step, warps,
+# stages): GEMVs of more rows per program than the tuner tries, for short K
 
 
-def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_path: Path) -> None:
+def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_path: Path,
+                    baseline=None) -> None:
     """FP8 shapes: the batch-invariant base config swept at M = 1 (`_invariant_candidates`; one more
     stage count for the winner), the fastest written as "invariant-fp8:<N>x<K>:1" into `table_path`
     (then every later process on this machine uses it) and into OUT/invariant_entries.json; then at
     `tokens` the default and the invariant mode graph-timed (ratio inv_x), whether a probe row is bitwise
     the same alone and as row 0 of M rows, and at M >= DEQUANT_M the decode-once path's parts (the decode
-    alone, cuBLAS alone on the decoded copy). At M = 1 also the read floor of the weight bytes
+    alone, cuBLAS alone on the decoded copy); old_inv_us: a baseline module's invariant mode (--baseline).
+    At M = 1 also the read floor of the weight bytes
     (`roofline.stream_floor`) and, for K <= 2048, a few wide-row GEMV configs against the default."""
     copy_tbs = copy_bandwidth_gbs() / 1e3
     header = {"gpu": torch.cuda.get_device_name(), "copy_tbs": copy_tbs,
@@ -258,6 +260,12 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
         def inv(p, x):
             return linear.linear(x, p, torch.bfloat16, batch_invariant=True)
 
+        old_us = {}
+        if baseline is not None:  # before this shape's entry is written: the old code reads the same key
+            for m in tokens:
+                x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+                old = functools.partial(baseline.linear, x, out_dtype=torch.bfloat16, batch_invariant=True)
+                old_us[m] = 1e3 * _time(lambda p, old=old: old(p), ours, wbytes)
         timed = []
         for cfg in _invariant_candidates(kind, n, k, sms):
             with _invariant_base(cfg):
@@ -284,6 +292,8 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
                 t_inv = _time(lambda p, x=x: inv(p, x), ours, wbytes)
                 row = {"shape": name, "M": m, "base": "/".join(map(str, dataclasses.astuple(best)[:6])),
                        "default_us": t_def * 1e3, "inv_us": t_inv * 1e3, "inv_x": t_inv / t_def,
+                       "old_inv_us": old_us.get(m),
+                       "old_inv_x": old_us[m] / (t_def * 1e3) if old_us else None,
                        "bitwise": bool(torch.equal(inv(ours, x)[:1], alone)),
                        "def_%copy": 100 * moved / t_def / 1e9 / copy_tbs}
                 if m == 1:
@@ -336,7 +346,8 @@ def main() -> None:
     tokens = tuple(int(t) for t in args.tokens.split(","))
     names = [s for s in FLASH_LINEARS if not args.shapes or s in args.shapes.split(",")]
     if args.invariant:
-        invariant_table(args.out, names, tokens, args.table or configs.gpu_file())
+        invariant_table(args.out, names, tokens, args.table or configs.gpu_file(),
+                        _load_module(args.baseline) if args.baseline else None)
         return
     if args.decode:
         decode_table(args.out, names, tokens, _load_module(args.baseline) if args.baseline else None,
