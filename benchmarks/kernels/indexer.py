@@ -5,9 +5,10 @@ Then indexer_topk (paged MXFP4 keys, scores + top-512 per row) at 64k context (c
 row of a decode batch in its own sequence, and its top-k select alone: the path the op takes for that
 row count (several programs per row below ~264 rows) against one program per row.
     python benchmarks/kernels/indexer.py [--out table.md] [--select]   (--select: only the select alone)
---prefill [--baseline FILE]: only a 2048-token causal prefill's op (one sequence, capacity 1024 = ratio
-2, MXFP4 keys): the scores kernel's row-tile configs, the select's warps and the whole op, graph-timed,
-against a baseline module's (an earlier indexer.py), with the largest difference from it.
+--prefill [--baseline FILE] [--ratios 2 1]: only a 2048-token causal prefill's op (one sequence, MXFP4 keys;
+capacity 1024 at ratio 2, 2048 at ratio 1: the Flash slice's index layers 1 and 2-3): the scores kernel's
+row-tile configs, the select's warps and the whole op, graph-timed, against a baseline module's (an earlier
+indexer.py), with the largest difference from it.
 """
 
 from __future__ import annotations
@@ -55,9 +56,14 @@ def prefill_inputs(t: int, ratio: int = 2) -> tuple:
     return q, w, pool, codec, tables, torch.zeros(t, dtype=torch.long, device="cuda"), visible, capacity
 
 
-def prefill(out, baseline: dict | None, t: int = 2048) -> None:
+PREFILL_CONFIGS = ((4, 8, 128, 128), (4, 8, 128, 0), (1, 8, 128, 128), (2, 8, 128, 128), (16, 8, 128, 128),
+                   (4, 4, 128, 0), (1, 8, 256, 128), (2, 8, 256, 128), (4, 8, 256, 128), (16, 8, 256, 0))
+
+
+def prefill(out, baseline: dict | None, t: int = 2048, ratio: int = 2,
+            configs_new: tuple = PREFILL_CONFIGS) -> None:
     """The prefill's scores (row tiles), select and whole op: configs and the baseline, graph µs."""
-    sets = input_sets(lambda: prefill_inputs(t), t * HEADS * DIM * 2 + t * t * 2)
+    sets = input_sets(lambda: prefill_inputs(t, ratio), t * HEADS * DIM * 2 + t * t * 2)
     visible, capacity = sets[0][-2:]
     pairs = int(visible.sum())
     mods = {"new": vars(indexer)} | ({"baseline": baseline} if baseline else {})
@@ -73,9 +79,7 @@ def prefill(out, baseline: dict | None, t: int = 2048) -> None:
     rows: list[list[object]] = []
     want = scores_of(mods.get("baseline", mods["new"]))(*sets[0])
     configs = [("baseline", None)] if baseline else []
-    configs += [("new", c) for c in ((4, 8, 128, 128), (4, 8, 128, 0), (1, 8, 128, 128), (2, 8, 128, 128),
-                                     (16, 8, 128, 128), (4, 4, 128, 0), (1, 8, 256, 128), (4, 8, 256, 128),
-                                     (16, 8, 256, 0))]
+    configs += [("new", c) for c in configs_new]
     default = indexer._TILE_BLOCKS, indexer._TILE_WARPS, indexer._TILE_MMA_ROWS, indexer._TILE_MAXNREG
     for name, config in configs:
         if config:
@@ -109,7 +113,7 @@ def prefill(out, baseline: dict | None, t: int = 2048) -> None:
         ms = graph_ms(lambda *a, mod=mod: mod["indexer_topk"](*a, TOPK), sets)
         rows.append([f"indexer_topk {name}", ms * 1e3, "", "", ""])
         print(rows[-1], flush=True)
-    emit(f"prefill of {t} rows, capacity {capacity} (causal, one sequence), {HEADS} heads x {DIM}, MXFP4 "
+    emit(f"prefill of {t} rows, ratio {ratio}, capacity {capacity} (causal, one sequence), {HEADS} heads x {DIM}, MXFP4 "
          "keys; scores configs (key tiles per program, warps, product rows, register cap), select warps",
          ["case", "graph µs", "TFLOP/s (causal pairs)", "equal to the baseline", "max |difference|"], rows,
          out)
@@ -121,9 +125,16 @@ def main() -> None:
     ap.add_argument("--select", action="store_true")
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--baseline", type=Path, help="with --prefill: a module file (an earlier indexer.py)")
+    ap.add_argument("--ratios", type=int, nargs="+", default=[2, 1], help="with --prefill: compress ratios")
+    ap.add_argument("--configs", default=None,
+                    help="with --prefill: scores configs 'tiles,warps,rows,cap;...' (default: PREFILL_CONFIGS)")
     args = ap.parse_args()
     if args.prefill:
-        prefill(args.out, runpy.run_path(str(args.baseline)) if args.baseline else None)
+        configs = PREFILL_CONFIGS if args.configs is None else tuple(
+            tuple(int(v) for v in c.split(",")) for c in args.configs.split(";"))
+        for ratio in args.ratios:
+            prefill(args.out, runpy.run_path(str(args.baseline)) if args.baseline else None, ratio=ratio,
+                    configs_new=configs)
         return
     if not args.select:
         scores_and_topk(args.out)
