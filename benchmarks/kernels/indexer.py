@@ -113,8 +113,9 @@ def prefill(out, baseline: dict | None, t: int = 2048, ratio: int = 2,
         ms = graph_ms(lambda *a, mod=mod: mod["indexer_topk"](*a, TOPK), sets)
         rows.append([f"indexer_topk {name}", ms * 1e3, "", "", ""])
         print(rows[-1], flush=True)
-    emit(f"prefill of {t} rows, ratio {ratio}, capacity {capacity} (causal, one sequence), {HEADS} heads x {DIM}, MXFP4 "
-         "keys; scores configs (key tiles per program, warps, product rows, register cap), select warps",
+    emit(f"prefill of {t} rows, ratio {ratio}, capacity {capacity} (causal, one sequence), {HEADS} heads x "
+         f"{DIM}, MXFP4 keys; scores configs (key tiles per program, warps, product rows, register cap), "
+         "select warps",
          ["case", "graph µs", "TFLOP/s (causal pairs)", "equal to the baseline", "max |difference|"], rows,
          out)
 
@@ -127,7 +128,7 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="with --prefill: a module file (an earlier indexer.py)")
     ap.add_argument("--ratios", type=int, nargs="+", default=[2, 1], help="with --prefill: compress ratios")
     ap.add_argument("--configs", default=None,
-                    help="with --prefill: scores configs 'tiles,warps,rows,cap;...' (default: PREFILL_CONFIGS)")
+                    help="with --prefill: scores configs 'tiles,warps,rows,cap;...' (PREFILL_CONFIGS)")
     args = ap.parse_args()
     if args.prefill:
         configs = PREFILL_CONFIGS if args.configs is None else tuple(
