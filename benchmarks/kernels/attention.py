@@ -17,12 +17,15 @@ Prefill: one 2048-token prompt (1024 compressed entries, causal window and visib
 
     python benchmarks/kernels/attention.py [--out table.md] [--decode] [--quick] [--default-only] [--sweep]
 (--decode: no prefill; --quick: decode at B = 1, 64, 128 only; --default-only: no forced variants)
+Environment: ATTN_VARIANTS=default,v1s3a1,ws64x2 times only these variants; ATTN_CACHES=bf16 (or release)
+only that cache precision.
 """
 
 from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 
 import torch
 from common import backends, copy_bandwidth_gbs, eager_ms, emit, graph_ms, input_sets, parse_args
@@ -140,9 +143,22 @@ def _build(variant: str, paged: bool) -> None:
         print(f"building {variant} (paged {paged}) failed: {e!r}", flush=True)
 
 
-def build_in_parallel() -> None:
+def chosen_variants(default_only: bool) -> tuple[str, ...]:
+    """The variants to time: ATTN_VARIANTS if set, else the default and every DECODE_VARIANTS entry."""
+    if os.environ.get("ATTN_VARIANTS"):
+        return tuple(os.environ["ATTN_VARIANTS"].split(","))
+    return ("default",) if default_only else ("default", *kernel.DECODE_VARIANTS)
+
+
+def chosen_caches() -> tuple[bool, ...]:
+    """Paged (release) or not (bf16) per ATTN_CACHES: "bf16", "release" or both when unset."""
+    caches = os.environ.get("ATTN_CACHES", "bf16,release").split(",")
+    return tuple(paged for paged, name in ((False, "bf16"), (True, "release")) if name in caches)
+
+
+def build_in_parallel(variants: tuple[str, ...]) -> None:
     """Compiles every decode variant's kernels in parallel processes (each compile takes seconds)."""
-    jobs = list(itertools.product(kernel.DECODE_VARIANTS, (False, True)))
+    jobs = list(itertools.product(variants, chosen_caches()))
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
         pool.starmap(_build, jobs)
 
@@ -156,6 +172,9 @@ def decode_rows(cuda, ref, copy: float, quick: bool, variants: tuple[str, ...]) 
                                   lambda *a: ref.sparse_attention_paged(*a[:-1], **a[-1])),
     }
     batches = (1, 64, 128) if quick else (1, 8, 64, 128)
+    names = [name for name, paged in (("bf16", False), ("FP8 ring + NVFP4 pool", True))
+             if paged in chosen_caches()]
+    precisions = {name: precisions[name] for name in names}
     rows = []
     for ctx, (name, (make, nbytes, op, ref_op)), batch in itertools.product(
             (65536, 8192), precisions.items(), batches):
@@ -174,8 +193,8 @@ def main() -> None:
     if args.sweep:
         sweep(cuda, ref, copy, prefill_inputs(2048), args.out)
         return
-    build_in_parallel()
-    variants = ("default",) if args.default_only else ("default", *kernel.DECODE_VARIANTS)
+    variants = chosen_variants(args.default_only)
+    build_in_parallel(variants)
     rows = decode_rows(cuda, ref, copy, args.quick, variants)
     use_variant("default")
     emit(f"sparse attention decode, {HEADS} heads x {DIM}, K = {WINDOW}+{TOPK}, bf16 queries, CUDA graph "

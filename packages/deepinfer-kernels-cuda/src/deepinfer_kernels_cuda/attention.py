@@ -56,6 +56,10 @@ class Tiles:
     programs_per_sm: float = 1.0  # decode: split the keys while the grid stays under this many per SM
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
     l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
+    # Hopper, default mode, bf16 rows of 64 heads x 512 (`sparse_attention_sink`): the warp-specialised Gluon
+    # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers); other cases
+    # run the tiles above
+    ws: tuple[int, int, int, int] | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -84,6 +88,9 @@ DECODE_VARIANTS = {
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
     "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
     "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
+    "ws64x2": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1, ws=(64, 2, 4, 232)),
+    "ws32x4": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1, ws=(32, 4, 4, 232)),
+    "ws32x5": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1, ws=(32, 5, 4, 232)),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory
@@ -482,22 +489,28 @@ def _attention(
     # invariant mode: no contraction into FMAs, so FOLD and _fold_kernel round every step alike
     exact = {"enable_fp_fusion": False} if batch_invariant else {}
     grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * (2 if halves else 1))
-    _attention_kernel[grid](
-        q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
-        q.stride(0), q.stride(1),
-        window, window.stride(0), w, ring.data, ring.stride0, ring.stride1, ring_rows,
-        current, current.stride(-2), ring_bytes, topk, topk.stride(0), k - w,
-        pool.data, pool.stride0, pool.stride1, pool_bytes, block_tables, block_tables.stride(0), row_seg,
-        RING_LEN=0 if ring.stride0 == ring_len * ring.stride1 else ring_len,
-        PER_BLOCK=pool.data.shape[1] if has_pool else 1,
-        RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
-        FOLD=fold, HALVES=halves, L2_AHEAD=tiles.l2_ahead if q.device.type == "cuda" else 0,  # inline PTX
-        L2_LINES=triton.next_power_of_2(triton.cdiv(max(ring_bytes, pool_bytes), 128)),
-        BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty,
-        ASM=q.device.type == "cuda" and ty == tl.bfloat16,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **exact,
-    )
+    if _warp_specialised(tiles, q, ring, ring_len, has_current, has_pool, window, batch_invariant):
+        from deepinfer_kernels_cuda import attention_ws
+
+        attention_ws.decode(q, ring.data, window, sink, scale * _LOG2E, out, part, lse, keys_per_split,
+                            splits, tiles.ws)
+    else:
+        _attention_kernel[grid](
+            q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
+            q.stride(0), q.stride(1),
+            window, window.stride(0), w, ring.data, ring.stride0, ring.stride1, ring_rows,
+            current, current.stride(-2), ring_bytes, topk, topk.stride(0), k - w,
+            pool.data, pool.stride0, pool.stride1, pool_bytes, block_tables, block_tables.stride(0), row_seg,
+            RING_LEN=0 if ring.stride0 == ring_len * ring.stride1 else ring_len,
+            PER_BLOCK=pool.data.shape[1] if has_pool else 1,
+            RING_FMT=ring.fmt, POOL_FMT=pool.fmt, HAS_CURRENT=has_current, HAS_POOL=has_pool, SPLIT=split,
+            FOLD=fold, HALVES=halves, L2_AHEAD=tiles.l2_ahead if q.device.type == "cuda" else 0,  # inline PTX
+            L2_LINES=triton.next_power_of_2(triton.cdiv(max(ring_bytes, pool_bytes), 128)),
+            BLOCK_H=block_h, BLOCK_N=tiles.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+            PRECISION="ieee" if ty == tl.float32 else "tf32", TY=ty,
+            ASM=q.device.type == "cuda" and ty == tl.bfloat16,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, **exact,
+        )
     if not split:
         return out, False
     if store is None:
@@ -518,6 +531,19 @@ def _attention(
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, STORE=store is not None, BLOCK_B=block_b,
         )
     return out, store is not None
+
+
+def _warp_specialised(tiles: Tiles, q: torch.Tensor, ring: CacheRegion, ring_len: int, has_current: bool,
+                      has_pool: bool, window: torch.Tensor, batch_invariant: bool) -> bool:
+    """Whether `tiles` asks for the warp-specialised kernel and it serves this call: default mode, flat raw
+    bf16 rows and nothing else (the gathered buffer of `sparse_attention_sink`), 64 heads x 512, Hopper."""
+    if tiles.ws is None or batch_invariant or has_current or has_pool or ring.fmt != FORMATS["raw"]:
+        return False
+    if ring.stride0 != ring_len * ring.stride1 or ring.data.dim() != 2:
+        return False
+    from deepinfer_kernels_cuda import attention_ws
+
+    return attention_ws.supported(q, ring.data, window)
 
 
 def sparse_attention_sink(

@@ -1,0 +1,196 @@
+"""Warp-specialised sparse attention decode (Gluon, Hopper): 64 heads x 512 over raw bf16 key rows.
+
+The decode case of `attention._attention` for a raw bf16 cache of flat rows (`sparse_attention_sink`):
+one program per (query row, key split), three partitions of one CTA:
+* a producer warp gathers the selected key rows (and first the row's q) into a ring of STAGES shared-memory
+  buffers with asynchronous copies (cp.async, 16 bytes a lane), each buffer's copies completing on its
+  `ready` mbarrier; a buffer is refilled once both consumers released it on its `empty` mbarrier. The
+  copies of the next tiles are in flight while the consumers compute, which Triton's own pipeliner
+  does not do (it issues a tile's copy after the products of the tile before);
+* two consumer warpgroups, each with half of the 512 value channels ([64, 256] float32 accumulator):
+  each computes the whole [64, BLOCK_N] score tile itself (q and the keys from shared memory, wgmma),
+  its online softmax in registers, and its half of P.V (P from registers). The score products are done
+  twice, but no warpgroup waits on the other: no reduction or P exchange through shared memory.
+Padding keys (-1) are zero-filled rows with a -inf score. The partial results (normalised output and
+log2-sum-exp2 per split) have the layout of `attention._attention_kernel`'s, merged by its combine kernel;
+with one split the sink is applied here.
+GPU only (Gluon does not run in the interpreter); the default-mode path only (not batch-invariant).
+"""
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+HEADS, DIM = gl.constexpr(64), gl.constexpr(512)
+_ROWS = gl.constexpr(8)  # key rows a producer copy instruction covers (the 128-byte swizzle spans 8 rows)
+
+
+@gluon.jit
+def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_smem, q_ready, ready, empty):
+    """Copies q, then the key rows of the tiles of lo..hi, into the ring; each thread's copies arrive on the
+    buffer's barrier when they land."""
+    STAGES: gl.constexpr = kv_smem.shape[0]
+    BLOCK_N: gl.constexpr = kv_smem.shape[1]
+    ROWS: gl.constexpr = _ROWS
+    PW: gl.constexpr = gl.num_warps()
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
+    cols = gl.arange(0, DIM, layout=gl.SliceLayout(0, layout))
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    for r0 in gl.static_range(0, HEADS, ROWS):
+        async_copy.async_copy_global_to_shared(
+            q_smem.slice(r0, ROWS, dim=0), q_ptr + (r0 + r)[:, None] * q_stride_h + cols[None, :])
+    async_copy.mbarrier_arrive(q_ready, increment_count=False)
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    for i in range(n_tiles):
+        st = i % STAGES
+        start = lo + i * BLOCK_N
+        mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)  # the first pass finds every buffer free
+        buf = kv_smem.index(st)
+        for r0 in gl.static_range(0, BLOCK_N, ROWS):
+            n = start + r0 + r
+            ids = gl.load(idx_ptr + n, mask=n < hi, other=-1)
+            rows = kv_ptr + gl.maximum(ids, 0).to(gl.int64)[:, None] * kv_stride + cols[None, :]
+            async_copy.async_copy_global_to_shared(buf.slice(r0, ROWS, dim=0), rows, mask=(ids >= 0)[:, None])
+        async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
+
+
+@gluon.jit
+def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr):
+    """One warpgroup: online softmax over the tiles of lo..hi and value channels COL0..COL0+255."""
+    STAGES: gl.constexpr = kv_smem.shape[0]
+    BLOCK_N: gl.constexpr = kv_smem.shape[1]
+    HALF: gl.constexpr = DIM // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    keys: gl.constexpr = gl.SliceLayout(0, s_layout)
+    m_i = gl.full([HEADS], -1.0e30, gl.float32, layout=rows_s)  # finite: no NaN from an all-padding tile
+    l_i = gl.zeros([HEADS], gl.float32, layout=rows_s)
+    acc = gl.zeros([HEADS, HALF], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([HEADS, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_ready, 0)
+    fence_async_shared()
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    for i in range(n_tiles):
+        st = i % STAGES
+        n = lo + i * BLOCK_N + gl.arange(0, BLOCK_N, layout=keys)
+        ids = gl.load(idx_ptr + n, mask=n < hi, other=-1)
+        mbarrier.wait(ready.index(st), (i // STAGES) & 1)
+        fence_async_shared()  # the rows came through the generic proxy; wgmma reads through the async one
+        kv = kv_smem.index(st)
+        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+        logits = gl.where((ids >= 0)[None, :], s * scale_log2, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(logits, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(logits - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        pv = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+        acc = warpgroup_mma(pv, kv.slice(COL0, HALF, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        gl.thread_barrier()  # every warp's products are done before the buffer is handed back
+        mbarrier.arrive(empty.index(st))
+    h = gl.arange(0, HEADS, layout=rows_o)
+    d = COL0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    m_o, l_o = gl.convert_layout(m_i, rows_o), gl.convert_layout(l_i, rows_o)
+    if split:
+        lse = gl.where(l_o > 0, m_o + gl.log2(l_o), -float("inf"))
+        o = gl.where(l_o[:, None] > 0, acc / l_o[:, None], 0.0)
+        gl.store(part_ptr + h[:, None] * DIM + d[None, :], o)
+        if COL0 == 0:
+            gl.store(lse_ptr + h, lse)
+    else:
+        sink = gl.load(sink_ptr + h).to(gl.float32) * 1.4426950408889634
+        top = gl.maximum(m_o, sink)
+        a = gl.exp2(m_o - top)
+        o = acc * (a / (l_o * a + gl.exp2(sink - top)))[:, None]
+        gl.store(out_ptr + h[:, None] * out_stride_h + d[None, :], o.to(out_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                  out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, 0)
+
+
+@gluon.jit
+def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                   out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, DIM // 2)
+
+
+@gluon.jit(do_not_specialize=["n_splits"])
+def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride, K,
+                      keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
+                      part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
+                      REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    t = gl.program_id(0)
+    s = gl.program_id(1)
+    lo = s * keys_per_split
+    hi = gl.minimum(lo + keys_per_split, K)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEADS, DIM], gl.bfloat16)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DIM], gl.bfloat16)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HEADS, DIM], q_layout)
+    kv_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, DIM], kv_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=32 * PW)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=32 * PW)  # each producer thread arrives when its copies land
+        mbarrier.init(empty.index(i), count=2)  # each consumer warpgroup
+    t64 = t.to(gl.int64)
+    q_row = q_ptr + t64 * q_stride_t
+    idx_row = idx_ptr + t64 * idx_stride
+    out_row = out_ptr + t64 * out_stride_t
+    split_row = (t64 * n_splits + s) * HEADS
+    part_row = part_ptr + split_row * DIM
+    lse_row = lse_ptr + split_row
+    consumer_args = (q_smem, kv_smem, q_ready, ready, empty, idx_row, lo, hi, n_splits > 1, scale_log2,
+                     sink_ptr, out_row, out_stride_h, part_row, lse_row)
+    gl.warp_specialize([
+        (_consumer_low, consumer_args),
+        (_consumer_high, consumer_args),
+        (_producer, (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, q_ready, ready,
+                     empty)),
+    ], [4, PW], [REGS, PRODUCER_REGS])
+
+
+def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
+    """Whether the warp-specialised kernel serves this decode: bf16 64 x 512 rows on a Hopper GPU."""
+    return (q.is_cuda and q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16
+            and tuple(q.shape[1:]) == (64, 512) and kv.dim() == 2 and kv.shape[-1] == 512
+            and kv.stride(-1) == 1 and q.stride(-1) == 1 and idx.stride(-1) == 1
+            and torch.cuda.get_device_capability(q.device)[0] == 9)
+
+
+def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor, scale_log2: float,
+           out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, keys_per_split: int, splits: int,
+           tiles: tuple[int, int, int, int]) -> None:
+    """Attention of q [T, 64, 512] over rows kv[idx[t]] (idx [T, K], -1 none) in `splits` key ranges of
+    keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
+    64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
+    producer warps, registers a consumer thread; the producer gets what is left of 504)."""
+    block_n, stages, pw, regs = tiles
+    t, k = idx.shape
+    _ws_decode_kernel[(t, splits)](
+        q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
+        scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
+        BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs, num_warps=4,
+    )
