@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -256,6 +255,58 @@ def _align_small_kernel(
     tl.store(block_expert_ptr + b, tl.where(expert < E, expert, -1), mask=b < blocks)
 
 
+# above SMALL_ALIGN: two launches (`_align_count_kernel`, `_align_place_kernel`) instead of ~30 torch ops
+# (eager prefill paid them in host launches while the GPU waited); False: the torch ops (tests compare)
+ALIGN_KERNELS = True
+_ALIGN_CHUNK = 1024  # assignments (or rows, blocks) per step of the alignment kernels' loops
+
+
+@triton.jit
+def _align_count_kernel(ids_ptr, counts_ptr, A, CHUNK: tl.constexpr):
+    """counts[e] = assignments of expert e = program_id(0) (each program scans every assignment)."""
+    e = tl.program_id(0)
+    n = tl.zeros((CHUNK,), dtype=tl.int32)
+    for a0 in range(0, A, CHUNK):
+        a = a0 + tl.arange(0, CHUNK)
+        n += (tl.load(ids_ptr + a, mask=a < A, other=-1) == e).to(tl.int32)
+    tl.store(counts_ptr + e, tl.sum(n, axis=0))
+
+
+@triton.jit
+def _align_place_kernel(ids_ptr, counts_ptr, row_assign_ptr, block_expert_ptr, A, E, rows, blocks,
+                        BM: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """Program e < E: expert e's assignments in (token, slot) order at its padded rows (the experts'
+    padded counts in expert order), its padding rows -1, its blocks' expert e. Program E: the rows and
+    blocks past the last expert's, -1. The layout `align`'s torch ops build."""
+    e = tl.program_id(0)
+    offs_e = tl.arange(0, BLOCK_E)
+    counts = tl.load(counts_ptr + offs_e, mask=offs_e < E, other=0)
+    padded = (counts + BM - 1) // BM * BM
+    start = tl.sum(tl.where(offs_e < e, padded, 0), axis=0)
+    c = tl.arange(0, CHUNK)
+    if e < E:
+        count = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)
+        pad = tl.sum(tl.where(offs_e == e, padded, 0), axis=0)
+        if count > 0:
+            base = start
+            for a0 in range(0, A, CHUNK):
+                a = a0 + c
+                mine = tl.load(ids_ptr + a, mask=a < A, other=-1) == e
+                rank = tl.cumsum(mine.to(tl.int32), axis=0)  # inclusive: the first of the chunk is 1
+                tl.store(row_assign_ptr + base + rank - 1, a, mask=mine)
+                base += tl.sum(mine.to(tl.int32), axis=0)
+            r = tl.arange(0, BM)
+            tl.store(row_assign_ptr + start + count + r, tl.full((BM,), -1, tl.int32), mask=r < pad - count)
+            for b0 in range(start // BM, (start + pad) // BM, CHUNK):
+                tl.store(block_expert_ptr + b0 + c, tl.full((CHUNK,), 0, tl.int32) + e,
+                         mask=b0 + c < (start + pad) // BM)
+    else:  # start: every expert's padded rows
+        for r0 in range(start, rows, CHUNK):
+            tl.store(row_assign_ptr + r0 + c, tl.full((CHUNK,), -1, tl.int32), mask=r0 + c < rows)
+        for b0 in range(start // BM, blocks, CHUNK):
+            tl.store(block_expert_ptr + b0 + c, tl.full((CHUNK,), -1, tl.int32), mask=b0 + c < blocks)
+
+
 def align(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
     """Sort assignments by expert into rows padded to block_m per expert, without a host sync: the
     capacity (every assignment plus up to block_m - 1 padding rows per touched expert) is known from
@@ -272,6 +323,15 @@ def align(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
             BM=block_m, BLOCK_A=triton.next_power_of_2(a), BLOCK_E=triton.next_power_of_2(n_experts),
             BLOCK_R=triton.next_power_of_2(blocks * block_m), BLOCK_B=triton.next_power_of_2(blocks),
             num_warps=4,
+        )
+        return Alignment(row_assign, block_expert, block_m)
+    if a and ALIGN_KERNELS:
+        flat = flat.to(torch.int32).contiguous()
+        counts = torch.empty((n_experts,), dtype=torch.int32, device=dev)
+        _align_count_kernel[(n_experts,)](flat, counts, a, CHUNK=_ALIGN_CHUNK, num_warps=4)
+        _align_place_kernel[(n_experts + 1,)](
+            flat, counts, row_assign, block_expert, a, n_experts, blocks * block_m, blocks,
+            BM=block_m, BLOCK_E=triton.next_power_of_2(n_experts), CHUNK=_ALIGN_CHUNK, num_warps=4,
         )
         return Alignment(row_assign, block_expert, block_m)
     flat = flat.long()
@@ -695,13 +755,17 @@ def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl
 def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, stride_sn,
                  W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                  BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, w2_ptr=None, s2_ptr=None,
-                 PAIR: tl.constexpr = False):
+                 PAIR: tl.constexpr = False, part_ptr=None, part_stride=0, limit=0.0,
+                 PARTS: tl.constexpr = 0):
     """W[offs_n, k_lo:k_hi] x_row[k_lo:k_hi] as float32 [BN], offs_n = program_id(1) * BN + arange(BN):
     BM >= 16, the grouped kernels' MMA with one live token column; BM == 1, CUDA-core products
     (`_row_products`). PAIR: (W x, W2 x) of a second weight (w2_ptr, s2_ptr; same shape and strides) in
     the same K loop (gate and up: H200 2026-12-02, 110 us per MoE layer at batch 1 vs 113 with a loop
-    each), else (W x, W x)."""
+    each), else (W x, W x). PARTS > 1 (MMA tiles, FP8 weights: the shared expert's down projection): the
+    input row is not read from x_row but made from the shared expert's gate+up partial sums
+    (`_shared_act`; x_row gives its dtype)."""
     if BM == 1:
+        tl.static_assert(PARTS <= 1)
         if not W_FP8:
             acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
         else:
@@ -724,7 +788,14 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
     unused = tl.zeros((BN, 1), dtype=tl.float32)
     tl.assume(k_hi > k_lo)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(k_lo, k_hi, BK):
-        x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
+        if PARTS > 1:
+            tl.static_assert(W_FP8)
+            x_ty = x_row.dtype.element_ty
+            xs = _shared_act(part_ptr, k0 + tl.arange(0, BK), part_stride, limit, PARTS, x_ty)
+            x_a = tl.where(live[None, :], xs[:, None], 0.0).to(x_ty)
+            x_b = x_a
+        else:
+            x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
         acc, _ = _expert_dot(acc, unused, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                              W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1)
         if PAIR:
@@ -735,26 +806,47 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
 
 
 @triton.jit
+def _shared_act(part_ptr, cols, part_stride, limit, PARTS: tl.constexpr, out_ty: tl.constexpr):
+    """The shared expert's activations at columns `cols` from its PARTS K-split partial sums of gate and
+    up (float32 rows 2s and 2s + 1 of part_ptr, part_stride apart), summed in split order, then
+    `_swiglu_store`'s rounding points and ops (routing weight 1)."""
+    gate = tl.load(part_ptr + cols)
+    up = tl.load(part_ptr + part_stride + cols)
+    for j in tl.static_range(1, PARTS):
+        gate += tl.load(part_ptr + 2 * j * part_stride + cols)
+        up += tl.load(part_ptr + (2 * j + 1) * part_stride + cols)
+    gate = tl.minimum(gate.to(out_ty).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum(up.to(out_ty).to(tl.float32), -limit), limit)
+    return (gate / (1.0 + tl.exp(-gate)) * up * 1.0).to(out_ty)
+
+
+@triton.jit
 def _decode_gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, act_ptr,
-    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, ids_ptr, route_w_ptr, count_ptr,
+    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, ids_ptr, route_w_ptr, count_ptr, part_ptr,
     A, E, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     limit, route_scale, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_COUNT: tl.constexpr, EVEN_N: tl.constexpr = False,
+    SHARED_SPLIT: tl.constexpr = 1,
 ):
     """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
     token a - A's shared expert (FP8, 32x32 block scales): both in one launch, each program routing its
     token itself (`_route_token`, the same selection in every program) instead of a routing launch.
     The shared expert's first program of a token stores the token's expert ids and routing weights for
     the down launch and, BLOCK_COUNT > 0, zeroes its n_count arrival counters of
-    `_decode_down_split_kernel`."""
+    `_decode_down_split_kernel`. SHARED_SPLIT > 1: each token's shared expert is that many programs, one
+    per equal share of H, storing float32 partial sums of gate and up (rows 2s, 2s + 1 of part_ptr's
+    token t) for the down launch to finish (`_shared_act`): 36 programs of twice a routed program's
+    bytes made the tail of this launch at batch 1."""
     a = tl.program_id(0)
     pid_n = tl.program_id(1)
-    first = (a >= A) & (pid_n == 0)
+    j = tl.maximum(a - A, 0)  # the shared expert's programs: token j // SHARED_SPLIT, share j % SHARED_SPLIT
+    share = j % SHARED_SPLIT
+    first = (a >= A) & (pid_n == 0) & (share == 0)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_mask = (offs_n < inter) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
-    t = tl.where(a < A, a // TOPK, a - A)
+    t = tl.where(a < A, a // TOPK, j // SHARED_SPLIT)
     picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
                                        HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
     slot = tl.arange(0, BLOCK_K)
@@ -773,10 +865,19 @@ def _decode_gate_up_kernel(
         gate, up = _one_row_dot(x_row, w1_ptr + expert * stride_we, s1_ptr + expert * stride_se, offs_n,
                                 n_mask, 0, H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM,
                                 w3_ptr + expert * stride_we, s3_ptr + expert * stride_se, PAIR=True)
+        _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
     else:
-        gate, up = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, 0, H, shared_wn, shared_sn, True,
-                                GROUP_TL, BN, BM, BK, IEEE, False, sw3_ptr, ss3_ptr, PAIR=True)
-    _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
+        k_len = H // SHARED_SPLIT
+        k_lo = share * k_len
+        gate, up = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, k_lo, k_lo + k_len, shared_wn,
+                                shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False, sw3_ptr, ss3_ptr,
+                                PAIR=True)
+        if SHARED_SPLIT > 1:
+            row = part_ptr + (j * 2).to(tl.int64) * inter + offs_n
+            tl.store(row, gate, mask=n_mask)
+            tl.store(row + inter, up, mask=n_mask)
+        else:
+            _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
 
 
 @triton.jit
@@ -792,10 +893,10 @@ def _swiglu_store(gate, up, rw, limit, act_ptrs, n_mask):
 
 @triton.jit
 def _decode_down_kernel(
-    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, out_ptr,
+    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, out_ptr, part_ptr, limit,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, SHARED_SPLIT: tl.constexpr = 1,
 ):
     """out[t] = (sum over slots of round(expert W2 act)) rounded, plus round(shared W2 act), rounded: the
     down projections of token t's TOPK assignments and its shared expert and `_combine_kernel`'s sum
@@ -813,17 +914,19 @@ def _decode_down_kernel(
                             EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         routed += y.to(out_ty).to(tl.float32)
     shared, _ = _one_row_dot(act_ptr + (A + t).to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
-                             inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+                             inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False,
+                             part_ptr=part_ptr + (t * SHARED_SPLIT * 2).to(tl.int64) * inter,
+                             part_stride=inter, limit=limit, PARTS=SHARED_SPLIT)
     out = routed.to(out_ty).to(tl.float32) + shared.to(out_ty).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
 
 
 @triton.jit
 def _decode_down_split_kernel(
-    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, y_ptr, count_ptr, out_ptr,
+    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, y_ptr, count_ptr, out_ptr, part_ptr, limit,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, SHARED_SPLIT: tl.constexpr = 1,
 ):
     """`_decode_down_kernel` with one program per (assignment or shared expert, tile of H): each stores its
     rounded rows, and the last of a token's TOPK + 1 to arrive (an arrival counter per token and tile,
@@ -840,9 +943,11 @@ def _decode_down_split_kernel(
                             EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         t = a // TOPK
     else:
-        y, _ = _one_row_dot(act_ptr + a.to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
-                            inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
         t = a - A
+        y, _ = _one_row_dot(act_ptr + a.to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
+                            inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False,
+                            part_ptr=part_ptr + (t * SHARED_SPLIT * 2).to(tl.int64) * inter,
+                            part_stride=inter, limit=limit, PARTS=SHARED_SPLIT)
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, y.to(out_ty), mask=n_mask)
     tl.debug_barrier()  # every thread's rows are stored before the counter's release
     if tl.atomic_add(count_ptr + t * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") == TOPK:
@@ -863,7 +968,9 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
     projections with the combine: one program per (token, tile) looping over its slots
     (`_decode_down_kernel`), or with the down tile's split_k > 1 one program per (slot, tile) and the last
     to arrive combining (`_decode_down_split_kernel`). Tiles: BM 1 = CUDA-core products (BN must divide
-    32: the shared expert's block scales), BM >= 16 = MMA with one live column."""
+    32: the shared expert's block scales), BM >= 16 = MMA with one live column. The gate+up tile's
+    split_k: the shared expert's gate+up as that many programs per tile, each over an equal share of H
+    (whole K steps), their partial sums finished in the down launch (which then needs an MMA tile)."""
     t, e = logits.shape
     k = layer.topk
     p, w1, w3, w2 = layer.experts, layer.shared_w1, layer.shared_w3, layer.shared_w2
@@ -879,34 +986,40 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
     weights = torch.empty((t * k,), dtype=torch.float32, device=x.device)
     count = torch.empty((t * down_tiles if split else 1,), dtype=torch.int32, device=x.device)
     c = up_cfg
-    if c.split_k != 1:  # split K over H measured slower (H200 2026-12-02: 138 vs 110 us at batch 1)
-        raise ValueError(f"fused MoE decode: gate+up tile split_k {c.split_k}, expected 1")
-    _decode_gate_up_kernel[(t * k + t, triton.cdiv(i, c.block_n))](
+    shares, bk = c.split_k, configs.block_k(h, c.block_k)
+    if shares < 1 or h % (shares * bk) or (shares > 1 and down_cfg.block_m == 1):
+        raise ValueError(f"fused MoE decode: gate+up tile {c}: split_k (shared expert shares) must leave "
+                         f"whole K steps of {bk} in {h} columns, and with split_k > 1 the down tile "
+                         f"{down_cfg} must be an MMA tile (block_m >= 16)")
+    part = torch.empty((t * shares * 2 if shares > 1 else 1, i), dtype=torch.float32, device=x.device)
+    _decode_gate_up_kernel[(t * k + t * shares, triton.cdiv(i, c.block_n))](
         x, p.w1, p.s1, p.w3, p.s3, w1.weight, w1.scale, w3.weight, w3.scale, act,
         logits.contiguous(), layer.bias, layer.bias_vl, ids if image_mask is None else image_mask, ids,
-        weights, count, t * k, e, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1),
+        weights, count, part, t * k, e, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1),
         p.s1.stride(0), p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit),
-        float(layer.route_scale), down_tiles, TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m,
-        BK=configs.block_k(h, c.block_k),
+        float(layer.route_scale), down_tiles, TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=bk,
         IEEE=ieee, ASM=p.asm, HAS_MASK=image_mask is not None, BLOCK_E=triton.next_power_of_2(e),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0,
-        EVEN_N=i % c.block_n == 0, num_warps=c.num_warps, num_stages=c.num_stages,
+        EVEN_N=i % c.block_n == 0, SHARED_SPLIT=shares, num_warps=c.num_warps, num_stages=c.num_stages,
+        maxnreg=c.maxnreg or None,
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
     strides = (p.w2.stride(0), p.w2.stride(1), p.s2.stride(0), p.s2.stride(1), w2.weight.stride(0),
                w2.scale.stride(0))
     meta = dict(TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(i, c.block_k),
-                IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, num_warps=c.num_warps,
-                num_stages=c.num_stages)
+                IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, SHARED_SPLIT=shares, num_warps=c.num_warps,
+                num_stages=c.num_stages, maxnreg=c.maxnreg or None)
+    limit = float(layer.swiglu_limit)
     if split:
         y = torch.empty((t * k + t, h), dtype=x.dtype, device=x.device)
         _decode_down_split_kernel[(t * k + t, down_tiles)](
-            act, p.w2, p.s2, ids, w2.weight, w2.scale, y, count, out, t * k, h, i, *strides, **meta,
+            act, p.w2, p.s2, ids, w2.weight, w2.scale, y, count, out, part, limit, t * k, h, i, *strides,
+            **meta,
         )
     else:
         _decode_down_kernel[(t, down_tiles)](
-            act, p.w2, p.s2, ids, w2.weight, w2.scale, out, t * k, h, i, *strides, **meta,
+            act, p.w2, p.s2, ids, w2.weight, w2.scale, out, part, limit, t * k, h, i, *strides, **meta,
         )
     return out
 
@@ -1061,7 +1174,8 @@ def routed_experts(
         cfg = DECODE_OVERRIDE or configs.lookup_moe_decode(h, i, x.device)
         if cfg.block_m == 1:
             return routed_experts_decode(x, weights, ids, experts, swiglu_limit, cfg)
-        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, direct=True)
+        # a decode tile's split_k is the fused path's shared-expert split (`_decode_fused`), not this one's
+        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, replace(cfg, split_k=1), direct=True)
     if config is not None:
         return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, config, down_cfg=down_config)
     cfg = configs.lookup_moe(t * k, e, h, i, x.device)
@@ -1214,10 +1328,31 @@ def _shared_expert(x: torch.Tensor, layer: Any) -> torch.Tensor:
     if decode and _is_fp8_block(w1) and _is_fp8_block(w3):
         act = _shared_gate_up_decode(x, w1, w3, layer.swiglu_limit)
         return linear(act, layer.shared_w2, layer.dtype)
-    gate = linear(x, layer.shared_w1, layer.dtype).float().clamp(max=layer.swiglu_limit)
-    up = linear(x, layer.shared_w3, layer.dtype).float().clamp(-layer.swiglu_limit, layer.swiglu_limit)
-    act = (F.silu(gate) * up).to(layer.dtype)
-    return linear(act, layer.shared_w2, layer.dtype)
+    gate = linear(x, layer.shared_w1, layer.dtype)
+    up = linear(x, layer.shared_w3, layer.dtype)
+    return linear(swiglu(gate, up, layer.swiglu_limit), layer.shared_w2, layer.dtype)
+
+
+@triton.jit
+def _swiglu_kernel(gate_ptr, up_ptr, act_ptr, n, limit, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0)
+    up = tl.load(up_ptr + offs, mask=mask, other=0.0)
+    _swiglu_store(gate, up, 1.0, limit, act_ptr + offs, mask)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """The clamped SwiGLU of the shared expert's gate and up products (gate.float().clamp(max=limit),
+    up clamped to +-limit, silu(gate) * up, rounded to their dtype) in one launch (was 7 torch ops: 4096
+    tokens x 2304 moved ~0.4 GB through float32 temporaries)."""
+    gate, up = gate.contiguous(), up.contiguous()
+    act = torch.empty_like(gate)
+    n = gate.numel()
+    if n:
+        block = 2048
+        _swiglu_kernel[(triton.cdiv(n, block),)](gate, up, act, n, float(limit), BLOCK=block, num_warps=4)
+    return act
 
 
 def _shared_expert_invariant(x: torch.Tensor, layer: Any) -> torch.Tensor:
