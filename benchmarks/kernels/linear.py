@@ -326,7 +326,8 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
                 print(row, flush=True)
         del weight, scale, ours
         torch.cuda.empty_cache()
-        write(out, "linear_invariant", rows, header)
+        cols = list(dict.fromkeys(c for r in rows for c in r))  # every row gets every column
+        write(out, "linear_invariant", [{c: r.get(c) for c in cols} for r in rows], header)
         write(out, "linear_invariant_sweep", sweep, header)
 
 
