@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer.checkpoint.formats import E2M1_VALUES, pack_fp4, unpack_fp4_codes
@@ -828,7 +829,7 @@ def _decode_gate_up_kernel(
     limit, route_scale, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_COUNT: tl.constexpr, EVEN_N: tl.constexpr = False,
-    SHARED_SPLIT: tl.constexpr = 1,
+    SHARED_SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
     token a - A's shared expert (FP8, 32x32 block scales): both in one launch, each program routing its
@@ -838,7 +839,9 @@ def _decode_gate_up_kernel(
     `_decode_down_split_kernel`. SHARED_SPLIT > 1: each token's shared expert is that many programs, one
     per equal share of H, storing float32 partial sums of gate and up (rows 2s, 2s + 1 of part_ptr's
     token t) for the down launch to finish (`_shared_act`): 36 programs of twice a routed program's
-    bytes made the tail of this launch at batch 1."""
+    bytes made the tail of this launch at batch 1. PDL (programmatic dependent launch): programs may start
+    while the router's launch runs; the shared expert's run their K loop (x and weights only: written
+    before the router launch began) before waiting for it, the routed ones wait first."""
     a = tl.program_id(0)
     pid_n = tl.program_id(1)
     j = tl.maximum(a - A, 0)  # the shared expert's programs: token j // SHARED_SPLIT, share j % SHARED_SPLIT
@@ -847,20 +850,15 @@ def _decode_gate_up_kernel(
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_mask = (offs_n < inter) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
     t = tl.where(a < A, a // TOPK, j // SHARED_SPLIT)
-    picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
-                                       HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
     slot = tl.arange(0, BLOCK_K)
-    mine = slot == a - t * TOPK
-    rw = tl.where(a < A, tl.sum(tl.where(mine, picked_w, 0.0), axis=0), 1.0)  # shared expert: 1 (exact)
-    stored = tl.where(first, TOPK, 0)
-    tl.store(ids_ptr + t * TOPK + slot, picked_id, mask=slot < stored)
-    tl.store(route_w_ptr + t * TOPK + slot, picked_w, mask=slot < stored)
-    if BLOCK_COUNT > 0:
-        c = tl.arange(0, BLOCK_COUNT)
-        zeroed = tl.where(first, n_count, 0)
-        tl.store(count_ptr + t * n_count + c, tl.zeros((BLOCK_COUNT,), dtype=tl.int32), mask=c < zeroed)
     x_row = x_ptr + t.to(tl.int64) * stride_xm
     if a < A:
+        if PDL:
+            gdc_wait()
+        picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
+                                           HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
+        mine = slot == a - t * TOPK
+        rw = tl.sum(tl.where(mine, picked_w, 0.0), axis=0)
         expert = tl.sum(tl.where(mine, picked_id, 0), axis=0).to(tl.int64)
         gate, up = _one_row_dot(x_row, w1_ptr + expert * stride_we, s1_ptr + expert * stride_se, offs_n,
                                 n_mask, 0, H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM,
@@ -872,12 +870,23 @@ def _decode_gate_up_kernel(
         gate, up = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, k_lo, k_lo + k_len, shared_wn,
                                 shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False, sw3_ptr, ss3_ptr,
                                 PAIR=True)
+        if PDL:
+            gdc_wait()
+        if first:
+            picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
+                                               HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
+            tl.store(ids_ptr + t * TOPK + slot, picked_id, mask=slot < TOPK)
+            tl.store(route_w_ptr + t * TOPK + slot, picked_w, mask=slot < TOPK)
+            if BLOCK_COUNT > 0:
+                c = tl.arange(0, BLOCK_COUNT)
+                zeros = tl.zeros((BLOCK_COUNT,), dtype=tl.int32)
+                tl.store(count_ptr + t * n_count + c, zeros, mask=c < n_count)
         if SHARED_SPLIT > 1:
             row = part_ptr + (j * 2).to(tl.int64) * inter + offs_n
             tl.store(row, gate, mask=n_mask)
             tl.store(row + inter, up, mask=n_mask)
-        else:
-            _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
+        else:  # routing weight 1 (exact)
+            _swiglu_store(gate, up, 1.0, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
 
 
 @triton.jit
@@ -897,10 +906,14 @@ def _decode_down_kernel(
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, SHARED_SPLIT: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     """out[t] = (sum over slots of round(expert W2 act)) rounded, plus round(shared W2 act), rounded: the
     down projections of token t's TOPK assignments and its shared expert and `_combine_kernel`'s sum
-    in one program per (token, tile of H), slots in order (deterministic, no atomics)."""
+    in one program per (token, tile of H), slots in order (deterministic, no atomics). PDL: programs may
+    start while the gate+up launch runs and wait for it first."""
+    if PDL:
+        gdc_wait()
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = (offs_n < H) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
@@ -927,10 +940,14 @@ def _decode_down_split_kernel(
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, SHARED_SPLIT: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     """`_decode_down_kernel` with one program per (assignment or shared expert, tile of H): each stores its
     rounded rows, and the last of a token's TOPK + 1 to arrive (an arrival counter per token and tile,
-    zeroed by the gate+up launch) sums them in slot order, as `_decode_down_kernel` does (bitwise)."""
+    zeroed by the gate+up launch) sums them in slot order, as `_decode_down_kernel` does (bitwise). PDL: as
+    `_decode_down_kernel`."""
+    if PDL:
+        gdc_wait()
     a = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -1001,7 +1018,7 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
         IEEE=ieee, ASM=p.asm, HAS_MASK=image_mask is not None, BLOCK_E=triton.next_power_of_2(e),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0,
         EVEN_N=i % c.block_n == 0, SHARED_SPLIT=shares, num_warps=c.num_warps, num_stages=c.num_stages,
-        maxnreg=c.maxnreg or None,
+        maxnreg=c.maxnreg or None, **_pdl(c, x),
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
@@ -1009,7 +1026,7 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
                w2.scale.stride(0))
     meta = dict(TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(i, c.block_k),
                 IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, SHARED_SPLIT=shares, num_warps=c.num_warps,
-                num_stages=c.num_stages, maxnreg=c.maxnreg or None)
+                num_stages=c.num_stages, maxnreg=c.maxnreg or None, **_pdl(c, x))
     limit = float(layer.swiglu_limit)
     if split:
         y = torch.empty((t * k + t, h), dtype=x.dtype, device=x.device)
@@ -1022,6 +1039,13 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
             act, p.w2, p.s2, ids, w2.weight, w2.scale, out, part, limit, t * k, h, i, *strides, **meta,
         )
     return out
+
+
+def _pdl(cfg: configs.TileConfig, x: torch.Tensor) -> dict:
+    """Launch arguments for programmatic dependent launch where the tile asks for it (sm_90 and newer:
+    grid dependency control is a Hopper instruction; the interpreter has none)."""
+    pdl = bool(cfg.pdl) and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 @dataclass(frozen=True)
