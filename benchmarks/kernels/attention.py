@@ -18,7 +18,7 @@ Prefill: one 2048-token prompt (1024 compressed entries, causal window and visib
     python benchmarks/kernels/attention.py [--out table.md] [--decode] [--quick] [--default-only] [--sweep]
 (--decode: no prefill; --quick: decode at B = 1, 64, 128 only; --default-only: no forced variants)
 Environment: ATTN_VARIANTS=default,v1s3a1,ws64x2 times only these variants; ATTN_CACHES=bf16 (or release)
-only that cache precision.
+only that cache precision; ATTN_BATCHES=64,128 only these batch sizes.
 """
 
 from __future__ import annotations
@@ -172,6 +172,8 @@ def decode_rows(cuda, ref, copy: float, quick: bool, variants: tuple[str, ...]) 
                                   lambda *a: ref.sparse_attention_paged(*a[:-1], **a[-1])),
     }
     batches = (1, 64, 128) if quick else (1, 8, 64, 128)
+    if os.environ.get("ATTN_BATCHES"):
+        batches = tuple(int(b) for b in os.environ["ATTN_BATCHES"].split(","))
     names = [name for name, paged in (("bf16", False), ("FP8 ring + NVFP4 pool", True))
              if paged in chosen_caches()]
     precisions = {name: precisions[name] for name in names}

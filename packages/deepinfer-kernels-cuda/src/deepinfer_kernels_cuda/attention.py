@@ -57,9 +57,9 @@ class Tiles:
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
     l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
     # Hopper, default mode, bf16 rows of 64 heads x 512 (`sparse_attention_sink`): the warp-specialised Gluon
-    # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers); other cases
-    # run the tiles above
-    ws: tuple[int, int, int, int] | None = None
+    # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers, producer
+    # warps as the default partition); other cases run the tiles above
+    ws: tuple[int, int, int, int, bool] | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -88,9 +88,10 @@ DECODE_VARIANTS = {
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
     "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
     "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
-    "ws64x2": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1, ws=(64, 2, 4, 232)),
-    "ws32x4": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1, ws=(32, 4, 4, 232)),
-    "ws32x5": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1, ws=(32, 5, 4, 232)),
+    "ws64x2": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(64, 2, 4, 232, False)),
+    "ws32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False)),
+    "ws32x5": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 5, 4, 232, False)),
+    "ws32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True)),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory

@@ -33,16 +33,21 @@ _ROWS = gl.constexpr(8)  # key rows a producer copy instruction covers (the 128-
 
 
 @gluon.jit
-def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_smem, q_ready, ready, empty):
+def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_smem, ids_smem, q_ready,
+              ready, empty):
     """Copies q, then the key rows of the tiles of lo..hi, into the ring; each thread's copies arrive on the
-    buffer's barrier when they land."""
+    buffer's barrier when they land. A tile's ids are loaded one tile ahead (their latency then runs under
+    the wait for a free buffer) and go through shared memory to the threads that copy their rows."""
     STAGES: gl.constexpr = kv_smem.shape[0]
     BLOCK_N: gl.constexpr = kv_smem.shape[1]
     ROWS: gl.constexpr = _ROWS
     PW: gl.constexpr = gl.num_warps()
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [PW], [0])
     cols = gl.arange(0, DIM, layout=gl.SliceLayout(0, layout))
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    tn = gl.arange(0, BLOCK_N, layout=flat)
+    ids_next = gl.load(idx_ptr + lo + tn, mask=lo + tn < hi, other=-1)
     for r0 in gl.static_range(0, HEADS, ROWS):
         async_copy.async_copy_global_to_shared(
             q_smem.slice(r0, ROWS, dim=0), q_ptr + (r0 + r)[:, None] * q_stride_h + cols[None, :])
@@ -50,12 +55,15 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     for i in range(n_tiles):
         st = i % STAGES
-        start = lo + i * BLOCK_N
+        gl.thread_barrier()  # every thread has read the ids of the tile before
+        ids_smem.store(ids_next)
+        gl.thread_barrier()
+        n = lo + (i + 1) * BLOCK_N + tn
+        ids_next = gl.load(idx_ptr + n, mask=n < hi, other=-1)
         mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)  # the first pass finds every buffer free
         buf = kv_smem.index(st)
         for r0 in gl.static_range(0, BLOCK_N, ROWS):
-            n = start + r0 + r
-            ids = gl.load(idx_ptr + n, mask=n < hi, other=-1)
+            ids = ids_smem.slice(r0, ROWS).load(gl.SliceLayout(1, layout))
             rows = kv_ptr + gl.maximum(ids, 0).to(gl.int64)[:, None] * kv_stride + cols[None, :]
             async_copy.async_copy_global_to_shared(buf.slice(r0, ROWS, dim=0), rows, mask=(ids >= 0)[:, None])
         async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
@@ -83,16 +91,19 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, sc
     mbarrier.wait(q_ready, 0)
     fence_async_shared()
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    tn = gl.arange(0, BLOCK_N, layout=keys)
+    live_next = gl.load(idx_ptr + lo + tn, mask=lo + tn < hi, other=-1) >= 0
     for i in range(n_tiles):
         st = i % STAGES
-        n = lo + i * BLOCK_N + gl.arange(0, BLOCK_N, layout=keys)
-        ids = gl.load(idx_ptr + n, mask=n < hi, other=-1)
+        live = live_next  # loaded a tile ahead: no wait on them
+        n = lo + (i + 1) * BLOCK_N + tn
+        live_next = gl.load(idx_ptr + n, mask=n < hi, other=-1) >= 0
         mbarrier.wait(ready.index(st), (i // STAGES) & 1)
         fence_async_shared()  # the rows came through the generic proxy; wgmma reads through the async one
         kv = kv_smem.index(st)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
-        logits = gl.where((ids >= 0)[None, :], s * scale_log2, -float("inf"))
+        logits = gl.where(live[None, :], s * scale_log2, -float("inf"))
         m_new = gl.maximum(m_i, gl.max(logits, axis=1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(logits - m_new[:, None])
@@ -139,7 +150,8 @@ def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, spli
 def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride, K,
                       keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
                       part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
-                      REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                      REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                      PRODUCER_FIRST: gl.constexpr):
     t = gl.program_id(0)
     s = gl.program_id(1)
     lo = s * keys_per_split
@@ -151,6 +163,8 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ids_smem = gl.allocate_shared_memory(idx_ptr.dtype.element_ty, [BLOCK_N],
+                                         gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     mbarrier.init(q_ready, count=32 * PW)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=32 * PW)  # each producer thread arrives when its copies land
@@ -164,12 +178,14 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     lse_row = lse_ptr + split_row
     consumer_args = (q_smem, kv_smem, q_ready, ready, empty, idx_row, lo, hi, n_splits > 1, scale_log2,
                      sink_ptr, out_row, out_stride_h, part_row, lse_row)
-    gl.warp_specialize([
-        (_consumer_low, consumer_args),
-        (_consumer_high, consumer_args),
-        (_producer, (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, q_ready, ready,
-                     empty)),
-    ], [4, PW], [REGS, PRODUCER_REGS])
+    producer_args = (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, ids_smem,
+                     q_ready, ready, empty)
+    if PRODUCER_FIRST:  # the producer warps are the default partition (registers: what the consumers leave)
+        gl.warp_specialize([(_producer, producer_args), (_consumer_low, consumer_args),
+                            (_consumer_high, consumer_args)], [4, 4], [REGS, REGS])
+    else:
+        gl.warp_specialize([(_consumer_low, consumer_args), (_consumer_high, consumer_args),
+                            (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
@@ -182,15 +198,17 @@ def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
 
 def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor, scale_log2: float,
            out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, keys_per_split: int, splits: int,
-           tiles: tuple[int, int, int, int]) -> None:
+           tiles: tuple[int, int, int, int, bool]) -> None:
     """Attention of q [T, 64, 512] over rows kv[idx[t]] (idx [T, K], -1 none) in `splits` key ranges of
     keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
     64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
-    producer warps, registers a consumer thread; the producer gets what is left of 504)."""
-    block_n, stages, pw, regs = tiles
+    producer warps, registers a consumer thread (the producer gets what is left of 504), whether the producer
+    is the default partition (4 warps))."""
+    block_n, stages, pw, regs, producer_first = tiles
     t, k = idx.shape
     _ws_decode_kernel[(t, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
         scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
-        BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs, num_warps=4,
+        BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs,
+        PRODUCER_FIRST=producer_first, num_warps=4,
     )
