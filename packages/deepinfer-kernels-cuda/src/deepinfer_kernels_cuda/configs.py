@@ -165,16 +165,18 @@ def invariant(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
 def default_invariant_linear(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """Base batch-invariant config of a linear (`linear._invariant_tiles` uses it as it is up to 16 tokens
     and derives the tiles of larger M from it, keeping its K steps and split): decode-sized tiles (64
-    weight rows, 16 tokens, K steps of 256 FP8 / 128 FP4 / 64 dense columns) and a split-K count from the
-    shape alone, doubled while the row tiles times the splits stay under two programs per SM and every
-    split keeps >= 2 K steps (at M = 1 the weight must stream from all SMs; at large M the splits run
-    inside each program, so they cost no partial-sum traffic there)."""
-    bk = 64 if kind == "dense" else block_k(k, 256 if kind == "fp8" else 128)
+    weight rows, 16 tokens, K steps of 128 FP8/FP4 or 64 dense columns, 3 stages) and a split-K count from
+    the shape alone, doubled while the row tiles times the splits stay under three programs per SM and
+    every split keeps >= 2 K steps (at M = 1 the weight must stream from all SMs; at large M the splits
+    run inside each program, so they cost no partial-sum traffic there). On the H200 (2026-12-02 sweep
+    at M = 1 over K steps 128/256, 3/4 stages and splits around this) it picks the winner of all five
+    swept shapes."""
+    bk = 64 if kind == "dense" else block_k(k, 128)
     tiles, steps = -(-n // 64), -(-k // bk)
     split = 1
-    while tiles * split < 2 * sm_count and steps >= 4 * split:
+    while tiles * split < 3 * sm_count and steps >= 4 * split:
         split *= 2
-    return TileConfig(64, 16, bk, split, 4, 3 if kind == "dense" else 4)
+    return TileConfig(64, 16, bk, split, 4, 3)
 
 
 def invariant_linear(kind: str, n: int, k: int, device: torch.device) -> TileConfig:

@@ -450,7 +450,8 @@ def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
     shared memory allows; `weight_bytes`: bytes per stored weight element, 1 where decoded in registers).
     Float32 operands (FMA dots) and the interpreter (numpy matmuls, whose sums depend on the matrix
     shapes) keep one tile, the base's with 64 tokens. The split runs as a grid plus `_split_reduce_kernel`
-    while the output tiles alone leave SMs idle, else inside each program (`SPLIT_LOOP`: the same adds)."""
+    while the output tiles alone leave SMs idle (half of them past 64 tokens), else inside each program
+    (`SPLIT_LOOP`: the same adds)."""
     if not x.is_cuda or x.dtype == torch.float32:
         cfg = replace(base, block_m=64)
     elif m <= 16:
@@ -463,7 +464,9 @@ def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
             if _smem_bytes(cfg, weight_bytes) <= _SMEM_BUDGET:
                 break
     tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
-    return cfg, base.split_k > 1 and tiles >= configs.sm_count(x.device)
+    # past 64 tokens the partial sums outweigh a wave's idle SMs sooner (kv at 2048 tokens: 128 tiles x 16
+    # splits of float32 partials, 64 MB, made it 3.3x the default)
+    return cfg, base.split_k > 1 and tiles * (2 if m > 64 else 1) >= configs.sm_count(x.device)
 
 
 # invariant tiles past 64 tokens, best first: (rows, tokens, warps, stages)
