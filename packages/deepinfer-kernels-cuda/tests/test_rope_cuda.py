@@ -1,4 +1,5 @@
-"""Interleaved RoPE on the GPU against the reference (forward and inverse)."""
+"""Interleaved RoPE on the GPU against the reference (forward and inverse), and in place: the copying
+kernel's values, bitwise."""
 
 import pytest
 import torch
@@ -28,6 +29,16 @@ def test_rope_matches_reference(cuda_ops, ref_ops, poison, shape, pairs, dtype, 
     assert torch.equal(got[..., :keep], x[..., :keep])
     tol = (1e-5, 2**-7) if dtype == torch.bfloat16 else (1e-5, 1e-5)  # one bf16 ulp at most
     torch.testing.assert_close(got, want, atol=tol[0], rtol=tol[1])
+    # in place, also in a strided view of a wider buffer (the fused projections' parts): the same bits
+    y = x.clone()
+    assert cuda_ops.rope_interleaved(y, angles, inverse=inverse, inplace=True) is y
+    assert torch.equal(y, got)
+    buf = torch.randn(*shape[:-1], shape[-1] + 16, device="cuda", dtype=dtype)
+    view, edge = buf[..., 8 : 8 + shape[-1]], buf.clone()
+    view.copy_(x)
+    cuda_ops.rope_interleaved(view, angles, inverse=inverse, inplace=True)
+    assert torch.equal(view, got)
+    assert torch.equal(buf[..., :8], edge[..., :8]) and torch.equal(buf[..., -8:], edge[..., -8:])
 
 
 def test_rope_then_inverse_round_trips(cuda_ops):

@@ -1,4 +1,5 @@
-"""Interleaved RoPE: one pass that copies the leading channels and rotates the trailing 2P.
+"""Interleaved RoPE: one pass that copies the leading channels and rotates the trailing 2P (or, in
+place, one that reads and writes only the trailing 2P: a query head of 512 channels moves 1/8 of the bytes).
 
 A row is viewed as D/2 channel pairs; pairs before the rotary part get the identity rotation
 (cos 1, sin 0, exact in float32), so one code path writes the whole row. cos/sin are libdevice's
@@ -57,11 +58,59 @@ def _rope_kernel(
     tl.store(out_ptr + ooffs, out, mask=omask)
 
 
-def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Rotate pairs (2i, 2i+1) of the last 2*P channels of x [N, ..., D] by angles [N, P] (float32)."""
+# in place: only the rotated pairs are read and written, in their rows' places (any strides)
+@triton.jit(do_not_specialize=["rows"])
+def _rope_inplace_kernel(
+    x_ptr, angle_ptr, rows, rot_pairs, first_ch, x_stride_n, x_stride_r,
+    SIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, LIBDEVICE: tl.constexpr,
+):
+    n = tl.program_id(0)
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    p = tl.arange(0, BLOCK_P)
+    angle = tl.load(angle_ptr + n * rot_pairs + p, mask=p < rot_pairs, other=0.0)
+    c, s = _cos_sin(angle, LIBDEVICE)
+    s = SIGN * s
+    ch = tl.arange(0, 2 * BLOCK_P)
+    mask = (r < rows)[:, None] & (ch < 2 * rot_pairs)[None, :]
+    offs = n.to(tl.int64) * x_stride_n + r[:, None].to(tl.int64) * x_stride_r + first_ch + ch[None, :]
+    a, b = tl.split(tl.reshape(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32),
+                               (BLOCK_R, BLOCK_P, 2)))
+    re = a * c[None, :] - b * s[None, :]
+    im = a * s[None, :] + b * c[None, :]
+    out = tl.reshape(tl.join(re, im), (BLOCK_R, 2 * BLOCK_P)).to(x_ptr.dtype.element_ty)
+    tl.store(x_ptr + offs, out, mask=mask)
+
+
+def _rope_inplace(x: torch.Tensor, angles: torch.Tensor, inverse: bool) -> torch.Tensor:
+    n, d, rot_pairs = x.shape[0], x.shape[-1], angles.shape[-1]
+    try:
+        x3 = x.view(n, -1, d)  # a view, so that the kernel writes x itself
+    except RuntimeError:
+        x3 = None
+    if x3 is None or x3.stride(-1) != 1:  # x's rows cannot be addressed as [N, rows, D]: out of place
+        x.copy_(rope_interleaved(x, angles, inverse))
+        return x
+    rows = x3.shape[1]
+    block_p = triton.next_power_of_2(rot_pairs)
+    block_r = max(1, min(triton.next_power_of_2(rows), 4096 // block_p))
+    _rope_inplace_kernel[(n, triton.cdiv(rows, block_r))](
+        x3, angles.float().contiguous(), rows, rot_pairs, d - 2 * rot_pairs, x3.stride(0), x3.stride(1),
+        SIGN=-1.0 if inverse else 1.0, BLOCK_R=block_r, BLOCK_P=block_p, LIBDEVICE=x.is_cuda, num_warps=4,
+    )
+    return x
+
+
+def rope_interleaved(
+    x: torch.Tensor, angles: torch.Tensor, inverse: bool = False, *, inplace: bool = False
+) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of the last 2*P channels of x [N, ..., D] by angles [N, P] (float32).
+    `inplace`: into x itself (any strides; only the 2P rotated channels are read and written), the
+    same values; x is returned."""
     n, d, rot_pairs = x.shape[0], x.shape[-1], angles.shape[-1]
     if d % 2 or 2 * rot_pairs > d or angles.shape[0] != n:
         raise ValueError(f"rope: x {tuple(x.shape)} cannot take angles {tuple(angles.shape)}")
+    if inplace:
+        return _rope_inplace(x, angles, inverse) if x.numel() and rot_pairs else x
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.numel() == 0:  # e.g. a step that completes no compressor group
         return out

@@ -8,7 +8,9 @@ carries the compressed stream / top-k / candidate masks from source layers to Re
 
 Every layer attends, with one softmax and a per-head sink, over its sliding window (own `wkv`,
 keys (t - W, t]) plus, on compressed layers, the top-k selected entries of its KV source's stream.
-Keys and values are the same vector; RoPE sits on its last 64 channels and is undone on the output.
+Keys and values are the same vector; RoPE sits on its last 64 channels and is undone on the output
+(queries and outputs rotate in place: only those channels move; the compressed latents are copied, the
+index keys read them unrotated).
 """
 
 from __future__ import annotations
@@ -107,14 +109,16 @@ class Attention:
         return self._window_kv(self.wkv(x), angles)
 
     def _rotate_queries(self, q: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-        return self.ops.rope_interleaved(q.unflatten(-1, (self.heads, self.dim)), angles)
+        # in place: the projection's output (or its part of the fused one) is read by nothing else
+        return self.ops.rope_interleaved(q.unflatten(-1, (self.heads, self.dim)), angles, inplace=True)
 
     def _window_kv(self, kv_a: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         return self.ops.rms_norm_rope(kv_a, self.kv_norm, self.eps, angles)
 
     def project_output(self, o: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Attention output [n, heads, head_dim] -> [n, H]: undo RoPE, grouped wo_a, then wo_b."""
-        return self.wo_b(self.wo_a(self.ops.rope_interleaved(o, angles, inverse=True).flatten(1)))
+        o = self.ops.rope_interleaved(o, angles, inverse=True, inplace=True)  # o is read by nothing else
+        return self.wo_b(self.wo_a(o.flatten(1)))
 
     def _compress(self, x: torch.Tensor, step: StepState) -> None:
         """Append this step's complete groups (KV and index keys) to the KV source's paged pool."""

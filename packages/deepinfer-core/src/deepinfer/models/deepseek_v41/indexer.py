@@ -50,7 +50,7 @@ class Indexer:
 
         q: the projected queries [T, heads * dim] (indexer.wq_b of the query latent), before RoPE."""
         spec, ratio = self.spec, self.spec.compress_ratio
-        q = self.ops.rope_interleaved(q.unflatten(-1, (self.heads, self.dim)), angles)
+        q = self.ops.rope_interleaved(q.unflatten(-1, (self.heads, self.dim)), angles, inplace=True)
         if step.cache.precision == "release":
             # indexer queries cross the same MXFP4 boundary as the keys: Codec("mxfp4").round_trip's
             # values without its byte packing (two launches instead of five)

@@ -7,11 +7,15 @@ import torch
 from deepinfer.ops.reference.norm import rms_norm
 
 
-def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def rope_interleaved(
+    x: torch.Tensor, angles: torch.Tensor, inverse: bool = False, *, inplace: bool = False
+) -> torch.Tensor:
     """Rotate pairs (2i, 2i+1) of the last 2*P channels of x [N, ..., D] by angles [N, P] (float32).
 
     The rotation is a complex multiply in float32 (the released rounding); other channels pass through.
-    `inverse` applies the conjugate rotation (undoing RoPE on attention outputs).
+    `inverse` applies the conjugate rotation (undoing RoPE on attention outputs). `inplace`: the rotated
+    channels are written back into x (a view of any strides) and x is returned: the same values, without
+    copying the D - 2P channels that pass through (callers whose x is read by nothing else).
     """
     rot = 2 * angles.shape[-1]
     # an unconditional copy (not .contiguous()) keeps the op sequence independent of the batch size
@@ -22,6 +26,9 @@ def rope_interleaved(x: torch.Tensor, angles: torch.Tensor, inverse: bool = Fals
     if inverse:
         phase = phase.conj()
     rotated = torch.view_as_real(pairs * phase).flatten(-2).to(x.dtype)
+    if inplace:
+        x[..., -rot:] = rotated
+        return x
     return torch.cat((x[..., :-rot], rotated), dim=-1)
 
 

@@ -1,4 +1,5 @@
-"""Conformance cases of the attention-side ops: sink attention, interleaved RoPE, RMSNorm + RoPE."""
+"""Conformance cases of the attention-side ops: sink attention, interleaved RoPE (also in place, into a
+strided view), RMSNorm + RoPE."""
 
 from __future__ import annotations
 
@@ -71,6 +72,30 @@ def _rope_oracle(out: torch.Tensor, args: tuple, kwargs: dict) -> None:
 for _inverse in (False, True):
     name = "inverse" if _inverse else "forward"
     register(Case("rope_interleaved", name, _rope_inputs(_inverse), _rope_oracle))
+
+
+def _rope_inplace_inputs(inverse: bool):
+    """x: the first half of each row of a [6, 3, 64] buffer (a strided view, as the fused projections'
+    parts are), whose second half keeps a copy of x's values for the oracle."""
+    def make(device: torch.device, g: torch.Generator):
+        x = rand(g, 6, 3, 32, device=device)
+        buf = torch.cat((x, x), dim=-1)
+        angles = rand(g, 6, 4, device=device, scale=3.0)
+        return (buf[..., :32], angles), {"inverse": inverse, "inplace": True}
+
+    return make
+
+
+def _rope_inplace_oracle(out: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    x, angles = args
+    assert out is x, "rope_interleaved(inplace=True) returns x itself"
+    before = x.as_strided(x.shape, x.stride(), x.storage_offset() + x.shape[-1])  # the copy beside x
+    _rope_oracle(out, (before, angles), kwargs)
+
+
+for _inverse in (False, True):
+    name = "inverse-inplace" if _inverse else "forward-inplace"
+    register(Case("rope_interleaved", name, _rope_inplace_inputs(_inverse), _rope_inplace_oracle))
 
 
 def _norm_rope_inputs(dtype: torch.dtype):
