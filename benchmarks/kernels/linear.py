@@ -6,7 +6,11 @@ Usage (GPU): python3 benchmarks/kernels/linear.py --out DIR [--tokens 1,8,...]
 --decode: only the FP8 shapes at few tokens, graph-timed, against the copy bandwidth and the read floor
 of the same bytes (`roofline.stream_floor`: the fastest plain read of them in one kernel), next to a
 baseline module's `linear(x, prepared, out_dtype)` (--baseline FILE, e.g. an earlier kernel;
---baseline-table JSON: the config table it looks up, e.g. the earlier tune) -> linear_decode.*"""
+--baseline-table JSON: the config table it looks up, e.g. the earlier tune) -> linear_decode.*
+--invariant: the batch-invariant base configs swept at M = 1 and written into the installed table (or
+--table), then default vs invariant mode per M, bitwise checks, read floors, the decode-once path's parts
+(and the baseline module's invariant mode with --baseline) -> linear_invariant.*, linear_invariant_sweep.*,
+invariant_entries.json"""
 
 from __future__ import annotations
 
