@@ -7,11 +7,9 @@ Variants of `fp4`, by suffix (combinable): `-inv` batch-invariant mode (`moe(...
 fixed tiles at every size); `-ops` the Triton integer FP4 decode instead of the packed PTX one
 (`PreparedExperts.asm`); `-dBN_BM_BK_WARPS_STAGES` the decode path's tile forced (`moe.DECODE_OVERRIDE`;
 BM 1: the GEMVs, 16: the MMA kernels with one block per assignment), else the table's;
-`-gBN_BM_BK_WARPS_STAGES[_SPLIT[_MAXNREG[_TMA[_PDL]]]]` the grouped kernels' tile above the decode sizes
-(SPLIT 2: the FP4 high nibbles in a second accumulator; MAXNREG: registers per thread; TMA:
-`TileConfig.tma`, the TMA kernels' bits; the same extra numbers on -d and -u tiles, where a -d tile's SPLIT
-is the fused path's shared-expert split over H and PDL 1 launches that kernel with programmatic dependent
-launch), `-h...` the same for the grouped
+`-gBN_BM_BK_WARPS_STAGES[_SPLIT[_MAXNREG[_TMA]]]` the grouped kernels' tile above the decode sizes (SPLIT 2:
+the FP4 high nibbles in a second accumulator; MAXNREG: registers per thread; TMA: `TileConfig.tma`, the
+TMA kernels' bits), `-h...` the same for the grouped
 down kernel alone (default: the `-g` tile; same BM); `-uBN_BM_BK_WARPS_STAGES` the
 fused decode path (shared expert in the routed launches, combine in the down kernel) with this down tile
 (`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile; a sixth number > 1: one program per
@@ -97,8 +95,8 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
             down = False
         elif flag[0] in "dghu":
             bn, bm, bk, warps, stages, *extra = map(int, flag[1:].split("_"))
-            more = dict(zip(("maxnreg", "tma", "pdl"), extra[1:]))
-            tile = TileConfig(bn, bm, bk, extra[0] if extra else 1, warps, stages, **more)
+            tile = TileConfig(bn, bm, bk, extra[0] if extra else 1, warps, stages,
+                              extra[1] if len(extra) > 1 else 0, extra[2] if len(extra) > 2 else 0)
             if flag[0] == "d":
                 decode = tile
             elif flag[0] == "g":

@@ -1,8 +1,7 @@
 """The fused MoE decode path (`moe._decode_fused`: the routing and the FP8 shared expert, as one more
 assignment, in the routed gate+up launch; the down projections and the combine in one launch) under
 Triton's CPU interpreter (float32, tiny shapes) against the reference op: CUDA-core and MMA tiles, FP4
-and E4M3 experts, image rows (bias_vl), the shared expert's gate+up split over H (the gate+up tile's
-split_k); and the router's CUDA-core GEMV for few tokens."""
+and E4M3 experts, image rows (bias_vl); and the router's CUDA-core GEMV for few tokens."""
 
 import pytest
 
@@ -42,26 +41,12 @@ for fp8, t, tiles in ((False, 1, gemv), (False, 3, mma), (True, 3, gemv), (True,
         assert torch.equal(got, moe.moe(x, ours, mask)), tiles
     moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
     assert rel(got, ref_moe.moe(x, ref, mask)) < 1e-5, (fp8, t, tiles)
-# the gate+up tile's split_k: the shared expert's gate+up in that many shares of H, finished by the down
-# launch (per-token and per-slot down programs agree bitwise)
-for fp8, t, tiles in ((False, 2, (replace(mma[0], split_k=2), mma[1])),
-                      (True, 3, (replace(mma[0], split_k=2), split_mma[1]))):
-    ours = layer(lambda *w: moe.prepare_experts(*w, fp8=fp8), linear.prepare_linear)
-    x = torch.randn(t, h)
-    moe.DECODE_OVERRIDE, moe.DECODE_DOWN_OVERRIDE = tiles
-    got = moe.moe(x, ours)
-    if tiles[1].split_k > 1:
-        moe.DECODE_DOWN_OVERRIDE = replace(tiles[1], split_k=1)
-        assert torch.equal(got, moe.moe(x, ours)), tiles
-    moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
-    assert rel(got, ref_moe.moe(x, ref)) < 1e-5, ("shared split", fp8, t, tiles)
-for tiles in ((replace(mma[0], split_k=3), mma[1]), (replace(mma[0], split_k=2), gemv[1])):
-    moe.DECODE_OVERRIDE, moe.DECODE_DOWN_OVERRIDE = tiles
-    try:  # shares of H that are not whole K steps; a split with a CUDA-core down tile
-        moe.moe(torch.randn(1, h), layer(moe.prepare_experts, linear.prepare_linear))
-        raise AssertionError(f"fused decode ran with tiles {tiles}")
-    except ValueError as err:
-        assert "shared expert shares" in str(err), err
+moe.DECODE_OVERRIDE, moe.DECODE_DOWN_OVERRIDE = replace(mma[0], split_k=2), mma[1]
+try:  # the gate+up tile takes no split K
+    moe.moe(torch.randn(1, h), layer(moe.prepare_experts, linear.prepare_linear))
+    raise AssertionError("a gate+up tile with split_k 2 ran")
+except ValueError as err:
+    assert "split_k 2" in str(err)
 moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
 moe.ROUTER_GEMV_TOKENS = 16  # the router's CUDA-core GEMV: BF16 and float32 inputs, ragged token counts
 for t, dtype in ((1, torch.bfloat16), (3, torch.float32), (9, torch.bfloat16)):

@@ -36,7 +36,6 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer.checkpoint.formats import E2M1_VALUES, pack_fp4, unpack_fp4_codes
@@ -756,17 +755,13 @@ def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl
 def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, stride_sn,
                  W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                  BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, w2_ptr=None, s2_ptr=None,
-                 PAIR: tl.constexpr = False, part_ptr=None, part_stride=0, limit=0.0,
-                 PARTS: tl.constexpr = 0):
+                 PAIR: tl.constexpr = False):
     """W[offs_n, k_lo:k_hi] x_row[k_lo:k_hi] as float32 [BN], offs_n = program_id(1) * BN + arange(BN):
     BM >= 16, the grouped kernels' MMA with one live token column; BM == 1, CUDA-core products
     (`_row_products`). PAIR: (W x, W2 x) of a second weight (w2_ptr, s2_ptr; same shape and strides) in
     the same K loop (gate and up: H200 2026-12-02, 110 us per MoE layer at batch 1 vs 113 with a loop
-    each), else (W x, W x). PARTS > 1 (MMA tiles, FP8 weights: the shared expert's down projection): the
-    input row is not read from x_row but made from the shared expert's gate+up partial sums
-    (`_shared_act`; x_row gives its dtype)."""
+    each), else (W x, W x)."""
     if BM == 1:
-        tl.static_assert(PARTS <= 1)
         if not W_FP8:
             acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
         else:
@@ -789,14 +784,7 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
     unused = tl.zeros((BN, 1), dtype=tl.float32)
     tl.assume(k_hi > k_lo)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(k_lo, k_hi, BK):
-        if PARTS > 1:
-            tl.static_assert(W_FP8)
-            x_ty = x_row.dtype.element_ty
-            xs = _shared_act(part_ptr, k0 + tl.arange(0, BK), part_stride, limit, PARTS, x_ty)
-            x_a = tl.where(live[None, :], xs[:, None], 0.0).to(x_ty)
-            x_b = x_a
-        else:
-            x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
+        x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
         acc, _ = _expert_dot(acc, unused, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                              W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1)
         if PAIR:
@@ -807,86 +795,48 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
 
 
 @triton.jit
-def _shared_act(part_ptr, cols, part_stride, limit, PARTS: tl.constexpr, out_ty: tl.constexpr):
-    """The shared expert's activations at columns `cols` from its PARTS K-split partial sums of gate and
-    up (float32 rows 2s and 2s + 1 of part_ptr, part_stride apart), summed in split order, then
-    `_swiglu_store`'s rounding points and ops (routing weight 1)."""
-    gate = tl.load(part_ptr + cols)
-    up = tl.load(part_ptr + part_stride + cols)
-    for j in tl.static_range(1, PARTS):
-        gate += tl.load(part_ptr + 2 * j * part_stride + cols)
-        up += tl.load(part_ptr + (2 * j + 1) * part_stride + cols)
-    gate = tl.minimum(gate.to(out_ty).to(tl.float32), limit)
-    up = tl.minimum(tl.maximum(up.to(out_ty).to(tl.float32), -limit), limit)
-    return (gate / (1.0 + tl.exp(-gate)) * up * 1.0).to(out_ty)
-
-
-@triton.jit
 def _decode_gate_up_kernel(
     x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, act_ptr,
-    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, ids_ptr, route_w_ptr, count_ptr, part_ptr,
+    logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, ids_ptr, route_w_ptr, count_ptr,
     A, E, inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     limit, route_scale, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_COUNT: tl.constexpr, EVEN_N: tl.constexpr = False,
-    SHARED_SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
     token a - A's shared expert (FP8, 32x32 block scales): both in one launch, each program routing its
     token itself (`_route_token`, the same selection in every program) instead of a routing launch.
     The shared expert's first program of a token stores the token's expert ids and routing weights for
     the down launch and, BLOCK_COUNT > 0, zeroes its n_count arrival counters of
-    `_decode_down_split_kernel`. SHARED_SPLIT > 1: each token's shared expert is that many programs, one
-    per equal share of H, storing float32 partial sums of gate and up (rows 2s, 2s + 1 of part_ptr's
-    token t) for the down launch to finish (`_shared_act`): 36 programs of twice a routed program's
-    bytes made the tail of this launch at batch 1. PDL (programmatic dependent launch): programs may start
-    while the router's launch runs; the shared expert's run their K loop (x and weights only: written
-    before the router launch began) before waiting for it, the routed ones wait first."""
+    `_decode_down_split_kernel`."""
     a = tl.program_id(0)
     pid_n = tl.program_id(1)
-    j = tl.maximum(a - A, 0)  # the shared expert's programs: token j // SHARED_SPLIT, share j % SHARED_SPLIT
-    share = j % SHARED_SPLIT
-    first = (a >= A) & (pid_n == 0) & (share == 0)
+    first = (a >= A) & (pid_n == 0)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_mask = (offs_n < inter) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
-    t = tl.where(a < A, a // TOPK, j // SHARED_SPLIT)
+    t = tl.where(a < A, a // TOPK, a - A)
+    picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
+                                       HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
     slot = tl.arange(0, BLOCK_K)
+    mine = slot == a - t * TOPK
+    rw = tl.where(a < A, tl.sum(tl.where(mine, picked_w, 0.0), axis=0), 1.0)  # shared expert: 1 (exact)
+    stored = tl.where(first, TOPK, 0)
+    tl.store(ids_ptr + t * TOPK + slot, picked_id, mask=slot < stored)
+    tl.store(route_w_ptr + t * TOPK + slot, picked_w, mask=slot < stored)
+    if BLOCK_COUNT > 0:
+        c = tl.arange(0, BLOCK_COUNT)
+        zeroed = tl.where(first, n_count, 0)
+        tl.store(count_ptr + t * n_count + c, tl.zeros((BLOCK_COUNT,), dtype=tl.int32), mask=c < zeroed)
     x_row = x_ptr + t.to(tl.int64) * stride_xm
     if a < A:
-        if PDL:
-            gdc_wait()
-        picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
-                                           HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
-        mine = slot == a - t * TOPK
-        rw = tl.sum(tl.where(mine, picked_w, 0.0), axis=0)
         expert = tl.sum(tl.where(mine, picked_id, 0), axis=0).to(tl.int64)
         gate, up = _one_row_dot(x_row, w1_ptr + expert * stride_we, s1_ptr + expert * stride_se, offs_n,
                                 n_mask, 0, H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM,
                                 w3_ptr + expert * stride_we, s3_ptr + expert * stride_se, PAIR=True)
-        _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
     else:
-        k_len = H // SHARED_SPLIT
-        k_lo = share * k_len
-        gate, up = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, k_lo, k_lo + k_len, shared_wn,
-                                shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False, sw3_ptr, ss3_ptr,
-                                PAIR=True)
-        if PDL:
-            gdc_wait()
-        if first:
-            picked_w, picked_id = _route_token(logits_ptr, bias_ptr, bias_vl_ptr, mask_ptr, t, E, route_scale,
-                                               HAS_MASK, TOPK, BLOCK_E, BLOCK_K)
-            tl.store(ids_ptr + t * TOPK + slot, picked_id, mask=slot < TOPK)
-            tl.store(route_w_ptr + t * TOPK + slot, picked_w, mask=slot < TOPK)
-            if BLOCK_COUNT > 0:
-                c = tl.arange(0, BLOCK_COUNT)
-                zeros = tl.zeros((BLOCK_COUNT,), dtype=tl.int32)
-                tl.store(count_ptr + t * n_count + c, zeros, mask=c < n_count)
-        if SHARED_SPLIT > 1:
-            row = part_ptr + (j * 2).to(tl.int64) * inter + offs_n
-            tl.store(row, gate, mask=n_mask)
-            tl.store(row + inter, up, mask=n_mask)
-        else:  # routing weight 1 (exact)
-            _swiglu_store(gate, up, 1.0, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
+        gate, up = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, 0, H, shared_wn, shared_sn, True,
+                                GROUP_TL, BN, BM, BK, IEEE, False, sw3_ptr, ss3_ptr, PAIR=True)
+    _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
 
 
 @triton.jit
@@ -902,18 +852,14 @@ def _swiglu_store(gate, up, rw, limit, act_ptrs, n_mask):
 
 @triton.jit
 def _decode_down_kernel(
-    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, out_ptr, part_ptr, limit,
+    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, out_ptr,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, SHARED_SPLIT: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):
     """out[t] = (sum over slots of round(expert W2 act)) rounded, plus round(shared W2 act), rounded: the
     down projections of token t's TOPK assignments and its shared expert and `_combine_kernel`'s sum
-    in one program per (token, tile of H), slots in order (deterministic, no atomics). PDL: programs may
-    start while the gate+up launch runs and wait for it first."""
-    if PDL:
-        gdc_wait()
+    in one program per (token, tile of H), slots in order (deterministic, no atomics)."""
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = (offs_n < H) | EVEN_N  # EVEN_N: no masks (BN divides the rows)
@@ -927,27 +873,21 @@ def _decode_down_kernel(
                             EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         routed += y.to(out_ty).to(tl.float32)
     shared, _ = _one_row_dot(act_ptr + (A + t).to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
-                             inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False,
-                             part_ptr=part_ptr + (t * SHARED_SPLIT * 2).to(tl.int64) * inter,
-                             part_stride=inter, limit=limit, PARTS=SHARED_SPLIT)
+                             inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
     out = routed.to(out_ty).to(tl.float32) + shared.to(out_ty).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
 
 
 @triton.jit
 def _decode_down_split_kernel(
-    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, y_ptr, count_ptr, out_ptr, part_ptr, limit,
+    act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, y_ptr, count_ptr, out_ptr,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, SHARED_SPLIT: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):
     """`_decode_down_kernel` with one program per (assignment or shared expert, tile of H): each stores its
     rounded rows, and the last of a token's TOPK + 1 to arrive (an arrival counter per token and tile,
-    zeroed by the gate+up launch) sums them in slot order, as `_decode_down_kernel` does (bitwise). PDL: as
-    `_decode_down_kernel`."""
-    if PDL:
-        gdc_wait()
+    zeroed by the gate+up launch) sums them in slot order, as `_decode_down_kernel` does (bitwise)."""
     a = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -960,11 +900,9 @@ def _decode_down_split_kernel(
                             EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
         t = a // TOPK
     else:
-        t = a - A
         y, _ = _one_row_dot(act_ptr + a.to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
-                            inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False,
-                            part_ptr=part_ptr + (t * SHARED_SPLIT * 2).to(tl.int64) * inter,
-                            part_stride=inter, limit=limit, PARTS=SHARED_SPLIT)
+                            inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+        t = a - A
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, y.to(out_ty), mask=n_mask)
     tl.debug_barrier()  # every thread's rows are stored before the counter's release
     if tl.atomic_add(count_ptr + t * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") == TOPK:
@@ -985,9 +923,7 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
     projections with the combine: one program per (token, tile) looping over its slots
     (`_decode_down_kernel`), or with the down tile's split_k > 1 one program per (slot, tile) and the last
     to arrive combining (`_decode_down_split_kernel`). Tiles: BM 1 = CUDA-core products (BN must divide
-    32: the shared expert's block scales), BM >= 16 = MMA with one live column. The gate+up tile's
-    split_k: the shared expert's gate+up as that many programs per tile, each over an equal share of H
-    (whole K steps), their partial sums finished in the down launch (which then needs an MMA tile)."""
+    32: the shared expert's block scales), BM >= 16 = MMA with one live column."""
     t, e = logits.shape
     k = layer.topk
     p, w1, w3, w2 = layer.experts, layer.shared_w1, layer.shared_w3, layer.shared_w2
@@ -1003,49 +939,36 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
     weights = torch.empty((t * k,), dtype=torch.float32, device=x.device)
     count = torch.empty((t * down_tiles if split else 1,), dtype=torch.int32, device=x.device)
     c = up_cfg
-    shares, bk = c.split_k, configs.block_k(h, c.block_k)
-    if shares < 1 or h % (shares * bk) or (shares > 1 and down_cfg.block_m == 1):
-        raise ValueError(f"fused MoE decode: gate+up tile {c}: split_k (shared expert shares) must leave "
-                         f"whole K steps of {bk} in {h} columns, and with split_k > 1 the down tile "
-                         f"{down_cfg} must be an MMA tile (block_m >= 16)")
-    part = torch.empty((t * shares * 2 if shares > 1 else 1, i), dtype=torch.float32, device=x.device)
-    _decode_gate_up_kernel[(t * k + t * shares, triton.cdiv(i, c.block_n))](
+    if c.split_k != 1:  # split K over H measured slower (H200 2026-12-02: 138 vs 110 us at batch 1)
+        raise ValueError(f"fused MoE decode: gate+up tile split_k {c.split_k}, expected 1")
+    _decode_gate_up_kernel[(t * k + t, triton.cdiv(i, c.block_n))](
         x, p.w1, p.s1, p.w3, p.s3, w1.weight, w1.scale, w3.weight, w3.scale, act,
         logits.contiguous(), layer.bias, layer.bias_vl, ids if image_mask is None else image_mask, ids,
-        weights, count, part, t * k, e, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1),
+        weights, count, t * k, e, i, h, x.stride(0), p.w1.stride(0), p.w1.stride(1),
         p.s1.stride(0), p.s1.stride(1), w1.weight.stride(0), w1.scale.stride(0), float(layer.swiglu_limit),
-        float(layer.route_scale), down_tiles, TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=bk,
+        float(layer.route_scale), down_tiles, TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m,
+        BK=configs.block_k(h, c.block_k),
         IEEE=ieee, ASM=p.asm, HAS_MASK=image_mask is not None, BLOCK_E=triton.next_power_of_2(e),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0,
-        EVEN_N=i % c.block_n == 0, SHARED_SPLIT=shares, num_warps=c.num_warps, num_stages=c.num_stages,
-        maxnreg=c.maxnreg or None, **_pdl(c, x),
+        EVEN_N=i % c.block_n == 0, num_warps=c.num_warps, num_stages=c.num_stages,
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
     strides = (p.w2.stride(0), p.w2.stride(1), p.s2.stride(0), p.s2.stride(1), w2.weight.stride(0),
                w2.scale.stride(0))
     meta = dict(TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(i, c.block_k),
-                IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, SHARED_SPLIT=shares, num_warps=c.num_warps,
-                num_stages=c.num_stages, maxnreg=c.maxnreg or None, **_pdl(c, x))
-    limit = float(layer.swiglu_limit)
+                IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, num_warps=c.num_warps,
+                num_stages=c.num_stages)
     if split:
         y = torch.empty((t * k + t, h), dtype=x.dtype, device=x.device)
         _decode_down_split_kernel[(t * k + t, down_tiles)](
-            act, p.w2, p.s2, ids, w2.weight, w2.scale, y, count, out, part, limit, t * k, h, i, *strides,
-            **meta,
+            act, p.w2, p.s2, ids, w2.weight, w2.scale, y, count, out, t * k, h, i, *strides, **meta,
         )
     else:
         _decode_down_kernel[(t, down_tiles)](
-            act, p.w2, p.s2, ids, w2.weight, w2.scale, out, part, limit, t * k, h, i, *strides, **meta,
+            act, p.w2, p.s2, ids, w2.weight, w2.scale, out, t * k, h, i, *strides, **meta,
         )
     return out
-
-
-def _pdl(cfg: configs.TileConfig, x: torch.Tensor) -> dict:
-    """Launch arguments for programmatic dependent launch where the tile asks for it (sm_90 and newer:
-    grid dependency control is a Hopper instruction; the interpreter has none)."""
-    pdl = bool(cfg.pdl) and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
-    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 @dataclass(frozen=True)
@@ -1198,8 +1121,7 @@ def routed_experts(
         cfg = DECODE_OVERRIDE or configs.lookup_moe_decode(h, i, x.device)
         if cfg.block_m == 1:
             return routed_experts_decode(x, weights, ids, experts, swiglu_limit, cfg)
-        # a decode tile's split_k is the fused path's shared-expert split (`_decode_fused`), not this one's
-        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, replace(cfg, split_k=1), direct=True)
+        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, direct=True)
     if config is not None:
         return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, config, down_cfg=down_config)
     cfg = configs.lookup_moe(t * k, e, h, i, x.device)
