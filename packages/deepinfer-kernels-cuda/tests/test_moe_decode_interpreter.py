@@ -1,7 +1,8 @@
 """The fused MoE decode path (`moe._decode_fused`: the routing and the FP8 shared expert, as one more
 assignment, in the routed gate+up launch; the down projections and the combine in one launch) under
 Triton's CPU interpreter (float32, tiny shapes) against the reference op: CUDA-core and MMA tiles, FP4
-and E4M3 experts, image rows (bias_vl); and the router's CUDA-core GEMV for few tokens."""
+and E4M3 experts, image rows (bias_vl); batch-invariant mode's fused decode (bitwise its unfused path);
+and the router's CUDA-core GEMV for few tokens."""
 
 import pytest
 
@@ -48,6 +49,18 @@ try:  # the gate+up tile takes no split K
 except ValueError as err:
     assert "split_k 2" in str(err)
 moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
+# batch-invariant mode up to DECODE_ASSIGNMENTS: the fused kernels at INVARIANT_CONFIG, bitwise the grouped
+# kernels' invariant path (DECODE_DOWN_OVERRIDE False: unfused)
+for fp8, t in ((False, 1), (True, 3), (False, 10)):
+    ours = layer(lambda *w: moe.prepare_experts(*w, fp8=fp8), linear.prepare_linear)
+    x = torch.randn(t, h)
+    mask = torch.rand(t) < 0.5
+    assert moe._fused_decode_tiles(t, ours, True)[0] == moe.INVARIANT_CONFIG
+    got = moe.moe(x, ours, mask, batch_invariant=True)
+    moe.DECODE_DOWN_OVERRIDE = False
+    assert torch.equal(got, moe.moe(x, ours, mask, batch_invariant=True)), (fp8, t)
+    moe.DECODE_DOWN_OVERRIDE = None
+    assert rel(got, ref_moe.moe(x, ref, mask)) < 1e-5, ("invariant", fp8, t)
 moe.ROUTER_GEMV_TOKENS = 16  # the router's CUDA-core GEMV: BF16 and float32 inputs, ragged token counts
 for t, dtype in ((1, torch.bfloat16), (3, torch.float32), (9, torch.bfloat16)):
     x = torch.randn(t, h).to(dtype)

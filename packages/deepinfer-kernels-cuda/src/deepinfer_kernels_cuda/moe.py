@@ -1220,7 +1220,8 @@ def moe(
     """The MoE sub-layer for `layer` (deepinfer.ops MoEWeights with cuda-prepared experts/linears).
 
     `batch_invariant`: a token's output does not depend on the batch around it (bitwise): the
-    router GEMM, the routed experts and the FP8 shared expert run fixed-tile kernels at every size."""
+    router GEMM, the routed experts and the FP8 shared expert run fixed-tile kernels at every size (up
+    to DECODE_ASSIGNMENTS the fused decode kernels at that tile: `_fused_decode_tiles`)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     mask = image_mask.reshape(-1) if image_mask is not None else None
@@ -1228,7 +1229,7 @@ def moe(
     xe = x2.to(layer.dtype)
     if xe.stride(-1) != 1:
         xe = xe.contiguous()
-    fused = None if batch_invariant else _fused_decode_tiles(x2.shape[0], layer)
+    fused = _fused_decode_tiles(x2.shape[0], layer, batch_invariant)
     if fused is not None:
         return _decode_fused(xe, logits, mask, layer, *fused).reshape(shape)
     weights, ids = route(logits, layer.bias, layer.bias_vl, mask, layer.topk, layer.route_scale)
@@ -1253,14 +1254,22 @@ def _is_fp8_block(w: Any) -> bool:
 DECODE_DOWN_OVERRIDE: configs.TileConfig | bool | None = None
 
 
-def _fused_decode_tiles(t: int, layer: Any) -> tuple[configs.TileConfig, configs.TileConfig] | None:
+def _fused_decode_tiles(t: int, layer: Any, invariant: bool = False
+                        ) -> tuple[configs.TileConfig, configs.TileConfig] | None:
     """(gate+up, down) tiles of `_decode_fused` for t tokens, or None where the unfused path runs: above
-    DECODE_ASSIGNMENTS, a shared expert that is not FP8 with 32x32 blocks, or no down tile in the table."""
+    DECODE_ASSIGNMENTS, a shared expert that is not FP8 with 32x32 blocks, or no down tile in the table.
+    `invariant` (batch-invariant mode): INVARIANT_CONFIG for both, down a program per slot. Bitwise the
+    unfused invariant path (grouped kernels at INVARIANT_CONFIG, the shared expert as a one-expert MLP at
+    the same tile, the combine kernel): each output column's MMA chain is the same (same tile and K
+    order, one live column instead of up to 16), so are the routing (`_route_token` of the same logits),
+    the rounding points and the slot-order sum; 3 launches instead of ~9 at batch 1."""
     shared = (layer.shared_w1, layer.shared_w3, layer.shared_w2)
     if DECODE_DOWN_OVERRIDE is False or not 0 < t * layer.topk <= DECODE_ASSIGNMENTS:
         return None
     if not all(_is_fp8_block(w) for w in shared):
         return None
+    if invariant:
+        return INVARIANT_CONFIG, replace(INVARIANT_CONFIG, split_k=2)
     p, device = layer.experts, layer.shared_w1.weight.device
     down = DECODE_DOWN_OVERRIDE or configs.lookup_moe_decode_down(p.hidden, p.inter, device)
     if down is None:
