@@ -126,9 +126,9 @@ def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[objec
     return rows
 
 
-_SPLIT_CONFIGS = [  # tile rows, columns per program, columns per step, warps, stages
-    (64, 1024, 64, 4, 4), (64, 512, 64, 4, 4), (64, 2048, 128, 4, 3), (128, 1024, 64, 4, 4),
-    (128, 2048, 64, 8, 4), (128, 1024, 128, 8, 3),
+_SPLIT_CONFIGS = [  # tile rows, columns per program, columns per step, warps, stages (the default first)
+    (64, 256, 64, 4, 4), (64, 128, 64, 4, 2), (64, 1024, 64, 4, 4), (64, 512, 64, 4, 4),
+    (64, 2048, 128, 4, 3), (128, 1024, 64, 4, 4), (128, 2048, 64, 8, 4), (128, 1024, 128, 8, 3),
 ]
 
 
