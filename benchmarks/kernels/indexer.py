@@ -97,16 +97,16 @@ def prefill(out, baseline: dict | None, t: int = 2048, ratio: int = 2,
         print(rows[-1], flush=True)
     scores = want
     top_want = topk_select(scores, TOPK, chunk=capacity)
-    select_default = indexer._SELECT_WARPS
+    select_default = indexer._SELECT_WARPS, indexer._SELECT_SHORT_WARPS
     for name, warps in ([("baseline", None)] if baseline else []) + [("new", 8), ("new", 4), ("new", 2)]:
         if warps:
-            indexer._SELECT_WARPS = warps
+            indexer._SELECT_WARPS = indexer._SELECT_SHORT_WARPS = warps
         try:
             fn = mods[name]["topk_select"]
             same = torch.equal(fn(scores, TOPK, chunk=capacity), top_want)
             ms = graph_ms(lambda s, fn=fn: fn(s, TOPK, chunk=capacity), [(scores,)])
         finally:
-            indexer._SELECT_WARPS = select_default
+            indexer._SELECT_WARPS, indexer._SELECT_SHORT_WARPS = select_default
         rows.append([f"select {name} {warps or ''} warps", ms * 1e3, "", same, ""])
         print(rows[-1], flush=True)
     for name, mod in mods.items():

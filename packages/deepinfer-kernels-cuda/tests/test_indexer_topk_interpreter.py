@@ -111,8 +111,9 @@ for topk_blocks in (263, 300, 100):
 
 # row tiles (prefill): the same scores, candidate mask and zeroed digit counts as one row per program, with
 # tiles of one sequence and tiles that mix three (one pass per sequence) and partial tiles and entry blocks
-assert tile_rows(127, 1, 32, False) == 1 and tile_rows(128, 1, 32, False) == 4  # rows, sequences, heads
-assert tile_rows(256, 256, 32, False) == 1 and tile_rows(256, 64, 32, False) == 4  # decode / verification
+assert tile_rows(127, 1, 32, False) == 1 and tile_rows(128, 1, 32, False) == 8  # rows, sequences, heads
+assert tile_rows(256, 256, 32, False) == 1 and tile_rows(256, 64, 32, False) == 1  # decode / verification
+assert tile_rows(512, 64, 32, False) == 8 and tile_rows(128, 1, 16, False) == 16  # 256-row products
 assert tile_rows(4096, 1, 32, True) == 1  # batch-invariant
 t, capacity = 21, 200
 q = torch.randint(-4, 5, (t, heads, dim), generator=g).float()

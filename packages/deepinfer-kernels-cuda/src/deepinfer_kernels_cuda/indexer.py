@@ -241,7 +241,11 @@ def _order_key(s):
 # steps so that about _TARGET_PROGRAMS programs (2 per SM of an H200) share the work.
 _BLOCK = 1024
 _TARGET_PROGRAMS = 264
-_SELECT_WARPS = 8  # warps of the one-program-per-row select
+_SELECT_WARPS = 8  # warps of the one-program-per-row select ...
+# ... and up to this many entries a row: 2 warps (H200, the prefill's rows of 1024 / 2048 entries, session 10:
+# 46 / 109 us against 75 / 164 us with 8 warps; the same ids: the select is exact). Longer rows keep 8 (not
+# measured with fewer)
+_SELECT_SHORT, _SELECT_SHORT_WARPS = 2048, 2
 
 
 @triton.jit
@@ -414,7 +418,10 @@ def _chunk_write_kernel(
 
 
 TILE_ROWS = 128  # rows from which the scores may take row tiles (below: decode and verification steps)
-_TILE_MMA_ROWS = 128  # query rows (heads of the tile's rows) per product
+# query rows (heads of the tile's rows) per product: 8 rows of 32 heads. H200, a 2048-token prefill's scores
+# (benchmarks/kernels/indexer.py --prefill, session 10), 4 key tiles, 8 warps, cap 128: 141 us (ratio 2,
+# capacity 1024) and 245 us (ratio 1, 2048) against 182 / 341 us with 128 rows, the same scores bitwise
+_TILE_MMA_ROWS = 256
 
 
 def tile_rows(rows: int, seqs: int, heads: int, batch_invariant: bool) -> int:
@@ -464,8 +471,9 @@ def topk_select(
     allowed_arg = scores if allowed is None else allowed.contiguous()
     block_k = min(1024, triton.next_power_of_2(k))
     if chunk >= capacity:
+        warps = _SELECT_SHORT_WARPS if capacity <= _SELECT_SHORT else _SELECT_WARPS
         _topk_kernel[(rows,)](scores, allowed_arg, top, capacity, k, HAS_ALLOWED=allowed is not None,
-                              BLOCK=_BLOCK, BLOCK_K=block_k, num_warps=_SELECT_WARPS)
+                              BLOCK=_BLOCK, BLOCK_K=block_k, num_warps=warps)
         return top
     block = min(_BLOCK, chunk)
     if chunk < 1 or block & (block - 1) or chunk % block:
