@@ -184,6 +184,9 @@ def gaps(ks: list[Kernel], events: list[Any], top: int) -> dict[str, Any]:
         "idle_before_first_us": first,
         "idle_between_us": late + other, "host_late_us": late, "other_idle_us": other,
         "part_before_first": inner(parts, ks[0].launch) if ks and ks[0].launch is not None else "-",
+        # the first kernels: (name, host us from the step's start to its launch call, to its GPU start)
+        "first_kernels": [(k.name[:50], None if k.launch is None else k.launch - step[0], k.start - step[0])
+                          for k in ks[:5]],
         "largest_gaps": sorted(rows, key=lambda r: -r["gap_us"])[:top],
         "gap_us_by_part": dict(Counter({p: sum(r["gap_us"] for r in rows if r["part"] == p)
                                         for p in {r["part"] for r in rows}}).most_common()),
@@ -208,6 +211,9 @@ def report(r: dict[str, Any]) -> str:
               f"the first kernel {g['idle_before_first_us']:.0f} us (host in "
               f"{g['part_before_first']}), idle between kernels {g['idle_between_us']:.0f} us (host-late "
               f"{g['host_late_us']:.0f}, other {g['other_idle_us']:.0f})",
+              "first kernels (name, launch call us / GPU start us after the step's start): "
+              + "; ".join(f"{n} {'-' if at is None else f'{at:.0f}'} / {gpu:.0f}"
+                          for n, at, gpu in g["first_kernels"]),
               "gap us by the part that launched the next kernel: "
               + ", ".join(f"{k} {v:.0f}" for k, v in g["gap_us_by_part"].items()),
               "", "| gap us | host-late us | next kernel | family | part | op | runtime calls in the gap |",
