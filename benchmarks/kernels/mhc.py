@@ -126,9 +126,11 @@ def variant_rows(sizes: list[int], baseline: Callable | None) -> list[list[objec
     return rows
 
 
-_SPLIT_CONFIGS = [  # tile rows, columns per program, columns per step, warps, stages (the default first)
-    (64, 256, 64, 4, 4), (64, 128, 64, 4, 2), (64, 1024, 64, 4, 4), (64, 512, 64, 4, 4),
-    (64, 2048, 128, 4, 3), (128, 1024, 64, 4, 4), (128, 2048, 64, 8, 4), (128, 1024, 128, 8, 3),
+_SPLIT_CONFIGS = [  # tile rows, columns per program, columns per step, warps, stages, columns per tensor-core
+    # accumulation chain (0: the program's; the default first)
+    (64, 256, 64, 4, 4, 0), (64, 1024, 64, 4, 4, 256), (64, 512, 64, 4, 4, 256), (64, 2048, 64, 4, 4, 256),
+    (64, 128, 64, 4, 2, 0), (64, 1024, 64, 4, 4, 0), (64, 512, 64, 4, 4, 0), (64, 2048, 128, 4, 3, 0),
+    (128, 1024, 64, 4, 4, 0), (128, 2048, 64, 8, 4, 0), (128, 1024, 128, 8, 3, 0),
 ]
 
 
@@ -141,14 +143,15 @@ def split_config_rows(t: int) -> list[list[object]]:
     default = dict(mhc._SPLIT_TILE), mhc._SPLIT_FINISH_ROWS
     configs = [(c, default[1]) for c in _SPLIT_CONFIGS] + [(_SPLIT_CONFIGS[0], r) for r in (4, 16, 32)]
     rows: list[list[object]] = []
-    for (block_t, chunk, block_k, warps, stages), finish in configs:
+    for (block_t, chunk, block_k, warps, stages, chain), finish in configs:
         mhc._SPLIT_TILE.update(BLOCK_T=block_t, K_CHUNK=chunk, BLOCK_K=block_k, num_warps=warps,
-                               num_stages=stages)
+                               num_stages=stages, CHAIN=chain)
         mhc._SPLIT_FINISH_ROWS = finish
         try:
             err = max(float((a - b).abs().max())
                       for a, b in zip(mhc.hc_coefficients(*sets[0]), want, strict=True))
-            rows.append([f"{block_t}x{block_k} /{chunk} w{warps} s{stages}", finish, t,
+            rows.append([f"{block_t}x{block_k} /{chunk}{f' chains of {chain}' if chain else ''} w{warps} "
+                         f"s{stages}", finish, t,
                          graph_ms(mhc.hc_coefficients, sets) * 1e3, err])
         finally:
             mhc._SPLIT_TILE.update(default[0])

@@ -76,13 +76,16 @@ import triton
 from deepinfer_kernels_cuda import mhc as ker
 
 g = torch.Generator().manual_seed(2)
-for t, k, block_t, chunk, block_k in ((70, 640, 64, 256, 64), (130, 400, 16, 128, 32)):
+# (chain: columns per tensor-core accumulation chain, 0 = the program's; 128 of 256 and a ragged last chain)
+for t, k, block_t, chunk, block_k, chain in ((70, 640, 64, 256, 64, 0), (130, 400, 16, 128, 32, 0),
+                                             (70, 640, 64, 256, 64, 128), (130, 600, 16, 256, 32, 96)):
     x = torch.randn(t, k, generator=g)
     parts = torch.randn(3, 32, k, generator=g)
     splits = triton.cdiv(k, chunk)
     part, sq = torch.full((splits, t, 32), float("nan")), torch.full((splits, t), float("nan"))
     ker._hc_project_split_kernel[(triton.cdiv(t, block_t), splits)](
-        x, parts, part, sq, t, k, x.stride(0), K_CHUNK=chunk, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_N=32)
+        x, parts, part, sq, t, k, x.stride(0), K_CHUNK=chunk, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_N=32,
+        CHAIN=chain)
     want = x.double() @ parts.double().sum(0).T
     torch.testing.assert_close(part.sum(0).double(), want, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(sq.sum(0), (x * x).sum(1), atol=1e-3, rtol=1e-5)

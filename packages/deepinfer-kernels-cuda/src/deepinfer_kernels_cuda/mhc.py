@@ -15,7 +15,7 @@ matmul). Two paths, measured on the H200 (2026-12-02):
   split and the rows path's float32 operands are not pipelined: the streams were read at ~0.4 TB/s);
   256-column chunks (longer chains in the tensor cores' accumulators lost float32 accuracy: 1024-column
   chunks missed the reference's expansion by 2-3 bf16 ulps in 36 of 42M values at T=2048), finish
-  programs of 8 rows. T=2048 103 us (H200, session 10).
+  programs of 8 rows. T=2048: projection 44 us, finish 38 us, split 2.6 us (H200, profile_step, session 10).
 * rows (float32 streams past 64 rows, and batch-invariant mode at every T): 3xTF32 in 64-row tiles (16
   at T <= 16 outside invariant mode) over 512-column chunks, finish programs of 32 rows summing the chunks
   in order. T=2048 160 us.
@@ -41,8 +41,11 @@ _RESIDUAL_WARPS = 1  # ... and its warps (one: the Sinkhorn's reductions stay wi
 # program, columns per step, warps, pipeline stages; and rows per program of its finish
 # 256 columns per program: the tensor cores' float32 accumulation loses accuracy with the chain's length
 # (H200, 2048 x 20480 streams, max |projection - float64|: 4.2e-5 at 1024 columns, 2.3e-5 at 512, 9.7e-6 at
-# 256, the float32 reference's own 8.3e-6), and 4x the programs took 103 us against 149 (session 10)
-_SPLIT_TILE = {"BLOCK_T": 64, "K_CHUNK": 256, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
+# 256, the float32 reference's own 8.3e-6). It costs time (profile_step, T=2048, per call): projection 36 ->
+# 44 us, finish 13 -> 38 us (it reads 80 partials a row instead of 20). CHAIN: columns per tensor-core
+# accumulation chain inside a program (0 = K_CHUNK); 256 in 1024-column programs would keep the accuracy
+# with a quarter of the partials: written, not yet timed on a GPU
+_SPLIT_TILE = {"BLOCK_T": 64, "K_CHUNK": 256, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4, "CHAIN": 0}
 _SPLIT_FINISH_ROWS = 8
 
 
@@ -121,30 +124,59 @@ def _split_bf16x3_kernel(fn_ptr, out_ptr, n_out, K, BLOCK_N: tl.constexpr, BLOCK
     tl.store(out_ptr + (2 * BLOCK_N + j) * K + k, hi, mask=k < K)
 
 
+@triton.jit
+def _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, acc, sq, BLOCK_K: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """One BLOCK_K step of `_hc_project_split_kernel` (CHAIN path): acc + the three products, sq + the
+    squares."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
+                mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
+    w = w_ptr + j[None, :] * K + k[:, None]  # [BLOCK_K, BLOCK_N] of the lo part
+    kmask = (k < K)[:, None]
+    xf = x.to(tl.float32)
+    sq += tl.sum(xf * xf, axis=1)
+    acc = tl.dot(x, tl.load(w, mask=kmask, other=0.0), acc)
+    acc = tl.dot(x, tl.load(w + BLOCK_N * K, mask=kmask, other=0.0), acc)
+    acc = tl.dot(x, tl.load(w + 2 * BLOCK_N * K, mask=kmask, other=0.0), acc)
+    return acc, sq
+
+
 @triton.jit(do_not_specialize=["T"])
 def _hc_project_split_kernel(
     x_ptr, w_ptr, part_ptr, sq_ptr, T, K, x_stride, K_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, CHAIN: tl.constexpr = 0,
 ):
     """`_hc_project_kernel`'s partials for bf16 streams against the matrix already split in its three
     bf16 parts (w [3, BLOCK_N, K]: lo, mid, hi): both operands of the three products enter the tensor
-    cores straight from memory, so the loads are pipelined (the streams are read once, at copy speed)."""
+    cores straight from memory, so the loads are pipelined (the streams are read once, at copy speed).
+    CHAIN (0: K_CHUNK) < K_CHUNK: the tensor cores accumulate CHAIN columns at a time, each chain's sum
+    added to the program's in float32 registers (their accumulation loses accuracy with the chain's
+    length: `_SPLIT_TILE`), so a program may cover more columns, and the finish read fewer partials."""
     pid_t, split = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     j = tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     sq = tl.zeros((BLOCK_T,), tl.float32)
-    for k0 in range(split * K_CHUNK, tl.minimum(split * K_CHUNK + K_CHUNK, K), BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
-                    mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
-        w = w_ptr + j[None, :] * K + k[:, None]  # [BLOCK_K, BLOCK_N] of the lo part
-        kmask = (k < K)[:, None]
-        xf = x.to(tl.float32)
-        sq += tl.sum(xf * xf, axis=1)
-        acc = tl.dot(x, tl.load(w, mask=kmask, other=0.0), acc)
-        acc = tl.dot(x, tl.load(w + BLOCK_N * K, mask=kmask, other=0.0), acc)
-        acc = tl.dot(x, tl.load(w + 2 * BLOCK_N * K, mask=kmask, other=0.0), acc)
+    end = tl.minimum(split * K_CHUNK + K_CHUNK, K)
+    if CHAIN == 0 or CHAIN >= K_CHUNK:  # the measured default (session 10), written out as it was timed
+        for k0 in range(split * K_CHUNK, end, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
+                        mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
+            w = w_ptr + j[None, :] * K + k[:, None]  # [BLOCK_K, BLOCK_N] of the lo part
+            kmask = (k < K)[:, None]
+            xf = x.to(tl.float32)
+            sq += tl.sum(xf * xf, axis=1)
+            acc = tl.dot(x, tl.load(w, mask=kmask, other=0.0), acc)
+            acc = tl.dot(x, tl.load(w + BLOCK_N * K, mask=kmask, other=0.0), acc)
+            acc = tl.dot(x, tl.load(w + 2 * BLOCK_N * K, mask=kmask, other=0.0), acc)
+    else:
+        for c0 in range(split * K_CHUNK, end, CHAIN):
+            chain = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+            for k0 in range(c0, tl.minimum(c0 + CHAIN, end), BLOCK_K):
+                chain, sq = _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, chain, sq, BLOCK_K, BLOCK_N)
+            acc += chain
     base = split.to(tl.int64) * T + t
     tl.store(part_ptr + base[:, None] * BLOCK_N + j[None, :], acc, mask=(t < T)[:, None])
     tl.store(sq_ptr + base, sq, mask=t < T)
