@@ -140,28 +140,6 @@ def is_gemv(cfg: TileConfig) -> bool:
 
 
 @cache
-def default_invariant(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
-    """The one batch-invariant config of a weight shape: prefill-sized tiles (64 weight rows where 128
-    would leave most SMs idle at decode) and a fixed split-K count only as far as decode needs it to fill
-    the SMs, since every split costs partial-sum traffic at large M."""
-    bk = block_k(k, 64) if kind != "dense" else 64  # dense: any K (the kernel masks a ragged step)
-    bn = 128 if 2 * -(-n // 128) > sm_count else 64
-    tiles = -(-n // bn)
-    split = 1
-    while 2 * tiles * split <= sm_count and split < 8 and k // (bk * split * 2) >= 8:
-        split *= 2
-    return TileConfig(bn, 64, bk, split, 8 if kind != "dense" and bn == 128 else 4, 3)
-
-
-def invariant(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
-    """Batch-invariant config of an [n, k] weight: the table's entry, else `default_invariant`."""
-    if device.type != "cuda":
-        return default_invariant(kind, n, k)
-    index = _index(device)
-    return _entry(f"invariant-{kind}", n, k, 1, index) or default_invariant(kind, n, k, _sm_count(index))
-
-
-@cache
 def default_invariant_linear(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """Base batch-invariant config of a linear (`linear._invariant_tiles` uses it as it is up to 16 tokens
     and derives the tiles of larger M from it, keeping its K steps and split): decode-sized tiles (64
@@ -181,8 +159,7 @@ def default_invariant_linear(kind: str, n: int, k: int, sm_count: int = SM_COUNT
 
 def invariant_linear(kind: str, n: int, k: int, device: torch.device) -> TileConfig:
     """Base batch-invariant config of an [n, k] linear: the table's "invariant-<kind>:<N>x<K>:1" entry,
-    else `default_invariant_linear` (the older `invariant` / `default_invariant` one-config scheme is no
-    longer used by the linears)."""
+    else `default_invariant_linear`."""
     if device.type != "cuda":
         return default_invariant_linear(kind, n, k)
     index = _index(device)
