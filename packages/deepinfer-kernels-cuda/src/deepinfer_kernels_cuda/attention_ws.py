@@ -29,6 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 HEADS, DIM = gl.constexpr(64), gl.constexpr(512)
+_QREG = gl.constexpr(128)  # q columns held in registers by the QREG_ON consumers
 _ROWS = gl.constexpr(8)  # key rows a producer copy instruction covers (the 128-byte swizzle spans 8 rows)
 
 
@@ -70,12 +71,11 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
 
 
 @gluon.jit
-def _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr, TURNS: gl.constexpr):
+def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr, QREG: gl.constexpr):
     """One warpgroup: online softmax over the tiles of lo..hi and value channels COL0..COL0+255.
-    TURNS: the two consumers issue their score products in turn (channels 0.. first, through the `turns`
-    mbarriers), so that the tensor cores run one's products while the other does its softmax, instead of
-    both products at once and then both softmaxes."""
+    QREG: q's first QREG columns are held in registers for the score products (the rest read from shared
+    memory by every product: 64 KB a tile and warpgroup, the largest shared-memory stream)."""
     STAGES: gl.constexpr = kv_smem.shape[0]
     BLOCK_N: gl.constexpr = kv_smem.shape[1]
     HALF: gl.constexpr = DIM // 2
@@ -84,6 +84,7 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, sp
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     keys: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -93,9 +94,8 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, sp
     s_zero = gl.zeros([HEADS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_ready, 0)
     fence_async_shared()
-    second: gl.constexpr = COL0 // HALF  # 0: the consumer that goes first
-    mine = turns.index(second)
-    other = turns.index(1 - second)
+    if QREG > 0:
+        q_reg = q_smem.slice(0, QREG, dim=1).load(q_layout)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     tn = gl.arange(0, BLOCK_N, layout=keys)
     live_next = gl.load(idx_ptr + lo + tn, mask=lo + tn < hi, other=-1) >= 0
@@ -107,12 +107,16 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, sp
         mbarrier.wait(ready.index(st), (i // STAGES) & 1)
         fence_async_shared()  # the rows came through the generic proxy; wgmma reads through the async one
         kv = kv_smem.index(st)
-        if TURNS:  # the first consumer's turn for tile i comes after the second's for i - 1
-            mbarrier.wait(mine, (i & 1) ^ (1 - second))
-        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        if TURNS:
-            gl.thread_barrier()  # every warp of this warpgroup has issued its products
-            mbarrier.arrive(other)
+        if QREG > 0:
+            s = warpgroup_mma(q_reg, kv.slice(0, QREG, dim=1).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+            gl.static_assert(QREG * 4 == DIM)  # the rest as two views of power-of-two widths
+            s = warpgroup_mma(q_smem.slice(QREG, QREG, dim=1), kv.slice(QREG, QREG, dim=1).permute((1, 0)), s,
+                              is_async=True)
+            s = warpgroup_mma(q_smem.slice(2 * QREG, 2 * QREG, dim=1),
+                              kv.slice(2 * QREG, 2 * QREG, dim=1).permute((1, 0)), s, is_async=True)
+        else:
+            s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
         logits = gl.where(live[None, :], s * scale_log2, -float("inf"))
         m_new = gl.maximum(m_i, gl.max(logits, axis=1))
@@ -144,31 +148,31 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, sp
 
 
 @gluon.jit
-def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2,
-                  sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, 0, False)
+def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                  out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, 0, 0)
 
 
 @gluon.jit
-def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2,
-                   sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, DIM // 2, False)
+def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                   out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, DIM // 2, 0)
 
 
 @gluon.jit
-def _consumer_low_t(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2,
-                    sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, 0, True)
+def _consumer_low_q(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                     out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, 0, _QREG)
 
 
 @gluon.jit
-def _consumer_high_t(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2,
-                     sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, turns, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, DIM // 2, True)
+def _consumer_high_q(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                      out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
+              out_stride_h, part_ptr, lse_ptr, DIM // 2, _QREG)
 
 
 @gluon.jit(do_not_specialize=["n_splits"])
@@ -176,7 +180,7 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
                       keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
                       part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
                       REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      PRODUCER_FIRST: gl.constexpr, TURNS: gl.constexpr):
+                      PRODUCER_FIRST: gl.constexpr, QREG_ON: gl.constexpr):
     t = gl.program_id(0)
     s = gl.program_id(1)
     lo = s * keys_per_split
@@ -188,15 +192,12 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ids_smem = gl.allocate_shared_memory(idx_ptr.dtype.element_ty, [BLOCK_N],
                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     mbarrier.init(q_ready, count=32 * PW)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=32 * PW)  # each producer thread arrives when its copies land
         mbarrier.init(empty.index(i), count=2)  # each consumer warpgroup
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)
     t64 = t.to(gl.int64)
     q_row = q_ptr + t64 * q_stride_t
     idx_row = idx_ptr + t64 * idx_stride
@@ -204,18 +205,18 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     split_row = (t64 * n_splits + s) * HEADS
     part_row = part_ptr + split_row * DIM
     lse_row = lse_ptr + split_row
-    consumer_args = (q_smem, kv_smem, q_ready, ready, empty, turns, idx_row, lo, hi, n_splits > 1, scale_log2,
+    consumer_args = (q_smem, kv_smem, q_ready, ready, empty, idx_row, lo, hi, n_splits > 1, scale_log2,
                      sink_ptr, out_row, out_stride_h, part_row, lse_row)
     producer_args = (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, ids_smem,
                      q_ready, ready, empty)
-    if PRODUCER_FIRST and TURNS:  # the producer warps are the default partition (registers: what is left)
-        gl.warp_specialize([(_producer, producer_args), (_consumer_low_t, consumer_args),
-                            (_consumer_high_t, consumer_args)], [4, 4], [REGS, REGS])
+    if PRODUCER_FIRST and QREG_ON:  # the producer warps are the default partition (registers: what is left)
+        gl.warp_specialize([(_producer, producer_args), (_consumer_low_q, consumer_args),
+                            (_consumer_high_q, consumer_args)], [4, 4], [REGS, REGS])
     elif PRODUCER_FIRST:
         gl.warp_specialize([(_producer, producer_args), (_consumer_low, consumer_args),
                             (_consumer_high, consumer_args)], [4, 4], [REGS, REGS])
-    elif TURNS:
-        gl.warp_specialize([(_consumer_low_t, consumer_args), (_consumer_high_t, consumer_args),
+    elif QREG_ON:
+        gl.warp_specialize([(_consumer_low_q, consumer_args), (_consumer_high_q, consumer_args),
                             (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([(_consumer_low, consumer_args), (_consumer_high, consumer_args),
@@ -237,12 +238,12 @@ def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Ten
     keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
     64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
     producer warps, registers a consumer thread (the producer gets what is left of 504), whether the producer
-    is the default partition (4 warps), whether the consumers issue their score products in turn)."""
-    block_n, stages, pw, regs, producer_first, turns = tiles
+    is the default partition (4 warps), whether the consumers hold q's first 128 columns in registers)."""
+    block_n, stages, pw, regs, producer_first, qreg = tiles
     t, k = idx.shape
     _ws_decode_kernel[(t, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
         scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
         BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs,
-        PRODUCER_FIRST=producer_first, TURNS=turns, num_warps=4,
+        PRODUCER_FIRST=producer_first, QREG_ON=qreg, num_warps=4,
     )
