@@ -58,8 +58,8 @@ class Tiles:
     l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
     # Hopper, default mode, bf16 rows of 64 heads x 512 (`sparse_attention_sink`): the warp-specialised Gluon
     # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers, producer
-    # warps as the default partition, softmax overlapped with the next scores); other cases: the tiles above
-    ws: tuple[int, int, int, int, bool, bool] | None = None
+    # warps as the default partition); other cases: the tiles above
+    ws: tuple[int, int, int, int, bool] | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -84,10 +84,11 @@ class Tiles:
 # * "ws32x4" (session 10): the warp-specialised Gluon kernel (attention_ws; bf16 rows of
 #   sparse_attention_sink on Hopper, v1s3a1's tiles elsewhere): 32-key tiles 4 deep gathered by a producer
 #   warpgroup while two consumer warpgroups compute; 14:59 UTC, bf16 64k / 8k at B = 64: 30.3 / 31.4, B = 128:
-#   46.1 / 45.6 (v1s3a1 in that run: 37.5 / 38.1, 52.2 / 52.1); "p": the producer as the default partition,
-#   "wq": q's first 128 columns held in registers. Dropped: 64-key tiles 2 deep (ws64x2: 33.4 / 48.8 at
-#   B = 64 / 128, 64k), 32-key tiles 5 deep (as 4 deep), the next tile's scores issued before a tile's
-#   softmax (ptxas then serialises every wgmma: C7514).
+#   46.1 / 45.6 (v1s3a1 in that run: 37.5 / 38.1, 52.2 / 52.1); "ws32x4p": the producer warps as the default
+#   partition. Dropped: 64-key tiles 2 deep (ws64x2: 33.4 / 48.8 at B = 64 / 128, 64k), 32-key tiles 5 deep
+#   (as 4 deep), q's first 128 columns held in registers (15:13 UTC: 31.9 / 46.6 us, 30.8 / 45.6 with the
+#   producer first, against ws32x4's 30.7 / 46.4), the next tile's scores issued before a tile's softmax
+#   (ptxas then serialises every wgmma: C7514).
 # FEW_ROWS_DECODE_TILES takes B <= 13 at 640 keys a row.
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
@@ -95,10 +96,8 @@ DECODE_VARIANTS = {
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
     "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
     "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
-    "ws32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, False)),
-    "ws32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True, False)),
-    "wq32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, True)),
-    "wq32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True, True)),
+    "ws32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False)),
+    "ws32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True)),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory

@@ -29,7 +29,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 HEADS, DIM = gl.constexpr(64), gl.constexpr(512)
-_QREG = gl.constexpr(128)  # q columns held in registers by the QREG_ON consumers
 _ROWS = gl.constexpr(8)  # key rows a producer copy instruction covers (the 128-byte swizzle spans 8 rows)
 
 
@@ -72,10 +71,8 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
 
 @gluon.jit
 def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr, QREG: gl.constexpr):
-    """One warpgroup: online softmax over the tiles of lo..hi and value channels COL0..COL0+255.
-    QREG: q's first QREG columns are held in registers for the score products (the rest read from shared
-    memory by every product: 64 KB a tile and warpgroup, the largest shared-memory stream)."""
+              out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr):
+    """One warpgroup: online softmax over the tiles of lo..hi and value channels COL0..COL0+255."""
     STAGES: gl.constexpr = kv_smem.shape[0]
     BLOCK_N: gl.constexpr = kv_smem.shape[1]
     HALF: gl.constexpr = DIM // 2
@@ -84,7 +81,6 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, sc
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     keys: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -94,8 +90,6 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, sc
     s_zero = gl.zeros([HEADS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_ready, 0)
     fence_async_shared()
-    if QREG > 0:
-        q_reg = q_smem.slice(0, QREG, dim=1).load(q_layout)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
     tn = gl.arange(0, BLOCK_N, layout=keys)
     live_next = gl.load(idx_ptr + lo + tn, mask=lo + tn < hi, other=-1) >= 0
@@ -107,16 +101,7 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, sc
         mbarrier.wait(ready.index(st), (i // STAGES) & 1)
         fence_async_shared()  # the rows came through the generic proxy; wgmma reads through the async one
         kv = kv_smem.index(st)
-        if QREG > 0:
-            s = warpgroup_mma(q_reg, kv.slice(0, QREG, dim=1).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
-            gl.static_assert(QREG * 4 == DIM)  # the rest as two views of power-of-two widths
-            s = warpgroup_mma(q_smem.slice(QREG, QREG, dim=1), kv.slice(QREG, QREG, dim=1).permute((1, 0)), s,
-                              is_async=True)
-            s = warpgroup_mma(q_smem.slice(2 * QREG, 2 * QREG, dim=1),
-                              kv.slice(2 * QREG, 2 * QREG, dim=1).permute((1, 0)), s, is_async=True)
-        else:
-            s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
         logits = gl.where(live[None, :], s * scale_log2, -float("inf"))
         m_new = gl.maximum(m_i, gl.max(logits, axis=1))
@@ -151,28 +136,14 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, sc
 def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
                   out_ptr, out_stride_h, part_ptr, lse_ptr):
     _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, 0, 0)
+              out_stride_h, part_ptr, lse_ptr, 0)
 
 
 @gluon.jit
 def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
                    out_ptr, out_stride_h, part_ptr, lse_ptr):
     _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, DIM // 2, 0)
-
-
-@gluon.jit
-def _consumer_low_q(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-                     out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, 0, _QREG)
-
-
-@gluon.jit
-def _consumer_high_q(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-                      out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, DIM // 2, _QREG)
+              out_stride_h, part_ptr, lse_ptr, DIM // 2)
 
 
 @gluon.jit(do_not_specialize=["n_splits"])
@@ -180,7 +151,7 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
                       keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
                       part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
                       REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      PRODUCER_FIRST: gl.constexpr, QREG_ON: gl.constexpr):
+                      PRODUCER_FIRST: gl.constexpr):
     t = gl.program_id(0)
     s = gl.program_id(1)
     lo = s * keys_per_split
@@ -209,15 +180,9 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
                      sink_ptr, out_row, out_stride_h, part_row, lse_row)
     producer_args = (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, ids_smem,
                      q_ready, ready, empty)
-    if PRODUCER_FIRST and QREG_ON:  # the producer warps are the default partition (registers: what is left)
-        gl.warp_specialize([(_producer, producer_args), (_consumer_low_q, consumer_args),
-                            (_consumer_high_q, consumer_args)], [4, 4], [REGS, REGS])
-    elif PRODUCER_FIRST:
+    if PRODUCER_FIRST:  # the producer warps are the default partition (registers: what the consumers leave)
         gl.warp_specialize([(_producer, producer_args), (_consumer_low, consumer_args),
                             (_consumer_high, consumer_args)], [4, 4], [REGS, REGS])
-    elif QREG_ON:
-        gl.warp_specialize([(_consumer_low_q, consumer_args), (_consumer_high_q, consumer_args),
-                            (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([(_consumer_low, consumer_args), (_consumer_high, consumer_args),
                             (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
@@ -233,17 +198,17 @@ def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
 
 def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor, scale_log2: float,
            out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, keys_per_split: int, splits: int,
-           tiles: tuple[int, int, int, int, bool, bool]) -> None:
+           tiles: tuple[int, int, int, int, bool]) -> None:
     """Attention of q [T, 64, 512] over rows kv[idx[t]] (idx [T, K], -1 none) in `splits` key ranges of
     keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
     64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
     producer warps, registers a consumer thread (the producer gets what is left of 504), whether the producer
-    is the default partition (4 warps), whether the consumers hold q's first 128 columns in registers)."""
-    block_n, stages, pw, regs, producer_first, qreg = tiles
+    is the default partition (4 warps))."""
+    block_n, stages, pw, regs, producer_first = tiles
     t, k = idx.shape
     _ws_decode_kernel[(t, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
         scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
         BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs,
-        PRODUCER_FIRST=producer_first, QREG_ON=qreg, num_warps=4,
+        PRODUCER_FIRST=producer_first, num_warps=4,
     )
