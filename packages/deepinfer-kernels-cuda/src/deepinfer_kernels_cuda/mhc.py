@@ -127,8 +127,7 @@ def _split_bf16x3_kernel(fn_ptr, out_ptr, n_out, K, BLOCK_N: tl.constexpr, BLOCK
 @triton.jit
 def _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, acc, sq, BLOCK_K: tl.constexpr,
                 BLOCK_N: tl.constexpr):
-    """One BLOCK_K step of `_hc_project_split_kernel` (CHAIN path): acc + the three products, sq + the
-    squares."""
+    """One BLOCK_K step of `_hc_project_split_kernel`: acc + the three products, sq + the squares."""
     k = k0 + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
                 mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
@@ -159,18 +158,9 @@ def _hc_project_split_kernel(
     acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     sq = tl.zeros((BLOCK_T,), tl.float32)
     end = tl.minimum(split * K_CHUNK + K_CHUNK, K)
-    if CHAIN == 0 or CHAIN >= K_CHUNK:  # the measured default (session 10), written out as it was timed
+    if CHAIN == 0 or CHAIN >= K_CHUNK:  # the measured default (session 10): one chain a program
         for k0 in range(split * K_CHUNK, end, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
-                        mask=(t < T)[:, None] & (k < K)[None, :], other=0.0)
-            w = w_ptr + j[None, :] * K + k[:, None]  # [BLOCK_K, BLOCK_N] of the lo part
-            kmask = (k < K)[:, None]
-            xf = x.to(tl.float32)
-            sq += tl.sum(xf * xf, axis=1)
-            acc = tl.dot(x, tl.load(w, mask=kmask, other=0.0), acc)
-            acc = tl.dot(x, tl.load(w + BLOCK_N * K, mask=kmask, other=0.0), acc)
-            acc = tl.dot(x, tl.load(w + 2 * BLOCK_N * K, mask=kmask, other=0.0), acc)
+            acc, sq = _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, acc, sq, BLOCK_K, BLOCK_N)
     else:
         for c0 in range(split * K_CHUNK, end, CHAIN):
             chain = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
