@@ -156,15 +156,21 @@ def _config_table(path: Path | None):
         configs._entry.cache_clear()
 
 
+def _run_header() -> tuple[float, dict]:
+    """The same-run copy bandwidth (TB/s) and the table's header (GPU, that bandwidth, UTC time), printed."""
+    copy_tbs = copy_bandwidth_gbs() / 1e3
+    header = {"gpu": torch.cuda.get_device_name(), "copy_tbs": copy_tbs,
+              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    print(header, flush=True)
+    return copy_tbs, header
+
+
 def decode_table(out: Path, names: list[str], tokens: tuple[int, ...], baseline,
                  baseline_table: Path | None = None) -> None:
     """FP8 shapes at few tokens: the default path (GEMV or tiled, per the table) and the baseline, both
     graph-timed over L2-busting weight copies, %copy on the bytes moved, %floor = the same bytes' read
     floor over the time; rel_err vs the reference."""
-    copy_tbs = copy_bandwidth_gbs() / 1e3
-    header = {"gpu": torch.cuda.get_device_name(), "copy_tbs": copy_tbs,
-              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    print(header, flush=True)
+    copy_tbs, header = _run_header()
     rows = []
     for name in names:
         n, k, groups, kind = FLASH_LINEARS[name]
@@ -245,10 +251,7 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
     alone, cuBLAS alone on the decoded copy); old_inv_us: a baseline module's invariant mode (--baseline).
     At M = 1 also the read floor of the weight bytes
     (`roofline.stream_floor`) and, for K <= 2048, a few wide-row GEMV configs against the default."""
-    copy_tbs = copy_bandwidth_gbs() / 1e3
-    header = {"gpu": torch.cuda.get_device_name(), "copy_tbs": copy_tbs,
-              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    print(header, flush=True)
+    copy_tbs, header = _run_header()
     table = configs.load(table_path)
     entries, rows, sweep = {}, [], []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
