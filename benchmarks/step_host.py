@@ -14,6 +14,8 @@ a constant-logits model.
     python benchmarks/step_host.py --batches 64 --contexts 8192 --tokens 1 --profile   # cProfile top 25
     python benchmarks/step_host.py ... --parts    # also the fixed build part by part
     python benchmarks/step_host.py --prefill 2048  # the eager build of one 2048-token prefill instead
+    python benchmarks/step_host.py --prefill 2048 --against HEAD~1  # and metadata.py of that revision,
+                                                                     # interleaved in the same run
 
 Times are medians over --repeat builds of the thread's CPU time (microseconds; CPU time rather than
 wall-clock time so that other processes on a loaded machine count less), positions advancing by n
@@ -24,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -190,15 +194,53 @@ def profile(builder: MetadataBuilder, batch: int, context: int, tokens: int, rep
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
-def prefill_build_us(tokens: int, repeat: int) -> float:
-    """Median CPU us of the eager build of one `tokens`-token prefill (from position 0) at the Flash slice's
-    geometry, into a builder on the meta device: the host's work, the device's ops not run (a CUDA build
-    copies and launches asynchronously)."""
-    geo = flash_builder(1, tokens).geo
-    builder = MetadataBuilder(geo, "meta")
-    table = list(range(1, -(-tokens // BLOCK_TOKENS) + 1))
-    batch = ForwardBatch([SequenceSegment(1, table, 0, [7] * tokens)])
-    return median_us(lambda: builder.build(batch, False), repeat)
+def metadata_at(rev: str) -> object:
+    """metadata.py as of git revision `rev`, loaded as a separate module (for same-run comparisons)."""
+    path = "packages/deepinfer-core/src/deepinfer/models/deepseek_v41/metadata.py"
+    root = Path(__file__).resolve().parent.parent
+    text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, check=True, capture_output=True,
+                          text=True).stdout
+    spec = importlib.util.spec_from_loader(f"metadata_{rev}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    exec(compile(text, f"{rev}:{path}", "exec"), module.__dict__)
+    return module
+
+
+def prefill_batches(tokens: int) -> dict[str, ForwardBatch]:
+    """Eager prefill-like steps: one `tokens`-token prompt from position 0, the same as a later chunk,
+    and a mixed batch (the prompt's chunk beside 32 decoding sequences)."""
+    blocks = -(-(2 * tokens) // BLOCK_TOKENS)
+    prompt = [SequenceSegment(1, list(range(1, blocks + 1)), 0, [7] * tokens)]
+    chunk = [SequenceSegment(1, list(range(1, blocks + 1)), tokens + 5, [7] * (tokens - 10))]
+    decode = [SequenceSegment(2 + i, list(range(100 + 40 * i, 140 + 40 * i)), 3000 + 37 * i, [7])
+              for i in range(32)]
+    return {"prefill": ForwardBatch(prompt), "chunk": ForwardBatch(chunk),
+            "mixed": ForwardBatch(prompt + decode)}
+
+
+def prefill_build_us(tokens: int, repeat: int, against: str | None = None) -> dict[str, dict[str, float]]:
+    """Median CPU us of the eager builds of `prefill_batches` at the Flash slice's geometry, into a builder on
+    the meta device: the host's work, the device's ops not run (a CUDA build copies and launches
+    asynchronously); with `against`, also metadata.py of that revision, the two timed in turn."""
+    geo = flash_builder(40, 2 * tokens).geo
+    geo = metadata.StepGeometry(geo.window, geo.ring_len, 40, geo.state_lens, geo.ratios, geo.replay,
+                                geo.engram_n, geo.history_len)
+    modules = {"now": metadata}
+    if against:
+        modules[against] = metadata_at(against)
+    builders = {k: m.MetadataBuilder(m.StepGeometry(**vars(geo)), "meta") for k, m in modules.items()}
+    times: dict[str, dict[str, list[float]]] = {k: {} for k in builders}
+    for name, batch in prefill_batches(tokens).items():
+        for b in builders.values():
+            for _ in range(3):
+                b.build(batch, False)
+        for _ in range(repeat):
+            for k, b in builders.items():
+                t0 = time.thread_time()
+                b.build(batch, False)
+                times[k].setdefault(name, []).append(time.thread_time() - t0)
+    return {k: {name: 1e6 * statistics.median(v) for name, v in per.items()} for k, per in times.items()}
 
 
 def main() -> None:
@@ -212,11 +254,14 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the fixed-shape build instead")
     parser.add_argument("--parts", action="store_true", help="also time the parts of the fixed-shape build")
     parser.add_argument("--prefill", type=int, default=0, help="time the eager build of one N-token prefill")
+    parser.add_argument("--against", default=None, help="with --prefill: also metadata.py of this revision")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.prefill:
-        print(f"eager build of one {args.prefill}-token prefill (Flash slice geometry, host work only): "
-              f"{prefill_build_us(args.prefill, args.repeat):.0f} us median")
+        print(f"eager builds around one {args.prefill}-token prefill (Flash slice geometry, host work only), "
+              f"median us of {args.repeat}")
+        for k, row in prefill_build_us(args.prefill, args.repeat, args.against).items():
+            print(f"{k:>10} " + " ".join(f"{name} {v:.0f}" for name, v in row.items()), flush=True)
         return
     batches = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]

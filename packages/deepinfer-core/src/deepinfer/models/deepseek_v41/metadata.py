@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -146,9 +147,56 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(firsts - starts, lens)
 
 
+def _floor_div(a: np.ndarray, d: int) -> np.ndarray:
+    """a // d of non-negative a: a shift when d is a power of two (int64 division does not vectorise)."""
+    return a >> (d.bit_length() - 1) if d & (d - 1) == 0 else a // d
+
+
+def _remainder(a: np.ndarray, d: int) -> np.ndarray:
+    """a % d of non-negative a."""
+    return a & (d - 1) if d & (d - 1) == 0 else a % d
+
+
+class _Layout(NamedTuple):
+    """Rows at positions [first, end) of each sequence, packed in sequence order."""
+
+    n: np.ndarray  # rows per sequence
+    begin: np.ndarray  # first row of each sequence
+    seg: np.ndarray  # each row's sequence
+    pos: np.ndarray  # each row's position
+    count: int
+
+    @classmethod
+    def of(cls, first: np.ndarray, end: np.ndarray) -> _Layout:
+        n = end - first
+        count = int(n.sum())
+        if len(n) == 1:
+            pos = np.arange(int(first[0]), int(end[0]), dtype=np.int64)
+            return cls(n, np.zeros(1, dtype=np.int64), np.zeros(count, dtype=np.int64), pos, count)
+        begin = np.cumsum(n) - n
+        seg = np.repeat(np.arange(len(n)), n)
+        return cls(n, begin, seg, np.arange(count, dtype=np.int64) + (first - begin)[seg], count)
+
+
+def _suffix(
+    stored_from: np.ndarray, first: np.ndarray, begin: np.ndarray, end: np.ndarray, slots: np.ndarray,
+    ring: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A ring's update by the rows at positions [stored_from, end) of each sequence (a row set laid out
+    from `first`, its sequences' first rows `begin`): ring rows slot * ring + position % ring, and the
+    set's rows written there."""
+    kept = end - stored_from
+    positions = _ranges(stored_from, end)
+    if len(kept) == 1:
+        return positions % ring + int(slots[0]) * ring, positions + int(begin[0] - first[0])
+    s = np.repeat(np.arange(len(kept)), kept)
+    return positions % ring + (slots * ring)[s], positions + (begin - first)[s]
+
+
 _PAD = np.zeros(1, dtype=np.int64)
-# eager builds with at least this many window keys (all rows' W) write the window's broadcast on the device
-# (a 2048-token prefill at W 128: 2 MiB less to build, pack and copy before the step's first kernel)
+# eager builds with at least this many window keys (all rows' W) gather the windows on the device from the
+# shipped line (`MetadataBuilder._rows`; a 2048-token prefill at W 128: 2 MiB less to build, pack and copy
+# before the step's first kernel)
 DEVICE_WINDOW_KEYS = 1 << 16
 
 
@@ -520,6 +568,8 @@ class MetadataBuilder:
         self.tables = SlotTables(geometry.num_slots)
         self.plans: dict[FixedShape, FixedPlan] = {}
         self.ring_keys: dict[int, np.ndarray] = {}  # tokens per sequence -> window_ring_keys
+        ring = geometry.ring_len
+        self.wrap = np.arange(ring + geometry.window, dtype=np.int64) % ring  # i -> i mod L, i < L + W
 
     def build(
         self,
@@ -557,37 +607,41 @@ class MetadataBuilder:
             "slots": slots, "seg_start": start, "seg_end": end, "qsl": qsl, "tables": tables,
             "consumer_from": consumer_from,
         }
-        all_host = self._rows("all", start, start, end, slots, zero, arrays)
+        # every step row once: its sequence and position (shared by the row sets, compression, Engram)
+        layout = _Layout.of(start, end)
+        all_host = self._rows("all", start, start, end, slots, zero, arrays, layout)
         consumer_host = all_host
         if replay.mode == "mask":
-            consumer_host = self._rows("consumer", start, start, end, slots, consumer_from, arrays)
+            consumer_host = self._rows("consumer", start, start, end, slots, consumer_from, arrays, layout)
         elif replay.mode == "compact":
             first = np.maximum(start, consumer_from)
-            consumer_host = self._rows("consumer", start, first, end, slots, consumer_from, arrays)
+            consumer_host = self._rows("consumer", start, first, end, slots, consumer_from, arrays,
+                                       _Layout.of(first, end))
             arrays["kept"] = _ranges(qsl[:-1] + (first - start), qsl[1:])
         for ratio in geo.ratios:
-            self._compression(ratio, start, end, slots, qsl, tables, arrays)
+            self._compression(ratio, start, end, slots, tables, arrays, layout)
         if geo.engram_n:
-            self._engram(start, end, slots, qsl, arrays)
-        last_bounds = consumer_host[0] if last_layer_is_consumer else all_host[0]
-        picks, offsets = [], [0]
-        for (b, e), s in zip(last_bounds, segs, strict=True):
-            rows = range(b, e) if s.logits == "all" else [e - 1] if s.logits == "last" else []
-            picks.extend(rows)
-            offsets.append(offsets[-1] + len(rows))
-        arrays["logits_rows"] = np.array(picks, dtype=np.int64)
-        ids = chain.from_iterable(s.token_ids for s in segs)
-        arrays["input_ids"] = np.fromiter(ids, np.int64, int(qsl[-1]))
+            self._engram(start, end, slots, arrays, layout)
+        last_bounds, _, last_end = consumer_host if last_layer_is_consumer else all_host
+        # logits rows: each sequence's rows [pick_from, end) of the last layer's row set
+        pick_from = np.array([b if s.logits == "all" else e - 1 if s.logits == "last" else e
+                              for (b, e), s in zip(last_bounds, segs, strict=True)], dtype=np.int64)
+        arrays["logits_rows"] = _ranges(pick_from, last_end)
+        offsets = [0, *np.cumsum(last_end - pick_from).tolist()]
+        if len(segs) == 1:
+            arrays["input_ids"] = np.array(segs[0].token_ids, dtype=np.int64)
+        else:
+            ids = chain.from_iterable(s.token_ids for s in segs)
+            arrays["input_ids"] = np.fromiter(ids, np.int64, int(qsl[-1]))
 
         names = list(arrays)
         t = dict(zip(names, (staging or self.staging).upload([arrays[n] for n in names]), strict=True))
 
         def row_set(prefix: str, host: tuple) -> RowSet:
-            bounds, count = host
+            bounds, count, _ = host
             window = t.get(f"{prefix}.window")
             if window is None:
-                edge = t[f"{prefix}.window_edge_rows"], t[f"{prefix}.window_edge"]
-                window = self._device_window(count, *edge)
+                window = self._device_window(t[f"{prefix}.window_line"], t.get(f"{prefix}.window_from"))
             return RowSet(count, bounds, t[f"{prefix}.positions"], t[f"{prefix}.row_seg"], window,
                           t[f"{prefix}.ring_dest"], t[f"{prefix}.ring_src"],
                           {r: t[f"{prefix}.visible{r}"] for r in geo.ratios})
@@ -612,82 +666,99 @@ class MetadataBuilder:
 
     def _rows(
         self, prefix: str, start: np.ndarray, first: np.ndarray, end: np.ndarray, slots: np.ndarray,
-        lo: np.ndarray, arrays: dict[str, np.ndarray],
-    ) -> tuple[tuple[tuple[int, int], ...], int]:
-        """Rows at positions [first, end) of each sequence; window keys at or after `lo` only."""
+        lo: np.ndarray, arrays: dict[str, np.ndarray], layout: _Layout,
+    ) -> tuple[tuple[tuple[int, int], ...], int, np.ndarray]:
+        """Rows at positions [first, end) of each sequence (`layout`); window keys at or after `lo` only.
+        Host values: each sequence's [begin, end) rows, the count, the sequences' end rows."""
         geo = self.geo
         w, ring = geo.window, geo.ring_len
-        n = end - first
-        begin = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64)
-        pos = _ranges(first, end)
-        seg = np.repeat(np.arange(len(n)), n)
-        count = int(n.sum())
-        # key w of row r is position pos_r - W + 1 + w; at or after max(first, lo) it is this set's row
-        # r - W + 1 + w (`_window_base` + r + w), which holds for every key of most rows of a long
-        # segment; the others (each sequence's first W - 1 rows, rows before lo) take the general case
-        edge = np.flatnonzero(pos < (np.maximum(first, lo) + w - 1)[seg])
-        keys = pos[edge, None] - w + 1 + np.arange(w)  # [edge rows, W]
-        s = seg[edge, None]
-        from_ring = keys < start[s]
-        ring_row = slots[s] * ring + keys % ring
-        current = (self._window_base + edge)[:, None] + np.arange(w)
-        valid = (keys >= np.maximum(lo[s], 0)) & (from_ring | (keys >= first[s]))
-        edge_window = np.where(valid, np.where(from_ring, ring_row, current), -1)
+        n, begin, seg, pos, count = layout
+        nseq = len(n)
+        # A window entry depends on its key's position alone (per sequence): -1 before lo or position 0,
+        # ring row slot * L + key % L before start, -1 in [start, first), else S * L + the key's row of
+        # this set. Each sequence's values form a line: its W - 1 keys before `first`, then one per row;
+        # the window of row r is the W line entries from line_from[r] = r + sequence * (W - 1).
+        lead = np.arange(w - 1)
+        kept = (lead >= (np.maximum(lo, 0) - first + w - 1)[:, None]) & (
+            lead < (start - first + w - 1)[:, None])
+        ring_rows = (slots * ring)[:, None] + self.wrap[((first - w + 1) % ring)[:, None] + lead]
+        before = np.where(kept, ring_rows, -1)  # [sequences, W - 1]
+        step_key = geo.num_slots * ring
+        current = np.arange(step_key, step_key + count, dtype=np.int64)
+        if (lo > first).any():
+            current[pos < lo[seg]] = -1
+        if nseq == 1:
+            line, line_from = np.concatenate((before[0], current)), None
+        else:
+            line_from = np.arange(count, dtype=np.int64) + seg * (w - 1)
+            line = np.empty(count + nseq * (w - 1), dtype=np.int64)
+            line[line_from + (w - 1)] = current
+            line[(begin + np.arange(nseq) * (w - 1))[:, None] + lead] = before
         if count * w < DEVICE_WINDOW_KEYS:
-            window = (self._window_base + np.arange(count, dtype=np.int64))[:, None] + np.arange(w)
-            window[edge] = edge_window
-            arrays[f"{prefix}.window"] = window
-        else:  # long steps: the device writes the broadcast (`_device_window`), the host ships the edge
-            arrays[f"{prefix}.window_edge_rows"] = edge
-            arrays[f"{prefix}.window_edge"] = edge_window
+            keys = sliding_window_view(line, w)
+            arrays[f"{prefix}.window"] = keys.copy() if line_from is None else keys[line_from]
+        else:  # long steps: the host ships the line, the device gathers the windows (`_device_window`)
+            arrays[f"{prefix}.window_line"] = line
+            if line_from is not None:
+                arrays[f"{prefix}.window_from"] = line_from
         arrays[f"{prefix}.positions"] = pos
         arrays[f"{prefix}.row_seg"] = seg
-        stored = (pos >= lo[seg]) & (pos >= end[seg] - ring)  # newer rows would overwrite older ones
-        arrays[f"{prefix}.ring_dest"] = (slots[seg] * ring + pos % ring)[stored]
-        arrays[f"{prefix}.ring_src"] = np.flatnonzero(stored).astype(np.int64)
+        # ring rows kept: at or after lo, and the last L positions (newer rows would overwrite older ones)
+        stored_from = np.maximum(np.maximum(first, lo), end - ring)
+        arrays[f"{prefix}.ring_dest"], arrays[f"{prefix}.ring_src"] = _suffix(
+            stored_from, first, begin, end, slots, ring)
+        after = pos + 1
         for r in geo.ratios:
-            arrays[f"{prefix}.visible{r}"] = (pos + 1) // r
-        bounds = tuple(zip(begin.tolist(), (begin + n).tolist(), strict=True))
-        return bounds, count
+            arrays[f"{prefix}.visible{r}"] = after if r == 1 else _floor_div(after, r)
+        stop = begin + n
+        return tuple(zip(begin.tolist(), stop.tolist(), strict=True)), count, stop
 
-    @property
-    def _window_base(self) -> int:
-        """Window key w of row r, when it is a row of this step: S * L + r - W + 1 + w."""
-        return self.geo.num_slots * self.geo.ring_len - self.geo.window + 1
-
-    def _device_window(self, count: int, edge_rows: torch.Tensor, edge_window: torch.Tensor) -> torch.Tensor:
-        """RowSet.window [count, W] built on the device: the broadcast of `_window_base` + r + w, the edge
-        rows' host values put over it (4 launches instead of shipping count * W values)."""
-        dev = edge_rows.device
-        start = self._window_base
-        keys = torch.arange(self.geo.window, device=dev)
-        window = torch.arange(start, start + count, device=dev)[:, None] + keys
-        return window.index_put_((edge_rows,), edge_window)
+    def _device_window(self, line: torch.Tensor, line_from: torch.Tensor | None) -> torch.Tensor:
+        """RowSet.window [count, W] gathered on the device from the uploaded line (`_rows`): one gather
+        (one copy for a single sequence) instead of shipping count * W values."""
+        windows = line.unfold(0, self.geo.window, 1)
+        return windows.contiguous() if line_from is None else windows[line_from]
 
     def _compression(
-        self, r: int, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,
-        tables: np.ndarray, arrays: dict[str, np.ndarray],
+        self, r: int, start: np.ndarray, end: np.ndarray, slots: np.ndarray, tables: np.ndarray,
+        arrays: dict[str, np.ndarray], layout: _Layout,
     ) -> None:
         """Groups completed by this step: entries [start // r, end // r) of each sequence."""
         geo, per_block = self.geo, BLOCK_TOKENS // r
-        counts = end // r - start // r
-        entries = _ranges(start // r, end // r)
-        seg = np.repeat(np.arange(len(counts)), counts)
-        arrays[f"c{r}.pool_dest"] = tables[seg, entries // per_block] * per_block + entries % per_block
+        n, begin, seg, pos, _ = layout  # all rows: begin = query_start_loc[:-1]
+        nseq = len(n)
+        if r == 1:
+            entries, entry_seg, counts = pos, seg, n
+        else:
+            counts = end // r - start // r
+            entries = _ranges(start // r, end // r)
+            entry_seg = np.repeat(np.arange(nseq), counts) if nseq > 1 else None
+        col = _floor_div(entries, per_block)
+        if entry_seg is not None:
+            col += entry_seg * tables.shape[1]
+        dest = tables.ravel()[col]
+        dest *= per_block
+        dest += _remainder(entries, per_block)
+        arrays[f"c{r}.pool_dest"] = dest
         if r == 1:  # entry positions are the rows' positions (`_entry_positions`)
             return
-        arrays[f"c{r}.entry_positions"] = entries * r
+        positions = entries * r
+        arrays[f"c{r}.entry_positions"] = positions
         lc = geo.state_lens[r]
-        group = entries[:, None] * r + np.arange(r)  # [M, r] positions
-        s = seg[:, None]
-        in_step = geo.num_slots * lc + qsl[s] + group - start[s]
-        arrays[f"c{r}.sources"] = np.where(group >= start[s], in_step, slots[s] * lc + group % lc)
-        rows = np.arange(qsl[-1])
-        row_seg = np.repeat(np.arange(len(counts)), end - start)
-        pos = start[row_seg] + rows - qsl[row_seg]
-        kept = pos >= end[row_seg] - lc
-        arrays[f"c{r}.state_dest"] = (slots[row_seg] * lc + pos % lc)[kept]
-        arrays[f"c{r}.state_src"] = rows[kept]
+        # position p of a group is step row begin + p - start (rows S * Lc on), or, before start (only in
+        # each sequence's first group), compressor ring row slot * Lc + p % Lc
+        step_row = geo.num_slots * lc + begin - start
+        group_at = positions + (step_row if entry_seg is None else step_row[entry_seg])
+        sources = group_at[:, None] + np.arange(r)
+        straddle = (counts > 0) & (start % r != 0)
+        if straddle.any():
+            at = (np.cumsum(counts) - counts)[straddle]
+            group = positions[at][:, None] + np.arange(r)
+            from_ring = (slots[straddle] * lc)[:, None] + group % lc
+            sources[at] = np.where(group >= start[straddle][:, None], sources[at], from_ring)
+        arrays[f"c{r}.sources"] = sources
+        arrays[f"c{r}.state_dest"], arrays[f"c{r}.state_src"] = _suffix(
+            np.maximum(start, end - lc), start, begin, end, slots, lc)
 
     def _build_fixed(self, segs: list[SequenceSegment], fixed: FixedShape, staging: Staging) -> StepMetadata:
         geo, n = self.geo, fixed.tokens
@@ -727,19 +798,21 @@ class MetadataBuilder:
         return plan.metadata(staging.send(plan.total))
 
     def _engram(
-        self, start: np.ndarray, end: np.ndarray, slots: np.ndarray, qsl: np.ndarray,
-        arrays: dict[str, np.ndarray],
+        self, start: np.ndarray, end: np.ndarray, slots: np.ndarray, arrays: dict[str, np.ndarray],
+        layout: _Layout,
     ) -> None:
         """N-gram token sources per row (shift i = token at position p - i) and the history update."""
         geo, hl = self.geo, self.geo.history_len
-        rows = np.arange(qsl[-1])
-        seg = np.repeat(np.arange(len(start)), end - start)
-        pos = start[seg] + rows - qsl[seg]
-        back = pos[:, None] - np.arange(geo.engram_n)  # [T, N] positions
-        s = seg[:, None]
-        in_step = geo.num_slots * hl + rows[:, None] - np.arange(geo.engram_n)
-        src = np.where(back >= start[s], in_step, slots[s] * hl + back % hl)
-        arrays["engram_sources"] = np.where(back >= 0, src, -1)
-        kept = pos >= end[seg] - hl
-        arrays["history_dest"] = (slots[seg] * hl + pos % hl)[kept]
-        arrays["history_src"] = rows[kept]
+        n, begin, seg, pos, count = layout
+        shifts = np.arange(geo.engram_n)
+        sources = (geo.num_slots * hl + np.arange(count, dtype=np.int64))[:, None] - shifts  # step rows
+        # only a sequence's first N - 1 rows look back before its start: the history ring, or -1 before 0
+        edge = _ranges(begin, begin + np.minimum(n, geo.engram_n - 1))
+        if edge.size:
+            s = seg[edge]
+            back = pos[edge][:, None] - shifts
+            from_ring = np.where(back >= 0, (slots[s] * hl)[:, None] + back % hl, -1)
+            sources[edge] = np.where(back >= start[s][:, None], sources[edge], from_ring)
+        arrays["engram_sources"] = sources
+        arrays["history_dest"], arrays["history_src"] = _suffix(
+            np.maximum(start, end - hl), start, begin, end, slots, hl)
