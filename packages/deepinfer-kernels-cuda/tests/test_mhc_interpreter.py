@@ -1,7 +1,8 @@
 """mHC coefficients under Triton's CPU interpreter against the reference op (float32 streams: the
 interpreter's bf16 cast and dot are wrong, so the bf16 path is checked on the GPU only): row counts that
 take one or several row blocks and projection chunks (a ragged last chunk), default and invariant mode;
-in invariant mode a row's coefficients bitwise the same alone and in a batch of 70. T = 1 and 20 take the
+in invariant mode rows' coefficients bitwise the same alone and at other places of a batch of 70 (the
+interpreter's numpy matmul summed a row by its place in the tile on some CPUs). T = 1 and 20 take the
 latency path, T = 70 and invariant mode the rows path. The fused ops the same way: hc_residual (on the
 latency path its own kernel finishing the coefficients) against the reference, hc_collapse_norm bitwise
 as the collapse and norm kernels composed."""
@@ -26,9 +27,10 @@ for t, h in ((1, 160), (20, 100), (70, 160)):  # K 640 / 400: 2-3 chunks, ragged
         got = ker.hc_coefficients(*args, batch_invariant=invariant)
         for name, a, b in zip(("pre", "post", "comb"), got, want, strict=True):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda s, n=name: f"{t} {n}: {s}")
-alone = ker.hc_coefficients(streams[:1], *args[1:], batch_invariant=True)
-for a, b in zip(alone, got, strict=True):
-    assert torch.equal(a, b[:1])
+for lo, hi in ((0, 1), (6, 12), (60, 70)):  # rows at other places of a tile and across two tiles
+    alone = ker.hc_coefficients(streams[lo:hi], *args[1:], batch_invariant=True)
+    for a, b in zip(alone, got, strict=True):
+        assert torch.equal(a, b[lo:hi]), (lo, hi)
 print("ok")
 """
 

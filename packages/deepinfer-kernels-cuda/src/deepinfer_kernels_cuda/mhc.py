@@ -85,7 +85,14 @@ def _chunk_sum(part_ptr, rows, live, col, scale):
 def _hc_project_kernel(
     x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, x_stride, fn_stride, n_out, K_CHUNK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BF16_SPLIT: tl.constexpr,
+    ROW_SUMS: tl.constexpr = False,
 ):
+    """ROW_SUMS (batch-invariant mode in the interpreter): the products as elementwise products summed
+    over K instead of tl.dot. The interpreter's tl.dot is numpy's matmul, and a BLAS kernel may sum a row
+    differently by where the row sits in the tile (OpenBLAS 0.3.31's Haswell sgemm, which it picks on an
+    AMD Zen 5 CPU: a 64 x 128 by 128 x 32 product sums rows 6-11, 18-23, ... unlike rows 0-5), so a row's
+    bits followed its place in the batch; numpy's sum over an axis does the same adds for every row. On
+    CUDA tl.dot stays (3xTF32 tensor-core products: a row's sums do not depend on its place)."""
     pid_t, split = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     j = tl.arange(0, BLOCK_N)
@@ -101,6 +108,8 @@ def _hc_project_kernel(
         sq += tl.sum(xf * xf, axis=1)
         if BF16_SPLIT:
             acc = _dot_bf16x3(x, w, acc)
+        elif ROW_SUMS:
+            acc += tl.sum(xf[:, :, None] * w[None, :, :], axis=1)
         else:
             acc = tl.dot(xf, w, acc, input_precision="tf32x3")
     base = split.to(tl.int64) * T + t
@@ -297,7 +306,7 @@ def _project(streams: torch.Tensor, fn: torch.Tensor, latency: bool, batch_invar
     _hc_project_kernel[(triton.cdiv(t, block_t), splits)](
         x, fn, part, sq, t, k, x.stride(0), fn.stride(0), n_out, K_CHUNK=chunk, BLOCK_T=block_t,
         BLOCK_K=_BLOCK_K, BLOCK_N=block_n, BF16_SPLIT=latency and x.dtype == torch.bfloat16,
-        num_warps=4 if latency else 8, num_stages=3,
+        ROW_SUMS=batch_invariant and not x.is_cuda, num_warps=4 if latency else 8, num_stages=3,
     )
     return part, sq
 
