@@ -26,7 +26,6 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.models.interface import ForwardBatch, SequenceSegment
@@ -141,6 +140,8 @@ class StepMetadata:
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenation of arange(starts[i], ends[i])."""
+    if len(starts) == 1:
+        return np.arange(int(starts[0]), int(ends[0]), dtype=np.int64)
     lens = ends - starts
     total = int(lens.sum())
     firsts = np.cumsum(lens) - lens
@@ -179,18 +180,21 @@ class _Layout(NamedTuple):
 
 
 def _suffix(
-    stored_from: np.ndarray, first: np.ndarray, begin: np.ndarray, end: np.ndarray, slots: np.ndarray,
+    stored_from: np.ndarray, first: np.ndarray, layout: _Layout, end: np.ndarray, slots: np.ndarray,
     ring: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A ring's update by the rows at positions [stored_from, end) of each sequence (a row set laid out
-    from `first`, its sequences' first rows `begin`): ring rows slot * ring + position % ring, and the
-    set's rows written there."""
+    """A ring's update by the rows at positions [stored_from, end) of each sequence (of the row set laid
+    out from `first` by `layout`): ring rows slot * ring + position % ring, and the set's rows written
+    there."""
+    if len(end) == 1:
+        positions = np.arange(int(stored_from[0]), int(end[0]), dtype=np.int64)
+        return positions % ring + int(slots[0]) * ring, positions - int(first[0])
+    if int(stored_from.sum()) == int(first.sum()):  # every row (stored_from >= first): short steps
+        return layout.pos % ring + (slots * ring)[layout.seg], np.arange(layout.count, dtype=np.int64)
     kept = end - stored_from
     positions = _ranges(stored_from, end)
-    if len(kept) == 1:
-        return positions % ring + int(slots[0]) * ring, positions + int(begin[0] - first[0])
     s = np.repeat(np.arange(len(kept)), kept)
-    return positions % ring + (slots * ring)[s], positions + (begin - first)[s]
+    return positions % ring + (slots * ring)[s], positions + (layout.begin - first)[s]
 
 
 _PAD = np.zeros(1, dtype=np.int64)
@@ -695,7 +699,7 @@ class MetadataBuilder:
             line[line_from + (w - 1)] = current
             line[(begin + np.arange(nseq) * (w - 1))[:, None] + lead] = before
         if count * w < DEVICE_WINDOW_KEYS:
-            keys = sliding_window_view(line, w)
+            keys = np.ndarray((line.size - w + 1, w), np.int64, line, strides=(8, 8))  # sliding view
             arrays[f"{prefix}.window"] = keys.copy() if line_from is None else keys[line_from]
         else:  # long steps: the host ships the line, the device gathers the windows (`_device_window`)
             arrays[f"{prefix}.window_line"] = line
@@ -706,7 +710,7 @@ class MetadataBuilder:
         # ring rows kept: at or after lo, and the last L positions (newer rows would overwrite older ones)
         stored_from = np.maximum(np.maximum(first, lo), end - ring)
         arrays[f"{prefix}.ring_dest"], arrays[f"{prefix}.ring_src"] = _suffix(
-            stored_from, first, begin, end, slots, ring)
+            stored_from, first, layout, end, slots, ring)
         after = pos + 1
         for r in geo.ratios:
             arrays[f"{prefix}.visible{r}"] = after if r == 1 else _floor_div(after, r)
@@ -758,7 +762,7 @@ class MetadataBuilder:
             sources[at] = np.where(group >= start[straddle][:, None], sources[at], from_ring)
         arrays[f"c{r}.sources"] = sources
         arrays[f"c{r}.state_dest"], arrays[f"c{r}.state_src"] = _suffix(
-            np.maximum(start, end - lc), start, begin, end, slots, lc)
+            np.maximum(start, end - lc), start, layout, end, slots, lc)
 
     def _build_fixed(self, segs: list[SequenceSegment], fixed: FixedShape, staging: Staging) -> StepMetadata:
         geo, n = self.geo, fixed.tokens
@@ -815,4 +819,4 @@ class MetadataBuilder:
             sources[edge] = np.where(back >= start[s][:, None], sources[edge], from_ring)
         arrays["engram_sources"] = sources
         arrays["history_dest"], arrays["history_src"] = _suffix(
-            np.maximum(start, end - hl), start, begin, end, slots, hl)
+            np.maximum(start, end - hl), start, layout, end, slots, hl)
