@@ -639,10 +639,13 @@ class MetadataBuilder:
             self._engram(start, end, slots, arrays, layout)
         last_bounds, _, last_end = consumer_host if last_layer_is_consumer else all_host
         # logits rows: each sequence's rows [pick_from, end) of the last layer's row set
-        pick_from = np.array([b if s.logits == "all" else e - 1 if s.logits == "last" else e
-                              for (b, e), s in zip(last_bounds, segs, strict=True)], dtype=np.int64)
-        arrays["logits_rows"] = _ranges(pick_from, last_end)
-        offsets = [0, *np.cumsum(last_end - pick_from).tolist()]
+        if all(s.logits == "last" for s in segs):
+            arrays["logits_rows"], offsets = last_end - 1, list(range(len(segs) + 1))
+        else:
+            pick_from = np.array([b if s.logits == "all" else e - 1 if s.logits == "last" else e
+                                  for (b, e), s in zip(last_bounds, segs, strict=True)], dtype=np.int64)
+            arrays["logits_rows"] = _ranges(pick_from, last_end)
+            offsets = [0, *np.cumsum(last_end - pick_from).tolist()]
         ids = segs[0].token_ids if len(segs) == 1 else chain.from_iterable(s.token_ids for s in segs)
         arrays["input_ids"] = np.fromiter(ids, np.int64, layout.count)
 
@@ -815,16 +818,25 @@ class MetadataBuilder:
         """N-gram token sources per row (shift i = token at position p - i) and the history update."""
         geo, hl = self.geo, self.geo.history_len
         n, begin, seg, pos, count = layout
-        shifts = np.arange(geo.engram_n)
-        sources = _spread(np.arange(geo.num_slots * hl, geo.num_slots * hl + count, dtype=np.int64), -1,
-                          geo.engram_n)  # this step's rows
-        # only a sequence's first N - 1 rows look back before its start: the history ring, or -1 before 0
-        edge = _ranges(begin, begin + np.minimum(n, geo.engram_n - 1))
-        if edge.size:
-            s = seg[edge]
-            back = pos[edge][:, None] - shifts
+        step_key = geo.num_slots * hl
+        sources = _spread(np.arange(step_key, step_key + count, dtype=np.int64), -1, geo.engram_n)
+
+        def look_back(rows: np.ndarray, s: np.ndarray, p: np.ndarray) -> None:
+            """Shifts before the sequence's start: its history ring row, or -1 before position 0."""
+            back = p[:, None] - np.arange(geo.engram_n)
             from_ring = np.where(back >= 0, (slots[s] * hl)[:, None] + back % hl, -1)
-            sources[edge] = np.where(back >= start[s][:, None], sources[edge], from_ring)
+            np.copyto(rows, from_ring, where=back < start[s][:, None])
+
+        # only a sequence's first N - 1 rows look back before its start
+        looking_back = np.minimum(n, geo.engram_n - 1)
+        if int(looking_back.sum()) == count:  # every row (short steps)
+            look_back(sources, seg, pos)
+        else:
+            edge = _ranges(begin, begin + looking_back)
+            if edge.size:
+                rows = sources[edge]
+                look_back(rows, seg[edge], pos[edge])
+                sources[edge] = rows
         arrays["engram_sources"] = sources
         arrays["history_dest"], arrays["history_src"] = _suffix(
             np.maximum(start, end - hl), start, layout, end, slots, hl)
