@@ -16,6 +16,7 @@ a constant-logits model.
     python benchmarks/step_host.py --prefill 2048  # the eager build of one 2048-token prefill instead
     python benchmarks/step_host.py --prefill 2048 --against HEAD~1  # and metadata.py of that revision,
                                                                      # interleaved in the same run
+    python benchmarks/step_host.py --against HEAD~1 --engine-steps 0  # eager builds vs that revision's too
 
 Times are medians over --repeat builds of the thread's CPU time (microseconds; CPU time rather than
 wall-clock time so that other processes on a loaded machine count less), positions advancing by n
@@ -219,6 +220,25 @@ def prefill_batches(tokens: int) -> dict[str, ForwardBatch]:
             "mixed": ForwardBatch(prompt + decode)}
 
 
+def eager_against_us(geo: metadata.StepGeometry, batch: int, context: int, tokens: int, repeat: int,
+                     against: object) -> tuple[float, float]:
+    """Median CPU us of eager builds of the same steps by this metadata.py and by `against` (a module from
+    `metadata_at`), timed in turn (CPU device: staging copies into host memory)."""
+    steps = Steps(batch, context, tokens)
+    then = against.MetadataBuilder(against.StepGeometry(**vars(geo)), "cpu")
+    builders = [MetadataBuilder(geo, "cpu"), then]
+    times: list[list[float]] = [[], []]
+    for i in range(repeat + 5):
+        steps.advance()
+        b = steps.batch()
+        for k, builder in enumerate(builders):
+            t0 = time.thread_time()
+            builder.build(b, False)
+            if i >= 5:
+                times[k].append(time.thread_time() - t0)
+    return 1e6 * statistics.median(times[0]), 1e6 * statistics.median(times[1])
+
+
 def prefill_build_us(tokens: int, repeat: int, against: str | None = None) -> dict[str, dict[str, float]]:
     """Median CPU us of the eager builds of `prefill_batches` at the Flash slice's geometry, into a builder on
     the meta device: the host's work, the device's ops not run (a CUDA build copies and launches
@@ -254,7 +274,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the fixed-shape build instead")
     parser.add_argument("--parts", action="store_true", help="also time the parts of the fixed-shape build")
     parser.add_argument("--prefill", type=int, default=0, help="time the eager build of one N-token prefill")
-    parser.add_argument("--against", default=None, help="with --prefill: also metadata.py of this revision")
+    parser.add_argument("--against", default=None, help="also time this git revision's eager builds")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.prefill:
@@ -279,6 +299,14 @@ def main() -> None:
                 r = measure(builder, bsz, c, n, args.repeat)
                 print(f"{c:>6} {bsz:>5} {n:>2} {r['batch']:>12.0f} {r['eager']:>12.0f} {r['fixed']:>12.0f} "
                       f"{r['graph']:>11.0f}", flush=True)
+    if args.against:
+        old = metadata_at(args.against)
+        print(f"\neager build, median us, this tree vs {args.against} (same steps, in turn)")
+        for c in contexts:
+            for bsz in batches:
+                for n in tokens:
+                    now, then = eager_against_us(builder.geo, bsz, c, n, args.repeat, old)
+                    print(f"{c:>6} {bsz:>5} {n:>2} {now:>8.0f} {then:>8.0f}", flush=True)
     if args.parts:
         print("\nfixed build by part, median us (through timing wrappers)")
         header = None
