@@ -732,7 +732,7 @@ class MetadataBuilder:
         """RowSet.window [count, W] gathered on the device from the uploaded line (`_rows`): one gather
         (one copy for a single sequence) instead of shipping count * W values."""
         windows = line.unfold(0, self.geo.window, 1)
-        return windows.contiguous() if line_from is None else windows[line_from]
+        return windows.contiguous() if line_from is None else torch.index_select(windows, 0, line_from)
 
     def _compression(
         self, r: int, start: np.ndarray, end: np.ndarray, slots: np.ndarray, tables: np.ndarray,
