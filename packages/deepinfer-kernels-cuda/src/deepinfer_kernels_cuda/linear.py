@@ -131,8 +131,15 @@ def compute_dtype(
 @triton.jit
 def _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo, k_hi,
                   stride_xm, stride_wn, stride_sn, KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                  BK: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr):
-    """The float32 [BN, BM] sum of columns k_lo..k_hi (whole K steps from zero, one MMA chain)."""
+                  BK: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, ROW_SUMS: tl.constexpr = False):
+    """The float32 [BN, BM] sum of columns k_lo..k_hi (whole K steps from zero, one MMA chain).
+
+    ROW_SUMS (batch-invariant mode off CUDA, i.e. the interpreter): each K step's products summed over K
+    by tl.sum of the elementwise products instead of tl.dot. The interpreter's tl.dot is numpy's matmul,
+    whose BLAS kernel may sum an output differently by its place in the tile (OpenBLAS 0.3.31's Haswell
+    sgemm on an AMD Zen 5: token columns 8-55 of a 64 x 64 by 64 x 64 product unlike 0-7), so a token's
+    bits followed its place in the batch; numpy's sum over an axis does the same adds, in K order, for
+    every output. CUDA keeps tl.dot (the constexpr branch is not traced: the same kernel there)."""
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     # every split has columns (`_split`); with no zero-trip path ptxas keeps wgmmas in flight (else C7515)
     tl.assume(k_hi > k_lo)
@@ -148,7 +155,10 @@ def _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_
         else:  # dense; rows past N only feed output rows that are never stored
             w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
                         mask=n_mask[:, None] & k_in[None, :], other=0.0)
-        acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision="ieee" if IEEE else None)
+        if ROW_SUMS:
+            acc += tl.sum(w.to(xt.dtype).to(tl.float32)[:, :, None] * xt.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision="ieee" if IEEE else None)
     return acc
 
 
@@ -158,7 +168,7 @@ def _block_linear_kernel(
     M, N, K, rows_per_group, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_om, stride_split,
     KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-    EVEN_K: tl.constexpr, SPLIT_LOOP: tl.constexpr = False,
+    EVEN_K: tl.constexpr, SPLIT_LOOP: tl.constexpr = False, ROW_SUMS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -174,16 +184,16 @@ def _block_linear_kernel(
         # so the bits do not depend on which of the two ran (batch-invariant mode picks by grid size)
         acc = _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, 0,
                             tl.minimum(k_per_split, K), stride_xm, stride_wn, stride_sn,
-                            KIND, BN, BM, BK, IEEE, EVEN_K)
+                            KIND, BN, BM, BK, IEEE, EVEN_K, ROW_SUMS)
         for k_lo in range(k_per_split, K, k_per_split):
             acc += _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo,
                                  tl.minimum(k_lo + k_per_split, K), stride_xm, stride_wn, stride_sn,
-                                 KIND, BN, BM, BK, IEEE, EVEN_K)
+                                 KIND, BN, BM, BK, IEEE, EVEN_K, ROW_SUMS)
     else:
         k_lo = pid_k * k_per_split
         acc = _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo,
                             tl.minimum(k_lo + k_per_split, K), stride_xm, stride_wn, stride_sn,
-                            KIND, BN, BM, BK, IEEE, EVEN_K)
+                            KIND, BN, BM, BK, IEEE, EVEN_K, ROW_SUMS)
     ptrs = out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
@@ -347,17 +357,20 @@ def _tiled_config(x: torch.Tensor, w: PreparedLinear, cfg: configs.TileConfig) -
 
 def tiled_linear(
     x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig,
-    split_loop: bool = False,
+    split_loop: bool = False, row_sums: bool = False,
 ) -> torch.Tensor:
     """x [M, groups * K] -> [M, N] through the tiled MMA kernel at `cfg` (any kind, any M); split_loop:
-    each program sums cfg's K splits itself, in split order (the same bits as the split grid)."""
+    each program sums cfg's K splits itself, in split order (the same bits as the split grid); row_sums
+    (interpreter only, batch-invariant mode): products summed by tl.sum, not tl.dot (`_tile_k_steps`)."""
+    if row_sums and x.is_cuda:
+        raise ValueError("tiled linear: row_sums is the interpreter's path (CUDA keeps tl.dot)")
     x = _operand(x, w, out_dtype)
     cfg = _tiled_config(x, w, cfg)
     k = w.in_features
     return _launch(
         _block_linear_kernel, triton.cdiv(w.out_features, cfg.block_n), triton.cdiv(x.shape[0], cfg.block_m),
         x, w, out_dtype, cfg, split_loop, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m,
-        BK=cfg.block_k, IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0,
+        BK=cfg.block_k, IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0, ROW_SUMS=row_sums,
     )
 
 
@@ -510,7 +523,9 @@ def linear(
             prepared = _decoded(prepared, compute_dtype(x.dtype, out_dtype))
         x2 = _operand(x2, prepared, out_dtype)
         cfg, split_loop = _invariant_tiles(base, x2.shape[0], n, x2, prepared.weight.element_size())
-        y = tiled_linear(x2, prepared, out_dtype, cfg, split_loop)
+        # off CUDA (the interpreter) products summed by tl.sum: its numpy matmul's sums follow a
+        # token's place in the tile (`_tile_k_steps`)
+        y = tiled_linear(x2, prepared, out_dtype, cfg, split_loop, row_sums=not x2.is_cuda)
     elif prepared.kind == "dense":
         y = dense_linear(x2, prepared, out_dtype)
     elif x2.shape[0] >= configs.DEQUANT_M:

@@ -371,31 +371,55 @@ def _expert_inputs(rows_ptr, valid, k0, W_FP8: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _expert_dot(acc_lo, acc_hi, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
                 W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                IEEE: tl.constexpr, ASM: tl.constexpr, SPLIT: tl.constexpr):
+                IEEE: tl.constexpr, ASM: tl.constexpr, SPLIT: tl.constexpr, ROW_SUMS: tl.constexpr = False):
     """(acc_lo, acc_hi) + W[offs_n, k0:k0+BK] @ (the `_expert_inputs` tile), the weight decoded to x's
     dtype, all into acc_lo, or with SPLIT 2 the FP4 high nibbles' products into acc_hi (the caller sums
     the two): one accumulator chains the two MMAs of a K step, and Triton waits for the first before
     issuing the second (sm_90 SASS), two cost a second accumulator's registers. FP8 weights have one
     scale per SCALE_ROWS rows per 32 columns (1: experts re-encoded from FP4; 32: the shared expert's
-    32x32 blocks)."""
+    32x32 blocks). ROW_SUMS: the interpreter's products (`_row_sums`)."""
     if W_FP8:
         w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, SCALE_ROWS)
-        acc_lo = tl.dot(w.to(x_a.dtype), x_a, acc_lo, input_precision="ieee" if IEEE else None)
+        if ROW_SUMS:
+            acc_lo = _row_sums(w.to(x_a.dtype), x_a, acc_lo)
+        else:
+            acc_lo = tl.dot(w.to(x_a.dtype), x_a, acc_lo, input_precision="ieee" if IEEE else None)
     else:
         w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, ASM)
-        acc_lo, acc_hi = _split_dots(acc_lo, acc_hi, x_a, x_b, w_lo, w_hi, IEEE, SPLIT)
+        acc_lo, acc_hi = _split_dots(acc_lo, acc_hi, x_a, x_b, w_lo, w_hi, IEEE, SPLIT, ROW_SUMS)
     return acc_lo, acc_hi
 
 
 @triton.jit
-def _split_dots(acc_lo, acc_hi, x_lo, x_hi, w_lo, w_hi, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+def _row_sums(w, x, acc):
+    """acc + w @ x as float32 products summed over K by tl.sum (batch-invariant mode off CUDA, i.e. the
+    interpreter, instead of tl.dot: the interpreter's tl.dot is numpy's matmul, and a BLAS kernel may sum
+    an output differently by its place in the tile (OpenBLAS 0.3.31's Haswell sgemm on an AMD Zen 5: the
+    router's rows 6-15 of a 16 x 128 by 128 x 64 product unlike rows 0-5), so a token's bits followed its
+    place in the batch; numpy's sum over an axis does the same adds, in K order, for every output). The
+    grouped kernels' 16 token columns showed no such difference there, but take it too: no BLAS kernel
+    choice can then move a token's sums, and the fused decode's one live column stays bitwise the grouped
+    kernels' column. CUDA never takes it: the constexpr branches calling it are not traced there."""
+    return acc + tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
+
+
+@triton.jit
+def _split_dots(acc_lo, acc_hi, x_lo, x_hi, w_lo, w_hi, IEEE: tl.constexpr, SPLIT: tl.constexpr,
+                ROW_SUMS: tl.constexpr = False):
     """The two MMAs of an FP4 K step: decoded low / high nibbles' tiles times their input columns, into
-    acc_lo, or with SPLIT 2 the high nibbles' into acc_hi (`_expert_dot`)."""
-    acc_lo = tl.dot(w_lo.to(x_lo.dtype), x_lo, acc_lo, input_precision="ieee" if IEEE else None)
-    if SPLIT == 2:
-        acc_hi = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_hi, input_precision="ieee" if IEEE else None)
+    acc_lo, or with SPLIT 2 the high nibbles' into acc_hi (`_expert_dot`). ROW_SUMS: `_row_sums`."""
+    if ROW_SUMS:
+        acc_lo = _row_sums(w_lo.to(x_lo.dtype), x_lo, acc_lo)
+        if SPLIT == 2:
+            acc_hi = _row_sums(w_hi.to(x_lo.dtype), x_hi, acc_hi)
+        else:
+            acc_lo = _row_sums(w_hi.to(x_lo.dtype), x_hi, acc_lo)
     else:
-        acc_lo = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_lo, input_precision="ieee" if IEEE else None)
+        acc_lo = tl.dot(w_lo.to(x_lo.dtype), x_lo, acc_lo, input_precision="ieee" if IEEE else None)
+        if SPLIT == 2:
+            acc_hi = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_hi, input_precision="ieee" if IEEE else None)
+        else:
+            acc_lo = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_lo, input_precision="ieee" if IEEE else None)
     return acc_lo, acc_hi
 
 
@@ -427,7 +451,7 @@ def _gate_up_kernel(
     inter, H, stride_xm, stride_we, stride_wn, stride_se, stride_sn, limit,
     TOPK: tl.constexpr, W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
     BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False,
-    EVEN_N: tl.constexpr = False, SPLIT: tl.constexpr = 1,
+    EVEN_N: tl.constexpr = False, SPLIT: tl.constexpr = 1, ROW_SUMS: tl.constexpr = False,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -449,9 +473,9 @@ def _gate_up_kernel(
     for k0 in range(0, H, BK):
         x_a, x_b = _expert_inputs(x_rows, valid, k0, W_FP8, BK)
         g_lo, g_hi = _expert_dot(g_lo, g_hi, x_a, x_b, w1_e, s1_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                                 W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
+                                 W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT, ROW_SUMS)
         u_lo, u_hi = _expert_dot(u_lo, u_hi, x_a, x_b, w3_e, s3_e, offs_n, k0, n_mask, stride_wn, stride_sn,
-                                 W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
+                                 W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT, ROW_SUMS)
     rw = tl.load(route_w_ptr + assign, mask=valid, other=0.0)
     ptrs = act_ptr + rows[None, :].to(tl.int64) * inter + offs_n[:, None]
     _swiglu_store(g_lo + g_hi, u_lo + u_hi, rw[None, :], limit, ptrs, n_mask[:, None] & valid[None, :])
@@ -463,7 +487,7 @@ def _down_kernel(
     H, inter, stride_we, stride_wn, stride_se, stride_sn,
     W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     IEEE: tl.constexpr, ASM: tl.constexpr, DIRECT: tl.constexpr = False, EVEN_N: tl.constexpr = False,
-    SPLIT: tl.constexpr = 1,
+    SPLIT: tl.constexpr = 1, ROW_SUMS: tl.constexpr = False,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -481,7 +505,7 @@ def _down_kernel(
     for k0 in range(0, inter, BK):
         a_a, a_b = _expert_inputs(act_rows, valid, k0, W_FP8, BK)
         acc_lo, acc_hi = _expert_dot(acc_lo, acc_hi, a_a, a_b, w2_e, s2_e, offs_n, k0, n_mask, stride_wn,
-                                     stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT)
+                                     stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, SPLIT, ROW_SUMS)
     ptrs = y_ptr + assign[None, :].to(tl.int64) * H + offs_n[:, None]
     tl.store(ptrs, (acc_lo + acc_hi).to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & valid[None, :])
 
@@ -755,12 +779,12 @@ def _combine_kernel(y_ptr, shared_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl
 def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, stride_sn,
                  W_FP8: tl.constexpr, SCALE_ROWS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                  BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, w2_ptr=None, s2_ptr=None,
-                 PAIR: tl.constexpr = False):
+                 PAIR: tl.constexpr = False, ROW_SUMS: tl.constexpr = False):
     """W[offs_n, k_lo:k_hi] x_row[k_lo:k_hi] as float32 [BN], offs_n = program_id(1) * BN + arange(BN):
     BM >= 16, the grouped kernels' MMA with one live token column; BM == 1, CUDA-core products
     (`_row_products`). PAIR: (W x, W2 x) of a second weight (w2_ptr, s2_ptr; same shape and strides) in
     the same K loop (gate and up: H200 2026-12-02, 110 us per MoE layer at batch 1 vs 113 with a loop
-    each), else (W x, W x)."""
+    each), else (W x, W x). ROW_SUMS (BM >= 16): `_row_sums`, as the grouped kernels in that mode."""
     if BM == 1:
         if not W_FP8:
             acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
@@ -786,10 +810,10 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
     for k0 in range(k_lo, k_hi, BK):
         x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
         acc, _ = _expert_dot(acc, unused, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                             W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1)
+                             W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1, ROW_SUMS)
         if PAIR:
             acc2, _ = _expert_dot(acc2, unused, x_a, x_b, w2_ptr, s2_ptr, offs_n, k0, n_mask, stride_wn,
-                                  stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1)
+                                  stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1, ROW_SUMS)
     out = tl.sum(tl.where(live[None, :], acc, 0.0), axis=1)
     return out, (tl.sum(tl.where(live[None, :], acc2, 0.0), axis=1) if PAIR else out)
 
@@ -802,6 +826,7 @@ def _decode_gate_up_kernel(
     limit, route_scale, n_count, TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_COUNT: tl.constexpr, EVEN_N: tl.constexpr = False,
+    ROW_SUMS: tl.constexpr = False,
 ):
     """act[a] = SwiGLU(x W1^T, x W3^T) of assignment a < A (its expert's, times its routing weight) or of
     token a - A's shared expert (FP8, 32x32 block scales): both in one launch, each program routing its
@@ -832,10 +857,12 @@ def _decode_gate_up_kernel(
         expert = tl.sum(tl.where(mine, picked_id, 0), axis=0).to(tl.int64)
         gate, up = _one_row_dot(x_row, w1_ptr + expert * stride_we, s1_ptr + expert * stride_se, offs_n,
                                 n_mask, 0, H, stride_wn, stride_sn, EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM,
-                                w3_ptr + expert * stride_we, s3_ptr + expert * stride_se, PAIR=True)
+                                w3_ptr + expert * stride_we, s3_ptr + expert * stride_se, PAIR=True,
+                                ROW_SUMS=ROW_SUMS)
     else:
         gate, up = _one_row_dot(x_row, sw1_ptr, ss1_ptr, offs_n, n_mask, 0, H, shared_wn, shared_sn, True,
-                                GROUP_TL, BN, BM, BK, IEEE, False, sw3_ptr, ss3_ptr, PAIR=True)
+                                GROUP_TL, BN, BM, BK, IEEE, False, sw3_ptr, ss3_ptr, PAIR=True,
+                                ROW_SUMS=ROW_SUMS)
     _swiglu_store(gate, up, rw, limit, act_ptr + a.to(tl.int64) * inter + offs_n, n_mask)
 
 
@@ -855,7 +882,7 @@ def _decode_down_kernel(
     act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, out_ptr,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, ROW_SUMS: tl.constexpr = False,
 ):
     """out[t] = (sum over slots of round(expert W2 act)) rounded, plus round(shared W2 act), rounded: the
     down projections of token t's TOPK assignments and its shared expert and `_combine_kernel`'s sum
@@ -870,10 +897,11 @@ def _decode_down_kernel(
         expert = tl.load(ids_ptr + a).to(tl.int64)
         y, _ = _one_row_dot(act_ptr + a.to(tl.int64) * inter, w2_ptr + expert * stride_we,
                             s2_ptr + expert * stride_se, offs_n, n_mask, 0, inter, stride_wn, stride_sn,
-                            EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+                            EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM, ROW_SUMS=ROW_SUMS)
         routed += y.to(out_ty).to(tl.float32)
     shared, _ = _one_row_dot(act_ptr + (A + t).to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
-                             inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+                             inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False,
+                             ROW_SUMS=ROW_SUMS)
     out = routed.to(out_ty).to(tl.float32) + shared.to(out_ty).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * H + offs_n, out.to(out_ty), mask=n_mask)
 
@@ -883,7 +911,7 @@ def _decode_down_split_kernel(
     act_ptr, w2_ptr, s2_ptr, ids_ptr, sw2_ptr, ss2_ptr, y_ptr, count_ptr, out_ptr,
     A, H, inter, stride_we, stride_wn, stride_se, stride_sn, shared_wn, shared_sn,
     TOPK: tl.constexpr, EXPERT_FP8: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
+    IEEE: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr = False, ROW_SUMS: tl.constexpr = False,
 ):
     """`_decode_down_kernel` with one program per (assignment or shared expert, tile of H): each stores its
     rounded rows, and the last of a token's TOPK + 1 to arrive (an arrival counter per token and tile,
@@ -897,11 +925,12 @@ def _decode_down_split_kernel(
         expert = tl.load(ids_ptr + a).to(tl.int64)
         y, _ = _one_row_dot(act_ptr + a.to(tl.int64) * inter, w2_ptr + expert * stride_we,
                             s2_ptr + expert * stride_se, offs_n, n_mask, 0, inter, stride_wn, stride_sn,
-                            EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM)
+                            EXPERT_FP8, 1, BN, BM, BK, IEEE, ASM, ROW_SUMS=ROW_SUMS)
         t = a // TOPK
     else:
         y, _ = _one_row_dot(act_ptr + a.to(tl.int64) * inter, sw2_ptr, ss2_ptr, offs_n, n_mask, 0,
-                            inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False)
+                            inter, shared_wn, shared_sn, True, GROUP_TL, BN, BM, BK, IEEE, False,
+                            ROW_SUMS=ROW_SUMS)
         t = a - A
     tl.store(y_ptr + a.to(tl.int64) * H + offs_n, y.to(out_ty), mask=n_mask)
     tl.debug_barrier()  # every thread's rows are stored before the counter's release
@@ -917,13 +946,15 @@ def _decode_down_split_kernel(
 
 
 def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tensor | None, layer: Any,
-                  up_cfg: configs.TileConfig, down_cfg: configs.TileConfig) -> torch.Tensor:
+                  up_cfg: configs.TileConfig, down_cfg: configs.TileConfig, row_sums: bool = False
+                  ) -> torch.Tensor:
     """The MoE output [T, H] of few tokens from the router logits in two launches: routing, gate+up of
     every assignment and of each token's FP8 shared expert (`_decode_gate_up_kernel`), then the down
     projections with the combine: one program per (token, tile) looping over its slots
     (`_decode_down_kernel`), or with the down tile's split_k > 1 one program per (slot, tile) and the last
     to arrive combining (`_decode_down_split_kernel`). Tiles: BM 1 = CUDA-core products (BN must divide
-    32: the shared expert's block scales), BM >= 16 = MMA with one live column."""
+    32: the shared expert's block scales), BM >= 16 = MMA with one live column. `row_sums` (batch-invariant
+    mode in the interpreter): the MMA tiles' products summed by tl.sum (`_row_sums`), as `_grouped_mlp`'s."""
     t, e = logits.shape
     k = layer.topk
     p, w1, w3, w2 = layer.experts, layer.shared_w1, layer.shared_w3, layer.shared_w2
@@ -950,14 +981,14 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
         BK=configs.block_k(h, c.block_k),
         IEEE=ieee, ASM=p.asm, HAS_MASK=image_mask is not None, BLOCK_E=triton.next_power_of_2(e),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0,
-        EVEN_N=i % c.block_n == 0, num_warps=c.num_warps, num_stages=c.num_stages,
+        EVEN_N=i % c.block_n == 0, ROW_SUMS=row_sums, num_warps=c.num_warps, num_stages=c.num_stages,
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
     strides = (p.w2.stride(0), p.w2.stride(1), p.s2.stride(0), p.s2.stride(1), w2.weight.stride(0),
                w2.scale.stride(0))
     meta = dict(TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(i, c.block_k),
-                IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, num_warps=c.num_warps,
+                IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, ROW_SUMS=row_sums, num_warps=c.num_warps,
                 num_stages=c.num_stages)
     if split:
         y = torch.empty((t * k + t, h), dtype=x.dtype, device=x.device)
@@ -996,12 +1027,13 @@ class _Mlp:
 def _grouped_mlp(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, mlp: _Mlp, n_experts: int, inter: int,
     swiglu_limit: float, cfg: configs.TileConfig, direct: bool = False,
-    down_cfg: configs.TileConfig | None = None,
+    down_cfg: configs.TileConfig | None = None, row_sums: bool = False,
 ) -> torch.Tensor:
     """Rows [T * k, H] (x's dtype) of each (token, slot)'s expert MLP through alignment and the grouped
     gate+up / down kernels with tile config `cfg` (down: `down_cfg` where given, same block_m);
     `direct`: one block per assignment, no alignment (decode: the MMA kernels with one live token column
-    instead of the GEMVs)."""
+    instead of the GEMVs); `row_sums` (batch-invariant mode in the interpreter): products summed by tl.sum,
+    not tl.dot (`_row_sums`)."""
     down_cfg = down_cfg or cfg
     for c in (cfg, down_cfg):
         if c.split_k not in (1, 2):
@@ -1031,7 +1063,7 @@ def _grouped_mlp(
             inter, h, x.stride(0), we, wn, se, sn, float(swiglu_limit),
             TOPK=k, W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=cfg.block_n, BM=cfg.block_m,
             BK=configs.block_k(h, cfg.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
-            EVEN_N=inter % cfg.block_n == 0, SPLIT=cfg.split_k, num_warps=cfg.num_warps,
+            EVEN_N=inter % cfg.block_n == 0, SPLIT=cfg.split_k, ROW_SUMS=row_sums, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None,
         )
     y = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
@@ -1044,7 +1076,8 @@ def _grouped_mlp(
         act, mlp.w2, mlp.s2, row_assign, block_expert, y, h, inter, we, wn, se, sn,
         W_FP8=mlp.fp8, SCALE_ROWS=mlp.scale_rows, BN=c.block_n, BM=c.block_m,
         BK=configs.block_k(inter, c.block_k), IEEE=ieee, ASM=mlp.asm, DIRECT=direct,
-        EVEN_N=h % c.block_n == 0, SPLIT=c.split_k, num_warps=c.num_warps, num_stages=c.num_stages,
+        EVEN_N=h % c.block_n == 0, SPLIT=c.split_k, ROW_SUMS=row_sums, num_warps=c.num_warps,
+        num_stages=c.num_stages,
         maxnreg=c.maxnreg or None,
     )
     return y
@@ -1106,11 +1139,13 @@ INVARIANT_CONFIG = configs.TileConfig(block_n=64, block_m=16, block_k=128, split
 def routed_experts(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PreparedExperts, swiglu_limit: float,
     config: configs.TileConfig | None = None, down_config: configs.TileConfig | None = None,
+    row_sums: bool = False,
 ) -> torch.Tensor:
     """Per (token, slot) expert outputs [T * k, H] in x's dtype (rows of slot order within a token).
     `config`: that tile config and the grouped kernels at any size, the down kernel at `down_config` where
     given (else, for few assignments, the decode path of `configs.lookup_moe_decode`; above, the tuned
-    table's configs)."""
+    table's configs). `row_sums` (with `config`; batch-invariant mode in the interpreter): the grouped
+    kernels' products summed by tl.sum (`_row_sums`)."""
     t, k = ids.shape
     e, i, h = experts.n_experts, experts.inter, experts.hidden
     if t == 0:
@@ -1123,7 +1158,8 @@ def routed_experts(
             return routed_experts_decode(x, weights, ids, experts, swiglu_limit, cfg)
         return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, direct=True)
     if config is not None:
-        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, config, down_cfg=down_config)
+        return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, config, down_cfg=down_config,
+                            row_sums=row_sums)
     cfg = configs.lookup_moe(t * k, e, h, i, x.device)
     down = configs.lookup_moe_down(t * k, e, h, i, x.device, cfg)
     return _grouped_mlp(x, weights, ids, mlp, e, i, swiglu_limit, cfg, down_cfg=down)
@@ -1139,7 +1175,8 @@ _ROUTER_BM, _ROUTER_BN, _ROUTER_BK = 16, 64, 128
 
 @triton.jit
 def _router_kernel(x_ptr, g_ptr, out_ptr, T, E, H, stride_xm, stride_ge,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                   ROW_SUMS: tl.constexpr = False):
     offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     m_mask = offs_m < T
@@ -1152,7 +1189,10 @@ def _router_kernel(x_ptr, g_ptr, out_ptr, T, E, H, stride_xm, stride_ge,
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         g = tl.load(g_ptr + offs_n[None, :] * stride_ge + offs_k[:, None],
                     mask=n_mask[None, :] & k_mask[:, None], other=0.0)
-        acc = tl.dot(x, g, acc, input_precision="ieee" if IEEE else None)
+        if ROW_SUMS:  # the interpreter in batch-invariant mode (`_row_sums`)
+            acc = _row_sums(x, g, acc)
+        else:
+            acc = tl.dot(x, g, acc, input_precision="ieee" if IEEE else None)
     tl.store(out_ptr + offs_m[:, None] * E + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
@@ -1209,7 +1249,8 @@ def router_logits(x: torch.Tensor, gate: torch.Tensor, *, batch_invariant: bool 
     if t:
         _router_kernel[(triton.cdiv(t, _ROUTER_BM), triton.cdiv(e, _ROUTER_BN))](
             x, gate, out, t, e, h, x.stride(0), gate.stride(0),
-            BM=_ROUTER_BM, BN=_ROUTER_BN, BK=_ROUTER_BK, IEEE=not bf16, num_warps=4, num_stages=3,
+            BM=_ROUTER_BM, BN=_ROUTER_BN, BK=_ROUTER_BK, IEEE=not bf16, ROW_SUMS=not x.is_cuda, num_warps=4,
+            num_stages=3,
         )
     return out
 
@@ -1230,11 +1271,14 @@ def moe(
     if xe.stride(-1) != 1:
         xe = xe.contiguous()
     fused = _fused_decode_tiles(x2.shape[0], layer, batch_invariant)
+    # batch-invariant mode off CUDA (the interpreter): products summed by tl.sum, not by numpy's matmul,
+    # whose sums follow a token's place in the tile (`_row_sums`)
+    row_sums = batch_invariant and not x.is_cuda
     if fused is not None:
-        return _decode_fused(xe, logits, mask, layer, *fused).reshape(shape)
+        return _decode_fused(xe, logits, mask, layer, *fused, row_sums=row_sums).reshape(shape)
     weights, ids = route(logits, layer.bias, layer.bias_vl, mask, layer.topk, layer.route_scale)
     cfg = INVARIANT_CONFIG if batch_invariant else None
-    y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit, cfg)
+    y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit, cfg, row_sums=row_sums)
     shared = _shared_expert_invariant(xe, layer) if batch_invariant else _shared_expert(xe, layer)
     out = torch.empty((x2.shape[0], shape[-1]), dtype=layer.dtype, device=x.device)
     if x2.shape[0]:
@@ -1323,4 +1367,5 @@ def _shared_expert_invariant(x: torch.Tensor, layer: Any) -> torch.Tensor:
         return torch.empty((0, w2.out_features), dtype=x.dtype, device=x.device)
     ones = torch.ones((t, 1), dtype=torch.float32, device=x.device)
     zeros = torch.zeros((t, 1), dtype=torch.int32, device=x.device)
-    return _grouped_mlp(x, ones, zeros, mlp, 1, w1.out_features, layer.swiglu_limit, INVARIANT_CONFIG)
+    return _grouped_mlp(x, ones, zeros, mlp, 1, w1.out_features, layer.swiglu_limit, INVARIANT_CONFIG,
+                        row_sums=not x.is_cuda)
