@@ -42,6 +42,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_checkpoint("full", tmp_path_factory.mktemp("full"), seed=0)
 
 
+def recording_runtime(
+    checkpoint: Path, recorder: Callable | None = rerun_recorder, **kwargs: object
+) -> DeepseekV41Runtime:
+    """A CPU runtime whose caches get graphs recorded by `recorder` (by default the re-running stand-in)."""
+    rt = load_runtime(checkpoint, **kwargs)
+    rt.graph_recorder = recorder
+    return rt
+
+
 def _shapes(meta: StepMetadata) -> dict[str, object]:
     """Every tensor shape and host value of the metadata, by field path."""
     return fields_by_path(meta, lambda t: tuple(t.shape))
@@ -122,8 +131,7 @@ class Greedy:
 
 def test_replays_match_eager_steps_and_padding_touches_no_sequence(checkpoint: Path) -> None:
     eager = Greedy(load_runtime(checkpoint), batch=3)
-    rt = load_runtime(checkpoint)
-    rt.graph_recorder = rerun_recorder
+    rt = recording_runtime(checkpoint)
     graphed = Greedy(rt, batch=3)
     # decode steps cover both parities of the ratio-2 compressor; batch 1 first, so that batch 3 grows
     # the shared output buffer (dropping the batch-1 graph, recaptured at the later batch-1 step)
@@ -159,18 +167,36 @@ def test_steps_outside_the_buckets_run_eagerly(checkpoint: Path) -> None:
 
 
 def test_a_failed_capture_leaves_every_step_eager(checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Each graph set (decode, draft, device-split steps) warns once, at its first failed capture, and
+    runs its later steps eagerly without trying again."""
+    captures = []
+
     def failing(step: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, Callable[[], None]]:
+        captures.append(step)
         step()  # the warm-up ran, then the capture failed
         raise RuntimeError("operation not permitted when stream is capturing")
 
     eager = Greedy(load_runtime(checkpoint), batch=2)
-    rt = load_runtime(checkpoint)
-    rt.graph_recorder = failing
+    rt = recording_runtime(checkpoint, failing)
     graphed = Greedy(rt, batch=2)
     for _ in range(3):
         torch.testing.assert_close(graphed.decode([1, 2]), eager.decode([1, 2]), rtol=1e-4, atol=1e-4)
-    assert rt.graphs.failed and not rt.graphs.graphs
+    assert rt.graphs.failed and not rt.graphs.graphs and len(captures) == 1
     assert "every step runs eagerly" in caplog.text
+    slots = [1, 2]
+    for _ in range(2):
+        args = (slots, [len(graphed.tokens[s]) - 1 for s in slots], [graphed.tokens[s][-1] for s in slots])
+        got, want = rt.dspark.draft(rt.cache, *args), eager.rt.dspark.draft(eager.rt.cache, *args)
+        torch.testing.assert_close(got.base_logits, want.base_logits, rtol=1e-5, atol=1e-5)
+    assert rt.dspark.graphs.failed and not rt.dspark.graphs.graphs and len(captures) == 2
+    assert "capturing the draft forward of 2 sequences failed, drafts run eagerly" in caplog.text
+    for rows in ([2, 1], [1, 2]):  # one draft verified per sequence, rows cut on the device
+        segs = [SequenceSegment(s, graphed.tables[s], len(graphed.tokens[s]) - 1, [graphed.tokens[s][-1], 7],
+                                "all") for s in slots]
+        got, want = (r.forward_rows(ForwardBatch(segs), torch.tensor(rows), 3) for r in (rt, eager.rt))
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert rt.split_graphs.failed and not rt.split_graphs.graphs and len(captures) == 3
+    assert "capturing the split step SplitShape(" in caplog.text and "split steps run eagerly" in caplog.text
 
 
 def test_graphs_are_a_cuda_only_option(checkpoint: Path) -> None:
@@ -188,8 +214,7 @@ def test_engine_generates_the_same_with_graphs(checkpoint: Path) -> None:
     prompts.append([0, 9, 8, 7, 6, 5])
 
     def generate(recorder: Callable | None) -> tuple[dict[str, list[list[int]]], DeepseekV41Runtime]:
-        rt = load_runtime(checkpoint)
-        rt.graph_recorder = recorder
+        rt = recording_runtime(checkpoint, recorder)
         engine = LLMEngine(rt, None, EngineConfig(max_model_len=256, max_num_seqs=4, cache_bytes=16 << 20,
                                                   max_num_batched_tokens=16, log_stats_interval=0))
         for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
@@ -224,8 +249,7 @@ def test_engine_records_every_sampling_graph_at_start_up(
               SamplingParams(temperature=1.0, seed=3, logprobs=2, max_tokens=4, ignore_eos=True)]  # eager
 
     def generate(recorder: Callable | None) -> tuple[dict[str, list[int]], LLMEngine]:
-        rt = load_runtime(checkpoint)
-        rt.graph_recorder = recorder
+        rt = recording_runtime(checkpoint, recorder)
         with caplog.at_level("INFO", logger="deepinfer.sampling.sampler"):
             engine = LLMEngine(rt, None, EngineConfig(max_model_len=256, max_num_seqs=3, cache_bytes=16 << 20,
                                                       log_stats_interval=0))
@@ -405,15 +429,13 @@ def check_padded_verification(eager: DeepseekV41Runtime, graphed: DeepseekV41Run
 
 
 def test_padded_verification_leaves_the_state_unpadded_eager_leaves(checkpoint: Path) -> None:
-    eager, graphed = load_runtime(checkpoint), load_runtime(checkpoint)
-    graphed.graph_recorder = rerun_recorder
+    eager, graphed = load_runtime(checkpoint), recording_runtime(checkpoint)
     check_padded_verification(eager, graphed, 2e-5)
 
 
 def test_draft_forward_replays_match_eager(checkpoint: Path) -> None:
     eager = Greedy(load_runtime(checkpoint), batch=3)
-    rt = load_runtime(checkpoint)
-    rt.graph_recorder = rerun_recorder
+    rt = recording_runtime(checkpoint)
     graphed = Greedy(rt, batch=3)
     assert rt.dspark.graphs is not None
     for slots in ([1, 2, 3], [1, 3], [2]):  # buckets 4 (one padding sequence), 2, 1: one output buffer
@@ -428,8 +450,7 @@ def test_draft_forward_replays_match_eager(checkpoint: Path) -> None:
 def test_planned_graphs_are_captured_with_the_cache(
     checkpoint: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rt = load_runtime(checkpoint)
-    rt.graph_recorder = rerun_recorder
+    rt = recording_runtime(checkpoint)
     assert rt.plan_graphs(max_num_seqs=3, num_draft_tokens=3, max_model_len=BLOCK_TOKENS) == 0  # CPU: 0 B
     assert rt.cache is None  # the probe's throwaway cache is gone
     with caplog.at_level("INFO", logger="deepinfer.models.deepseek_v41.graphs"):
@@ -454,8 +475,7 @@ def test_planned_graphs_are_captured_with_the_cache(
 def test_chosen_graph_sizes_are_the_only_buckets(checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
     """cuda_graph_sizes (any order, repeats allowed) replaces the buckets of decode, verification and
     draft graphs: a batch pads up to the next size, a batch above the largest runs eagerly."""
-    rt = load_runtime(checkpoint, options=RuntimeOptions(cuda_graph_sizes=(4, 1, 4)))
-    rt.graph_recorder = rerun_recorder
+    rt = recording_runtime(checkpoint, options=RuntimeOptions(cuda_graph_sizes=(4, 1, 4)))
     rt.plan_graphs(max_num_seqs=6, num_draft_tokens=3, max_model_len=BLOCK_TOKENS)
     with caplog.at_level("INFO", logger="deepinfer.models.deepseek_v41.graphs"):
         g = Greedy(rt, batch=6)
@@ -548,14 +568,9 @@ def test_engine_speculation_generates_the_same_with_graphs(
     pad = DecodeGraphs._pad
     monkeypatch.setattr(DecodeGraphs, "_pad", staticmethod(lambda seg, n: pads.append(n) or pad(seg, n)))
 
-    def graphed() -> DeepseekV41Runtime:
-        rt = load_runtime(checkpoint)
-        rt.graph_recorder = rerun_recorder
-        return rt
-
     eager, _ = speculative_outputs(lambda: load_runtime(checkpoint), speculator, schedule)
     assert not pads
-    got, engine = speculative_outputs(graphed, speculator, schedule)
+    got, engine = speculative_outputs(lambda: recording_runtime(checkpoint), speculator, schedule)
     assert got == eager
     assert engine.model.graph_plan.verify_tokens == 4  # the engine's cache sizing planned the capture
     assert engine.runner.sampler._graphs is None  # verification samples every row: no sampler graphs

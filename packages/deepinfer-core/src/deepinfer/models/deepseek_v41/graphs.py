@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -51,7 +51,8 @@ from deepinfer.ops.recorder import Recorder
 
 logger = logging.getLogger(__name__)
 
-G = TypeVar("G")
+K = TypeVar("K")  # a graph set's key
+G = TypeVar("G")  # its graphs
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 # a pool allocates whole segments (the caching allocator's 2 MiB small and 20 MiB large ones)
@@ -190,21 +191,56 @@ class _Graph:
     replay: Callable[[], None]
 
 
+def _grown(buffer: torch.Tensor | None, rows: int) -> int | None:
+    """The rows of a new shared output buffer that holds `rows` (at least twice the old buffer's, so that
+    few captures grow it: growing drops the graphs that wrote the old one); None while `buffer` holds them."""
+    if buffer is None:
+        return rows
+    return None if buffer.shape[0] >= rows else max(rows, 2 * buffer.shape[0])
+
+
 def _rows_per_seq(shape: FixedShape) -> int:
     return shape.tokens if shape.logits == "all" else 1
 
 
-def try_capture(capture: Callable[[], G], what: object, then: str) -> G | None:
-    """capture(), or None after a warning that capturing `what` failed (an op that cannot be captured,
-    e.g. one reading the device) and `then` (what runs eagerly from now on: the caller stops capturing)."""
-    try:
-        return capture()
-    except RuntimeError as exc:
-        logger.warning("CUDA graphs: capturing %s failed, %s from now on: %s", what, then, exc)
-        return None
+class GraphSet(Generic[K, G]):
+    """What the decode, draft and split graph sets share: their graphs by key, and `failed`, set by the
+    first capture that fails (an op that cannot be captured, e.g. one reading the device): the set then
+    captures nothing more and its steps run eagerly. Subclasses define `_capture` and name, for that
+    warning, the capture (`_what`, formatted with the key) and what runs eagerly (`_then`)."""
+
+    _what = "{}"
+    _then = "every step runs eagerly"
+
+    def __init__(self) -> None:
+        self.graphs: dict[K, G] = {}
+        self.failed = False  # a capture failed: the set's steps run eagerly
+
+    def _capture(self, key: K) -> G:
+        raise NotImplementedError
+
+    def _capture_or_fail(self, key: K) -> G | None:
+        """The key's new graph, or None after a warning that its capture failed (and `failed` set)."""
+        try:
+            return self._capture(key)
+        except RuntimeError as exc:
+            what = self._what.format(key)
+            logger.warning("CUDA graphs: capturing %s failed, %s from now on: %s", what, self._then, exc)
+            self.failed = True
+            return None
+
+    def _precapture(self, keys: Sequence[K]) -> int:
+        """Capture the keys not captured yet, in order, until one fails; the number captured."""
+        count = 0
+        for key in keys:
+            if self.failed:
+                break
+            if key not in self.graphs and self._capture_or_fail(key) is not None:
+                count += 1
+        return count
 
 
-class DecodeGraphs:
+class DecodeGraphs(GraphSet[FixedShape, _Graph]):
     """Graphs of one runtime's cache, captured per FixedShape (lazily, or ahead with `precapture`).
 
     `max_backtrack`: the cache's rollback depth, which bounds how far a segment may be padded.
@@ -223,13 +259,12 @@ class DecodeGraphs:
         max_backtrack: int = 0,
         verify_tokens: int | None = None,
     ) -> None:
+        super().__init__()
         self.builder, self.last_is_consumer, self.step = builder, last_layer_is_consumer, step
         self.vocab_size, self.recorder, self.buckets = vocab_size, recorder, _check_buckets(buckets)
         self.max_backtrack, self.verify_tokens = max_backtrack, verify_tokens
-        self.graphs: dict[FixedShape, _Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # logits rows per sequence -> shared output buffer
         self.indices = Staging(builder.staging.device)  # padded steps: id destinations, logits rows
-        self.failed = False  # a capture failed: every step runs eagerly
 
     def shape(self, batch: ForwardBatch) -> FixedShape | None:
         """The batch's graph key, or None when it runs eagerly."""
@@ -319,18 +354,7 @@ class DecodeGraphs:
         # largest first: the output buffers are sized once, and the pool's first segments are the
         # largest, which the smaller graphs' blocks then split (rather than new segments per size)
         shapes.sort(key=lambda k: (k.num_seqs * k.tokens, k.table_width), reverse=True)
-        count = 0
-        for shape in shapes:
-            if self.failed:
-                break
-            if shape not in self.graphs and self._capture_or_fail(shape) is not None:
-                count += 1
-        return count
-
-    def _capture_or_fail(self, shape: FixedShape) -> _Graph | None:
-        graph = try_capture(lambda: self._capture(shape), shape, "every step runs eagerly")
-        self.failed |= graph is None
-        return graph
+        return self._precapture(shapes)
 
     def _capture(self, shape: FixedShape) -> _Graph:
         staging = Staging(self.builder.staging.device, persistent=True)
@@ -348,9 +372,8 @@ class DecodeGraphs:
     def _output(self, rows_per_seq: int, rows: int) -> torch.Tensor:
         """The output buffer of graphs with `rows_per_seq` logits rows per sequence, at least `rows` long."""
         out = self.outputs.get(rows_per_seq)
-        if out is None or out.shape[0] < rows:
-            rows = max(rows, 2 * out.shape[0]) if out is not None else rows
-            out = torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.builder.staging.device)
+        if (size := _grown(out, rows)) is not None:
+            out = torch.empty(size, self.vocab_size, dtype=torch.float32, device=self.builder.staging.device)
             self.outputs[rows_per_seq] = out
             self.graphs = {k: g for k, g in self.graphs.items() if _rows_per_seq(k) != rows_per_seq}
         return out
@@ -363,7 +386,7 @@ class _DraftGraph:
     replay: Callable[[], None]
 
 
-class DraftGraphs:
+class DraftGraphs(GraphSet[int, _DraftGraph]):
     """Graphs of the DSpark draft forward over one cache, one per batch bucket.
 
     A draft step's inputs (ids, positions, window key rows) depend only on the sequences' slots,
@@ -371,14 +394,16 @@ class DraftGraphs:
     the three outputs are copied into shared buffers and cloned out after each replay.
     """
 
+    _what = "the draft forward of {} sequences"
+    _then = "drafts run eagerly"
+
     def __init__(
         self, dspark: DSpark, cache: KVCache, recorder: Recorder, buckets: Sequence[int] = BUCKETS
     ) -> None:
+        super().__init__()
         self.dspark, self.cache, self.recorder = dspark, cache, recorder
         self.buckets = _check_buckets(buckets)
-        self.graphs: dict[int, _DraftGraph] = {}
         self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # hidden, normed, logits
-        self.failed = False
 
     def draft(
         self, cache: KVCache, slots: Sequence[int], anchors: Sequence[int], golden: Sequence[int]
@@ -400,19 +425,8 @@ class DraftGraphs:
 
     def precapture(self, max_num_seqs: int) -> int:
         """Capture every bucket up to the one holding `max_num_seqs`; the number captured."""
-        before = len(self.graphs)
-        for b in reversed(planned_buckets(self.buckets, max_num_seqs)):  # largest first: outputs sized once
-            if self.failed:
-                break
-            if b not in self.graphs:
-                self._capture_or_fail(b)
-        return len(self.graphs) - before
-
-    def _capture_or_fail(self, bucket: int) -> _DraftGraph | None:
-        graph = try_capture(lambda: self._capture(bucket), f"the draft forward of {bucket} sequences",
-                            "drafts run eagerly")
-        self.failed |= graph is None
-        return graph
+        # largest first: the output buffers are sized once
+        return self._precapture(planned_buckets(self.buckets, max_num_seqs)[::-1])
 
     def _capture(self, bucket: int) -> _DraftGraph:
         ds = self.dspark
@@ -434,13 +448,12 @@ class DraftGraphs:
 
     def _outputs(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The shared output buffers, at least `rows` long (growing them drops the older graphs)."""
-        if self.outputs is None or self.outputs[0].shape[0] < rows:
-            rows = max(rows, 2 * self.outputs[0].shape[0]) if self.outputs is not None else rows
+        if (size := _grown(self.outputs[0] if self.outputs else None, rows)) is not None:
             ds, device = self.dspark, self.dspark.staging.device
             h = ds.cfg.hidden_size
-            self.outputs = (torch.empty(rows, h, dtype=ds.dtype, device=device),
-                            torch.empty(rows, h, dtype=ds.dtype, device=device),
-                            torch.empty(rows, ds.cfg.vocab_size, dtype=torch.float32, device=device))
+            self.outputs = (torch.empty(size, h, dtype=ds.dtype, device=device),
+                            torch.empty(size, h, dtype=ds.dtype, device=device),
+                            torch.empty(size, ds.cfg.vocab_size, dtype=torch.float32, device=device))
             self.graphs = {}
         return self.outputs
 

@@ -22,13 +22,7 @@ import torch
 
 from deepinfer.cache import BLOCK_TOKENS
 from deepinfer.models.deepseek_v41.device_metadata import DeviceMetadataBuilder, SplitShape
-from deepinfer.models.deepseek_v41.graphs import (
-    DecodeGraphs,
-    StepFn,
-    bucket_for,
-    step_table_width,
-    try_capture,
-)
+from deepinfer.models.deepseek_v41.graphs import DecodeGraphs, GraphSet, StepFn, bucket_for, step_table_width
 from deepinfer.models.deepseek_v41.metadata import Staging
 from deepinfer.models.interface import ForwardBatch
 
@@ -49,16 +43,19 @@ class _SplitGraph:
     replay: Callable[[], None]
 
 
-class SplitGraphs:
+class SplitGraphs(GraphSet[SplitShape, _SplitGraph]):
     """Graphs of one cache's device-split steps, beside its decode and verification graphs (`decode`:
     their recorder, buckets and output buffers). Rows per sequence: the verification length if planned,
-    else 1 + the rollback depth (a step verifies at most that many drafts)."""
+    else 1 + the rollback depth (a step verifies at most that many drafts). `graphs` is kept in order of
+    use, least recent first."""
+
+    _what = "the split step {}"
+    _then = "split steps run eagerly"
 
     def __init__(self, builder: DeviceMetadataBuilder, decode: DecodeGraphs, step: StepFn) -> None:
+        super().__init__()
         self.builder, self.decode, self.step = builder, decode, step
         self.tokens = decode.verify_tokens or min(decode.max_backtrack + 1, builder.geo.max_fixed_tokens)
-        self.graphs: dict[SplitShape, _SplitGraph] = {}
-        self.failed = False  # a capture failed: every split step runs eagerly
 
     def shape(self, batch: ForwardBatch, total: int) -> SplitShape | None:
         """The step's graph key, or None when it runs eagerly: its total rounded up to a multiple of
@@ -101,12 +98,6 @@ class SplitGraphs:
             graph.ids[: batch.input_ids.shape[0]].copy_(batch.input_ids)  # after the upload of the list ids
         graph.replay()
         return graph.logits[:total].clone()
-
-    def _capture_or_fail(self, shape: SplitShape) -> _SplitGraph | None:
-        graph = try_capture(lambda: self._capture(shape), f"the split step {shape}",
-                            "split steps run eagerly")
-        self.failed |= graph is None
-        return graph
 
     def _capture(self, shape: SplitShape) -> _SplitGraph:
         builder = self.builder
