@@ -127,10 +127,7 @@ class DeepseekV41Runtime:
         geometry = step_geometry(self.cfg, self.cache, self.replay, n, self.history_len)
         self.builder = MetadataBuilder(geometry, self.device)
         self.device_builder = DeviceMetadataBuilder(self.builder)
-        # graphs read the cache's addresses: recaptured for a new cache
-        self.graphs = self.split_graphs = None
-        if self.dspark is not None:
-            self.dspark.graphs = None
+        self._drop_graphs()  # graphs read the cache's addresses: recaptured for a new cache
         if self.graph_recorder is not None:
             plan = self.graph_plan
             self.graphs = DecodeGraphs(self.builder, self.last_is_consumer, self.run_step, self.vocab_size,
@@ -164,11 +161,16 @@ class DeepseekV41Runtime:
         reserve = probe_graph_memory(plan, self.builder, self.last_is_consumer, self.run_step,
                                      self.vocab_size, self.dspark, self.cache)
         self.cache = self.builder = self.device_builder = self.history = None
+        self._drop_graphs()
+        self.graph_plan = replace(plan, reserve=reserve)
+        return reserve
+
+    def _drop_graphs(self) -> None:
+        """Forget every graph set (decode, split, draft): they read the addresses of the cache they were
+        made for."""
         self.graphs = self.split_graphs = None
         if self.dspark is not None:
             self.dspark.graphs = None
-        self.graph_plan = replace(plan, reserve=reserve)
-        return reserve
 
     def reset_slot(self, slot: int) -> None:
         self._require_cache().reset_slot(slot)
