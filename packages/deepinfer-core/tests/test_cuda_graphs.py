@@ -30,6 +30,7 @@ from deepinfer.models.interface import ForwardBatch, SequenceSegment
 from deepinfer.sampling import SamplingParams
 from deepinfer.sampling.sampler import SamplingGraphs
 from deepinfer.testing import write_tiny_checkpoint
+from deepinfer.testing.engine import run_requests
 from deepinfer.testing.fields import fields_by_path
 from deepinfer.testing.recorder import rerun_recorder
 
@@ -215,14 +216,8 @@ def test_engine_generates_the_same_with_graphs(checkpoint: Path) -> None:
 
     def generate(recorder: Callable | None) -> tuple[dict[str, list[list[int]]], DeepseekV41Runtime]:
         rt = recording_runtime(checkpoint, recorder)
-        engine = LLMEngine(rt, None, EngineConfig(max_model_len=256, max_num_seqs=4, cache_bytes=16 << 20,
-                                                  max_num_batched_tokens=16, log_stats_interval=0))
-        for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-            engine.add_request(ids, p, request_id=f"r{i}")
-        done = {}
-        while engine.has_unfinished_requests():
-            done |= {o.request_id: [c.token_ids for c in o.outputs] for o in engine.step() if o.finished}
-        engine.close()
+        done, _ = run_requests(rt, list(zip(prompts, params, strict=True)), max_model_len=256, max_num_seqs=4,
+                               max_num_batched_tokens=16)
         return done, rt
 
     eager, _ = generate(None)
