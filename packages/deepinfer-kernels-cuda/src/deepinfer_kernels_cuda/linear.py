@@ -129,17 +129,27 @@ def compute_dtype(
 
 
 @triton.jit
+def dot_acc(a, b, acc, IEEE: tl.constexpr, ROW_SUMS: tl.constexpr = False):
+    """acc + a @ b (float32 acc): tl.dot (IEEE: full float32 products), or with ROW_SUMS (batch-invariant
+    mode off CUDA, i.e. the interpreter) the float32 products summed over K by tl.sum. The interpreter's
+    tl.dot is numpy's matmul, whose BLAS kernel may sum an output differently by its place in the tile
+    (OpenBLAS 0.3.31's Haswell sgemm on an AMD Zen 5: token columns 8-55 of a 64 x 64 by 64 x 64 product
+    unlike 0-7, the MoE router's rows 6-15 of 16 unlike 0-5), so a token's bits followed its place in the
+    batch; numpy's sum over an axis does the same adds, in K order, for every output. CUDA never sets it:
+    the constexpr branch is not traced there, so the kernels keep their tl.dot."""
+    if ROW_SUMS:
+        acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        acc = tl.dot(a, b, acc, input_precision="ieee" if IEEE else None)
+    return acc
+
+
+@triton.jit
 def _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo, k_hi,
                   stride_xm, stride_wn, stride_sn, KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                   BK: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, ROW_SUMS: tl.constexpr = False):
-    """The float32 [BN, BM] sum of columns k_lo..k_hi (whole K steps from zero, one MMA chain).
-
-    ROW_SUMS (batch-invariant mode off CUDA, i.e. the interpreter): each K step's products summed over K
-    by tl.sum of the elementwise products instead of tl.dot. The interpreter's tl.dot is numpy's matmul,
-    whose BLAS kernel may sum an output differently by its place in the tile (OpenBLAS 0.3.31's Haswell
-    sgemm on an AMD Zen 5: token columns 8-55 of a 64 x 64 by 64 x 64 product unlike 0-7), so a token's
-    bits followed its place in the batch; numpy's sum over an axis does the same adds, in K order, for
-    every output. CUDA keeps tl.dot (the constexpr branch is not traced: the same kernel there)."""
+    """The float32 [BN, BM] sum of columns k_lo..k_hi (whole K steps from zero, one MMA chain; ROW_SUMS:
+    `dot_acc`'s)."""
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     # every split has columns (`_split`); with no zero-trip path ptxas keeps wgmmas in flight (else C7515)
     tl.assume(k_hi > k_lo)
@@ -155,10 +165,7 @@ def _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_
         else:  # dense; rows past N only feed output rows that are never stored
             w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
                         mask=n_mask[:, None] & k_in[None, :], other=0.0)
-        if ROW_SUMS:
-            acc += tl.sum(w.to(xt.dtype).to(tl.float32)[:, :, None] * xt.to(tl.float32)[None, :, :], axis=1)
-        else:
-            acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision="ieee" if IEEE else None)
+        acc = dot_acc(w.to(xt.dtype), xt, acc, IEEE, ROW_SUMS)
     return acc
 
 
@@ -361,7 +368,7 @@ def tiled_linear(
 ) -> torch.Tensor:
     """x [M, groups * K] -> [M, N] through the tiled MMA kernel at `cfg` (any kind, any M); split_loop:
     each program sums cfg's K splits itself, in split order (the same bits as the split grid); row_sums
-    (interpreter only, batch-invariant mode): products summed by tl.sum, not tl.dot (`_tile_k_steps`)."""
+    (interpreter only, batch-invariant mode): products summed by tl.sum, not tl.dot (`dot_acc`)."""
     if row_sums and x.is_cuda:
         raise ValueError("tiled linear: row_sums is the interpreter's path (CUDA keeps tl.dot)")
     x = _operand(x, w, out_dtype)
@@ -524,7 +531,7 @@ def linear(
         x2 = _operand(x2, prepared, out_dtype)
         cfg, split_loop = _invariant_tiles(base, x2.shape[0], n, x2, prepared.weight.element_size())
         # off CUDA (the interpreter) products summed by tl.sum: its numpy matmul's sums follow a
-        # token's place in the tile (`_tile_k_steps`)
+        # token's place in the tile (`dot_acc`)
         y = tiled_linear(x2, prepared, out_dtype, cfg, split_loop, row_sums=not x2.is_cuda)
     elif prepared.kind == "dense":
         y = dense_linear(x2, prepared, out_dtype)

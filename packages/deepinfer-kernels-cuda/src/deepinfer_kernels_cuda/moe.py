@@ -51,7 +51,7 @@ from deepinfer_kernels_cuda.dequant import (
     pow2,
     split_columns,
 )
-from deepinfer_kernels_cuda.linear import PreparedLinear, linear, mm_out
+from deepinfer_kernels_cuda.linear import PreparedLinear, dot_acc, linear, mm_out
 
 
 @dataclass(frozen=True)
@@ -377,13 +377,10 @@ def _expert_dot(acc_lo, acc_hi, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stri
     the two): one accumulator chains the two MMAs of a K step, and Triton waits for the first before
     issuing the second (sm_90 SASS), two cost a second accumulator's registers. FP8 weights have one
     scale per SCALE_ROWS rows per 32 columns (1: experts re-encoded from FP4; 32: the shared expert's
-    32x32 blocks). ROW_SUMS: the interpreter's products (`_row_sums`)."""
+    32x32 blocks). ROW_SUMS: the interpreter's products (`dot_acc`)."""
     if W_FP8:
         w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, SCALE_ROWS)
-        if ROW_SUMS:
-            acc_lo = _row_sums(w.to(x_a.dtype), x_a, acc_lo)
-        else:
-            acc_lo = tl.dot(w.to(x_a.dtype), x_a, acc_lo, input_precision="ieee" if IEEE else None)
+        acc_lo = dot_acc(w.to(x_a.dtype), x_a, acc_lo, IEEE, ROW_SUMS)
     else:
         w_lo, w_hi = fp4_split_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, ASM)
         acc_lo, acc_hi = _split_dots(acc_lo, acc_hi, x_a, x_b, w_lo, w_hi, IEEE, SPLIT, ROW_SUMS)
@@ -391,35 +388,15 @@ def _expert_dot(acc_lo, acc_hi, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stri
 
 
 @triton.jit
-def _row_sums(w, x, acc):
-    """acc + w @ x as float32 products summed over K by tl.sum (batch-invariant mode off CUDA, i.e. the
-    interpreter, instead of tl.dot: the interpreter's tl.dot is numpy's matmul, and a BLAS kernel may sum
-    an output differently by its place in the tile (OpenBLAS 0.3.31's Haswell sgemm on an AMD Zen 5: the
-    router's rows 6-15 of a 16 x 128 by 128 x 64 product unlike rows 0-5), so a token's bits followed its
-    place in the batch; numpy's sum over an axis does the same adds, in K order, for every output). The
-    grouped kernels' 16 token columns showed no such difference there, but take it too: no BLAS kernel
-    choice can then move a token's sums, and the fused decode's one live column stays bitwise the grouped
-    kernels' column. CUDA never takes it: the constexpr branches calling it are not traced there."""
-    return acc + tl.sum(w.to(tl.float32)[:, :, None] * x.to(tl.float32)[None, :, :], axis=1)
-
-
-@triton.jit
 def _split_dots(acc_lo, acc_hi, x_lo, x_hi, w_lo, w_hi, IEEE: tl.constexpr, SPLIT: tl.constexpr,
                 ROW_SUMS: tl.constexpr = False):
     """The two MMAs of an FP4 K step: decoded low / high nibbles' tiles times their input columns, into
-    acc_lo, or with SPLIT 2 the high nibbles' into acc_hi (`_expert_dot`). ROW_SUMS: `_row_sums`."""
-    if ROW_SUMS:
-        acc_lo = _row_sums(w_lo.to(x_lo.dtype), x_lo, acc_lo)
-        if SPLIT == 2:
-            acc_hi = _row_sums(w_hi.to(x_lo.dtype), x_hi, acc_hi)
-        else:
-            acc_lo = _row_sums(w_hi.to(x_lo.dtype), x_hi, acc_lo)
+    acc_lo, or with SPLIT 2 the high nibbles' into acc_hi (`_expert_dot`). ROW_SUMS: `dot_acc`."""
+    acc_lo = dot_acc(w_lo.to(x_lo.dtype), x_lo, acc_lo, IEEE, ROW_SUMS)
+    if SPLIT == 2:
+        acc_hi = dot_acc(w_hi.to(x_lo.dtype), x_hi, acc_hi, IEEE, ROW_SUMS)
     else:
-        acc_lo = tl.dot(w_lo.to(x_lo.dtype), x_lo, acc_lo, input_precision="ieee" if IEEE else None)
-        if SPLIT == 2:
-            acc_hi = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_hi, input_precision="ieee" if IEEE else None)
-        else:
-            acc_lo = tl.dot(w_hi.to(x_lo.dtype), x_hi, acc_lo, input_precision="ieee" if IEEE else None)
+        acc_lo = dot_acc(w_hi.to(x_lo.dtype), x_hi, acc_lo, IEEE, ROW_SUMS)
     return acc_lo, acc_hi
 
 
@@ -784,7 +761,7 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
     BM >= 16, the grouped kernels' MMA with one live token column; BM == 1, CUDA-core products
     (`_row_products`). PAIR: (W x, W2 x) of a second weight (w2_ptr, s2_ptr; same shape and strides) in
     the same K loop (gate and up: H200 2026-12-02, 110 us per MoE layer at batch 1 vs 113 with a loop
-    each), else (W x, W x). ROW_SUMS (BM >= 16): `_row_sums`, as the grouped kernels in that mode."""
+    each), else (W x, W x). ROW_SUMS (BM >= 16): `dot_acc`, as the grouped kernels in that mode."""
     if BM == 1:
         if not W_FP8:
             acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
@@ -954,7 +931,7 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
     (`_decode_down_kernel`), or with the down tile's split_k > 1 one program per (slot, tile) and the last
     to arrive combining (`_decode_down_split_kernel`). Tiles: BM 1 = CUDA-core products (BN must divide
     32: the shared expert's block scales), BM >= 16 = MMA with one live column. `row_sums` (batch-invariant
-    mode in the interpreter): the MMA tiles' products summed by tl.sum (`_row_sums`), as `_grouped_mlp`'s."""
+    mode in the interpreter): the MMA tiles' products summed by tl.sum (`dot_acc`), as `_grouped_mlp`'s."""
     t, e = logits.shape
     k = layer.topk
     p, w1, w3, w2 = layer.experts, layer.shared_w1, layer.shared_w3, layer.shared_w2
@@ -1033,7 +1010,7 @@ def _grouped_mlp(
     gate+up / down kernels with tile config `cfg` (down: `down_cfg` where given, same block_m);
     `direct`: one block per assignment, no alignment (decode: the MMA kernels with one live token column
     instead of the GEMVs); `row_sums` (batch-invariant mode in the interpreter): products summed by tl.sum,
-    not tl.dot (`_row_sums`)."""
+    not tl.dot (`dot_acc`)."""
     down_cfg = down_cfg or cfg
     for c in (cfg, down_cfg):
         if c.split_k not in (1, 2):
@@ -1145,7 +1122,7 @@ def routed_experts(
     `config`: that tile config and the grouped kernels at any size, the down kernel at `down_config` where
     given (else, for few assignments, the decode path of `configs.lookup_moe_decode`; above, the tuned
     table's configs). `row_sums` (with `config`; batch-invariant mode in the interpreter): the grouped
-    kernels' products summed by tl.sum (`_row_sums`)."""
+    kernels' products summed by tl.sum (`dot_acc`)."""
     t, k = ids.shape
     e, i, h = experts.n_experts, experts.inter, experts.hidden
     if t == 0:
@@ -1189,10 +1166,7 @@ def _router_kernel(x_ptr, g_ptr, out_ptr, T, E, H, stride_xm, stride_ge,
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         g = tl.load(g_ptr + offs_n[None, :] * stride_ge + offs_k[:, None],
                     mask=n_mask[None, :] & k_mask[:, None], other=0.0)
-        if ROW_SUMS:  # the interpreter in batch-invariant mode (`_row_sums`)
-            acc = _row_sums(x, g, acc)
-        else:
-            acc = tl.dot(x, g, acc, input_precision="ieee" if IEEE else None)
+        acc = dot_acc(x, g, acc, IEEE, ROW_SUMS)
     tl.store(out_ptr + offs_m[:, None] * E + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
@@ -1272,7 +1246,7 @@ def moe(
         xe = xe.contiguous()
     fused = _fused_decode_tiles(x2.shape[0], layer, batch_invariant)
     # batch-invariant mode off CUDA (the interpreter): products summed by tl.sum, not by numpy's matmul,
-    # whose sums follow a token's place in the tile (`_row_sums`)
+    # whose sums follow a token's place in the tile (`dot_acc`)
     row_sums = batch_invariant and not x.is_cuda
     if fused is not None:
         return _decode_fused(xe, logits, mask, layer, *fused, row_sums=row_sums).reshape(shape)
