@@ -30,6 +30,21 @@ def _cos_sin(angle, LIBDEVICE: tl.constexpr):
     return c, s
 
 
+@triton.jit
+def _rotate(tile, c, s, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+    """tile [BLOCK_R, 2 * BLOCK_P] as float32 with channel pair p turned by (c[p], s[p])."""
+    a, b = tl.split(tl.reshape(tile.to(tl.float32), (BLOCK_R, BLOCK_P, 2)))
+    re = a * c[None, :] - b * s[None, :]
+    im = a * s[None, :] + b * c[None, :]
+    return tl.reshape(tl.join(re, im), (BLOCK_R, 2 * BLOCK_P))
+
+
+def _blocks(pairs: int, rows: int) -> tuple[int, int]:
+    """(BLOCK_P, BLOCK_R) of the rope kernels: every pair of a row, rows up to 4096 pairs a program."""
+    block_p = triton.next_power_of_2(pairs)
+    return block_p, max(1, min(triton.next_power_of_2(rows), 4096 // block_p))
+
+
 # row counts are not specialised (== 1, multiple of 16): a new batch size compiles no new kernel
 @triton.jit(do_not_specialize=["rows"])
 def _rope_kernel(
@@ -48,11 +63,8 @@ def _rope_kernel(
     mask = (r < rows)[:, None] & (ch < 2 * pairs)[None, :]
     offs = n.to(tl.int64) * x_stride_n + r[:, None].to(tl.int64) * x_stride_r + ch[None, :]
     # whole rows in one contiguous load (vectorised), split into the pairs' halves in registers
-    a, b = tl.split(tl.reshape(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32),
-                               (BLOCK_R, BLOCK_P, 2)))
-    re = a * c[None, :] - b * s[None, :]
-    im = a * s[None, :] + b * c[None, :]
-    out = tl.reshape(tl.join(re, im), (BLOCK_R, 2 * BLOCK_P)).to(out_ptr.dtype.element_ty)
+    out = _rotate(tl.load(x_ptr + offs, mask=mask, other=0.0), c, s, BLOCK_R, BLOCK_P)
+    out = out.to(out_ptr.dtype.element_ty)
     ooffs = (n * rows + r[:, None]).to(tl.int64) * (2 * pairs) + tl.arange(0, 2 * BLOCK_P)[None, :]
     omask = (r < rows)[:, None] & (tl.arange(0, 2 * BLOCK_P) < 2 * pairs)[None, :]
     tl.store(out_ptr + ooffs, out, mask=omask)
@@ -73,11 +85,8 @@ def _rope_inplace_kernel(
     ch = tl.arange(0, 2 * BLOCK_P)
     mask = (r < rows)[:, None] & (ch < 2 * rot_pairs)[None, :]
     offs = n.to(tl.int64) * x_stride_n + r[:, None].to(tl.int64) * x_stride_r + first_ch + ch[None, :]
-    a, b = tl.split(tl.reshape(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32),
-                               (BLOCK_R, BLOCK_P, 2)))
-    re = a * c[None, :] - b * s[None, :]
-    im = a * s[None, :] + b * c[None, :]
-    out = tl.reshape(tl.join(re, im), (BLOCK_R, 2 * BLOCK_P)).to(x_ptr.dtype.element_ty)
+    out = _rotate(tl.load(x_ptr + offs, mask=mask, other=0.0), c, s, BLOCK_R, BLOCK_P)
+    out = out.to(x_ptr.dtype.element_ty)
     tl.store(x_ptr + offs, out, mask=mask)
 
 
@@ -91,8 +100,7 @@ def _rope_inplace(x: torch.Tensor, angles: torch.Tensor, inverse: bool) -> torch
         x.copy_(rope_interleaved(x, angles, inverse))
         return x
     rows = x3.shape[1]
-    block_p = triton.next_power_of_2(rot_pairs)
-    block_r = max(1, min(triton.next_power_of_2(rows), 4096 // block_p))
+    block_p, block_r = _blocks(rot_pairs, rows)
     _rope_inplace_kernel[(n, triton.cdiv(rows, block_r))](
         x3, angles.float().contiguous(), rows, rot_pairs, d - 2 * rot_pairs, x3.stride(0), x3.stride(1),
         SIGN=-1.0 if inverse else 1.0, BLOCK_R=block_r, BLOCK_P=block_p, LIBDEVICE=x.is_cuda, num_warps=4,
@@ -119,8 +127,7 @@ def rope_interleaved(
         x3 = x3.contiguous()
     rows, pairs = x3.shape[1], d // 2
     angles = angles.float().contiguous()
-    block_p = triton.next_power_of_2(pairs)
-    block_r = max(1, min(triton.next_power_of_2(rows), 4096 // block_p))
+    block_p, block_r = _blocks(pairs, rows)
     grid = (n, triton.cdiv(rows, block_r))
     _rope_kernel[grid](
         x3, angles, out, rows, pairs, pairs - rot_pairs,
