@@ -143,14 +143,14 @@ def test_l2_requests_change_no_bit(monkeypatch, base):
                     reason="the warp-specialised decode kernel is for Hopper")
 def test_default_bf16_decode_runs_warp_specialised(cuda_ops, ref_ops, poison, monkeypatch):
     """At Flash width the default decode of bf16 rows runs attention_ws (one split per row at 128 rows,
-    several below; int64 and int32 ids; padding and a row without keys), matches the reference and gives
-    the same bits twice."""
+    several below, an odd tile count in a split; int64 and int32 ids; padding and a row without keys),
+    matches the reference and gives the same bits twice."""
     from deepinfer_kernels_cuda import attention_ws
 
     calls = []
     decode = attention_ws.decode
     monkeypatch.setattr(attention_ws, "decode", lambda *a, **k: calls.append(a[-1]) or decode(*a, **k))
-    for t, n, k in ((14, 5008, 640), (64, 5008, 640), (128, 9000, 640), (100, 700, 100)):
+    for t, n, k in ((14, 5008, 640), (64, 5008, 640), (128, 9000, 640), (100, 700, 100), (50, 3000, 200)):
         q, kv, idx, sink, scale = _inputs(t, 64, 512, n, k, torch.bfloat16, seed=t)
         for ids in (idx, idx.int()):
             got = cuda_ops.sparse_attention_sink(q, kv, ids, sink, scale)
@@ -159,7 +159,7 @@ def test_default_bf16_decode_runs_warp_specialised(cuda_ops, ref_ops, poison, mo
             assert (got.float() - want.float()).norm() / want.float().norm() < 5e-3, (t, k)
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     assert calls and all(tiles == attention.STAGED_DECODE_TILES.ws for tiles in calls)
-    assert len(calls) == 16  # 4 cases x 2 id types x 2 runs
+    assert len(calls) == 20  # 5 cases x 2 id types x 2 runs
 
 @triton.jit
 def _decode_kernel(ptr, out_ptr, row_bytes, D, FMT: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,

@@ -58,8 +58,8 @@ class Tiles:
     l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
     # Hopper, default mode, bf16 rows of 64 heads x 512 (`sparse_attention_sink`): the warp-specialised Gluon
     # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers, producer
-    # warps as the default partition); other cases: the tiles above
-    ws: tuple[int, int, int, int, bool] | None = None
+    # warps as the default partition, score tiles shared by the two consumers); other cases: the tiles above
+    ws: tuple[int, int, int, int, bool, bool] | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -96,13 +96,16 @@ DECODE_VARIANTS = {
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
     "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
     "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
-    "ws32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False)),
-    "ws32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True)),
+    "ws32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, False)),
+    "ws32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True, False)),
+    "sh32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, True)),
+    "sh32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True, True)),
+    "sh32x4n": Tiles(False, 64, 8, 3, programs_per_sm=0.5, l2_ahead=1, ws=(32, 4, 4, 232, False, True)),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory
 # (the warp-specialised kernel where it serves the call, v1s3a1's tiles elsewhere)
-STAGED_DECODE_TILES = DECODE_VARIANTS["ws32x4"]
+STAGED_DECODE_TILES = DECODE_VARIANTS["sh32x4"]
 # decode steps too small for DECODE_TILES to give every SM a program (rows x its most splits < SMs)
 FEW_ROWS_DECODE_TILES = DECODE_VARIANTS["h32w4"]
 PREFILL_TILES = Tiles(halves=False, block_n=64, num_warps=8, num_stages=1)

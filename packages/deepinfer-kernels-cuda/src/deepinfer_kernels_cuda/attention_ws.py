@@ -115,8 +115,17 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, sc
         acc = warpgroup_mma_wait(0, deps=[acc])
         gl.thread_barrier()  # every warp's products are done before the buffer is handed back
         mbarrier.arrive(empty.index(st))
+    _finish(acc, m_i, l_i, split, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, COL0)
+
+
+@gluon.jit
+def _finish(acc, m_i, l_i, split, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr):
+    """Stores value channels COL0.. of the result: normalised output and log2-sum-exp2 (split) or the output
+    with the sink applied."""
+    o_layout: gl.constexpr = acc.type.layout
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     h = gl.arange(0, HEADS, layout=rows_o)
-    d = COL0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    d = COL0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, o_layout))
     m_o, l_o = gl.convert_layout(m_i, rows_o), gl.convert_layout(l_i, rows_o)
     if split:
         lse = gl.where(l_o > 0, m_o + gl.log2(l_o), -float("inf"))
@@ -133,17 +142,143 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, sc
 
 
 @gluon.jit
-def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-                  out_ptr, out_stride_h, part_ptr, lse_ptr):
+def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                  sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
     _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
               out_stride_h, part_ptr, lse_ptr, 0)
 
 
 @gluon.jit
-def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-                   out_ptr, out_stride_h, part_ptr, lse_ptr):
+def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                   sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
     _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
               out_stride_h, part_ptr, lse_ptr, DIM // 2)
+
+
+@gluon.jit
+def _publish(s, live, m_prev, scale_log2, p_slot, m_slot, sum_slot, p_ready):
+    """Softmax of a score tile from the running maximum m_prev: its probabilities (bf16), new maximum and
+    row sums, also stored in a slot of shared memory for the other consumer (P read there by wgmma)."""
+    logits = gl.where(live[None, :], s * scale_log2, -float("inf"))
+    m_new = gl.maximum(m_prev, gl.max(logits, axis=1))
+    p = gl.exp2(logits - m_new[:, None])
+    row_sum = gl.sum(p, axis=1)
+    pb = p.to(gl.bfloat16)
+    p_slot.store(pb)
+    m_slot.store(m_new)
+    sum_slot.store(row_sum)
+    fence_async_shared()  # P written by ordinary stores, read by the other warpgroup's wgmma
+    gl.thread_barrier()
+    mbarrier.arrive(p_ready)
+    return m_new, pb, row_sum
+
+
+@gluon.jit
+def _accumulate(acc, l_i, m_from, m_to, row_sum, p, v, empty):
+    """acc, l_i (at maximum m_from) moved to m_to, plus one tile's P.V and row sums; the tile's buffer is
+    released when the products are done."""
+    alpha = gl.exp2(m_from - m_to)
+    l_i = l_i * alpha + row_sum
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    acc = warpgroup_mma(p, v, acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    gl.thread_barrier()
+    mbarrier.arrive(empty)
+    return acc, l_i
+
+
+@gluon.jit
+def _shared_consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                     sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, ME: gl.constexpr):
+    """One warpgroup of two sharing their score products: it computes the scores of every other tile
+    (tiles ME, ME + 2, ...) for both, and accumulates all tiles into its 256 value channels. Tile i's
+    softmax needs the maximum after tile i - 1 (the other's), handed over with its probabilities and row
+    sums through `shared` slots, so the softmaxes run in turn while the score products of both overlap;
+    the softmax goes first (the other waits on it), then this warpgroup's P.V of tiles i - 1 and i."""
+    p_smem, m_smem, sum_smem, p_ready = shared
+    STAGES: gl.constexpr = kv_smem.shape[0]
+    BLOCK_N: gl.constexpr = kv_smem.shape[1]
+    SLOTS: gl.constexpr = p_smem.shape[0]
+    HALF: gl.constexpr = DIM // 2
+    COL0: gl.constexpr = ME * HALF
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    keys: gl.constexpr = gl.SliceLayout(0, s_layout)
+    m_i = gl.full([HEADS], -1.0e30, gl.float32, layout=rows_s)  # finite: no NaN from an all-padding tile
+    l_i = gl.zeros([HEADS], gl.float32, layout=rows_s)
+    acc = gl.zeros([HEADS, HALF], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([HEADS, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_ready, 0)
+    fence_async_shared()
+    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    tn = gl.arange(0, BLOCK_N, layout=keys)
+    if (ME == 0) and (n_tiles > 0):  # tile 0 has no tile before it
+        live = gl.load(idx_ptr + lo + tn, mask=lo + tn < hi, other=-1) >= 0
+        mbarrier.wait(ready.index(0), 0)
+        fence_async_shared()
+        kv = kv_smem.index(0)
+        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+        m_new, pb, row_sum = _publish(s, live, m_i, scale_log2, p_smem.index(0), m_smem.index(0),
+                                      sum_smem.index(0), p_ready.index(0))
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, row_sum, gl.convert_layout(pb, p_layout),
+                               kv.slice(COL0, HALF, dim=1), empty.index(0))
+        m_i = m_new
+    start: gl.constexpr = 2 - ME
+    n = lo + start * BLOCK_N + tn
+    live_next = gl.load(idx_ptr + n, mask=n < hi, other=-1) >= 0
+    for i in range(start, n_tiles, 2):
+        live = live_next  # loaded two tiles ahead: no wait on them
+        n = lo + (i + 2) * BLOCK_N + tn
+        live_next = gl.load(idx_ptr + n, mask=n < hi, other=-1) >= 0
+        st, sp, ps, slot = i % STAGES, (i - 1) % STAGES, (i - 1) % SLOTS, i % SLOTS
+        mbarrier.wait(ready.index(st), (i // STAGES) & 1)
+        fence_async_shared()  # the rows came through the generic proxy; wgmma reads through the async one
+        kv = kv_smem.index(st)
+        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(p_ready.index(ps), ((i - 1) // SLOTS) & 1)  # the other's tile i - 1
+        m_prev = m_smem.index(ps).load(rows_s)
+        sum_prev = sum_smem.index(ps).load(rows_s)
+        s = warpgroup_mma_wait(0, deps=[s])
+        m_new, pb, row_sum = _publish(s, live, m_prev, scale_log2, p_smem.index(slot), m_smem.index(slot),
+                                      sum_smem.index(slot), p_ready.index(slot))
+        mbarrier.wait(ready.index(sp), ((i - 1) // STAGES) & 1)  # long done; orders its rows before our reads
+        fence_async_shared()
+        acc, l_i = _accumulate(acc, l_i, m_i, m_prev, sum_prev, p_smem.index(ps),
+                               kv_smem.index(sp).slice(COL0, HALF, dim=1), empty.index(sp))
+        acc, l_i = _accumulate(acc, l_i, m_prev, m_new, row_sum, gl.convert_layout(pb, p_layout),
+                               kv.slice(COL0, HALF, dim=1), empty.index(st))
+        m_i = m_new
+    last = n_tiles - 1
+    if (n_tiles > 0) & (last % 2 != ME):  # the other's last tile
+        sp, ps = last % STAGES, last % SLOTS
+        mbarrier.wait(p_ready.index(ps), (last // SLOTS) & 1)
+        m_prev = m_smem.index(ps).load(rows_s)
+        sum_prev = sum_smem.index(ps).load(rows_s)
+        mbarrier.wait(ready.index(sp), (last // STAGES) & 1)
+        fence_async_shared()
+        acc, l_i = _accumulate(acc, l_i, m_i, m_prev, sum_prev, p_smem.index(ps),
+                               kv_smem.index(sp).slice(COL0, HALF, dim=1), empty.index(sp))
+        m_i = m_prev
+    _finish(acc, m_i, l_i, split, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, COL0)
+
+
+@gluon.jit
+def _shared_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _shared_consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                     sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, 0)
+
+
+@gluon.jit
+def _shared_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+                 out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _shared_consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                     sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, 1)
 
 
 @gluon.jit(do_not_specialize=["n_splits"])
@@ -151,7 +286,7 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
                       keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
                       part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
                       REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      PRODUCER_FIRST: gl.constexpr):
+                      PRODUCER_FIRST: gl.constexpr, SHARED: gl.constexpr):
     t = gl.program_id(0)
     s = gl.program_id(1)
     lo = s * keys_per_split
@@ -165,6 +300,16 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ids_smem = gl.allocate_shared_memory(idx_ptr.dtype.element_ty, [BLOCK_N],
                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    # SHARED: a tile's probabilities, maximum and row sums handed to the other consumer (4 slots: a slot is
+    # written again two own tiles later, after the other has published tile + 3, so done reading it)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEADS, BLOCK_N], gl.bfloat16)
+    row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [4, HEADS, BLOCK_N], p_layout)
+    m_smem = gl.allocate_shared_memory(gl.float32, [4, HEADS], row_layout)
+    sum_smem = gl.allocate_shared_memory(gl.float32, [4, HEADS], row_layout)
+    p_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(p_ready.index(i), count=1)
     mbarrier.init(q_ready, count=32 * PW)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=32 * PW)  # each producer thread arrives when its copies land
@@ -176,11 +321,17 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     split_row = (t64 * n_splits + s) * HEADS
     part_row = part_ptr + split_row * DIM
     lse_row = lse_ptr + split_row
-    consumer_args = (q_smem, kv_smem, q_ready, ready, empty, idx_row, lo, hi, n_splits > 1, scale_log2,
-                     sink_ptr, out_row, out_stride_h, part_row, lse_row)
+    consumer_args = (q_smem, kv_smem, q_ready, ready, empty, (p_smem, m_smem, sum_smem, p_ready), idx_row, lo,
+                     hi, n_splits > 1, scale_log2, sink_ptr, out_row, out_stride_h, part_row, lse_row)
     producer_args = (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, ids_smem,
                      q_ready, ready, empty)
-    if PRODUCER_FIRST:  # the producer warps are the default partition (registers: what the consumers leave)
+    if SHARED and PRODUCER_FIRST:  # the producer warps are the default partition (registers: what is left)
+        gl.warp_specialize([(_producer, producer_args), (_shared_low, consumer_args),
+                            (_shared_high, consumer_args)], [4, 4], [REGS, REGS])
+    elif SHARED:
+        gl.warp_specialize([(_shared_low, consumer_args), (_shared_high, consumer_args),
+                            (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
+    elif PRODUCER_FIRST:
         gl.warp_specialize([(_producer, producer_args), (_consumer_low, consumer_args),
                             (_consumer_high, consumer_args)], [4, 4], [REGS, REGS])
     else:
@@ -198,17 +349,17 @@ def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
 
 def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor, scale_log2: float,
            out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, keys_per_split: int, splits: int,
-           tiles: tuple[int, int, int, int, bool]) -> None:
+           tiles: tuple[int, int, int, int, bool, bool]) -> None:
     """Attention of q [T, 64, 512] over rows kv[idx[t]] (idx [T, K], -1 none) in `splits` key ranges of
     keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
     64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
     producer warps, registers a consumer thread (the producer gets what is left of 504), whether the producer
     is the default partition (4 warps))."""
-    block_n, stages, pw, regs, producer_first = tiles
+    block_n, stages, pw, regs, producer_first, shared = tiles
     t, k = idx.shape
     _ws_decode_kernel[(t, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
         scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
         BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs,
-        PRODUCER_FIRST=producer_first, num_warps=4,
+        PRODUCER_FIRST=producer_first, SHARED=shared, num_warps=4,
     )
