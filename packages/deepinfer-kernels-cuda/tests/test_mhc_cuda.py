@@ -72,6 +72,18 @@ def test_hc_expand_matches_reference(cuda_ops, ref_ops, poison, t, h):
     torch.testing.assert_close(got, want, **ONE_BF16_ULP)
 
 
+def _assert_expansions_close(got, want, y, streams, post, comb) -> None:
+    """The fused op computes its own coefficients (within 2e-5 of the reference's, as tested above): an
+    element where post * y and the mixed streams nearly cancel may differ by that relative error of its
+    terms' magnitude, which is far more than one ulp of the small result."""
+    terms = post.abs().unsqueeze(-1) * y.float().abs().unsqueeze(-2)
+    terms += (comb.abs().unsqueeze(-1) * streams.float().abs().unsqueeze(-2)).sum(-3)
+    bound = ONE_BF16_ULP["atol"] + ONE_BF16_ULP["rtol"] * want.float().abs() + 2e-5 * terms
+    excess = (got.float() - want.float()).abs() - bound
+    beyond = int((excess > 0).sum())
+    assert beyond == 0, f"{beyond} elements beyond the bound, the worst at flat index {int(excess.argmax())}"
+
+
 @pytest.mark.parametrize("t,h", [(1, 128), (1, 5120), (33, 5120), (70, 128), (2048, 5120)])
 def test_hc_residual_matches_reference_and_the_two_ops(cuda_ops, ref_ops, poison, t, h):
     streams, *rest = _coefficient_args(t, h)
@@ -80,7 +92,7 @@ def test_hc_residual_matches_reference_and_the_two_ops(cuda_ops, ref_ops, poison
     want, want_pre = ref_ops.hc_residual(y, streams, *rest)
     assert got.shape == (t, M, h) and got.dtype == y.dtype and got_pre.dtype == torch.float32
     torch.testing.assert_close(got_pre, want_pre, atol=2e-5, rtol=2e-5)
-    torch.testing.assert_close(got, want, **ONE_BF16_ULP)
+    _assert_expansions_close(got, want, y, streams, *ref_ops.hc_coefficients(streams, *rest)[1:])
     pre, post, comb = cuda_ops.hc_coefficients(streams, *rest)
     torch.testing.assert_close(got, cuda_ops.hc_expand(y, streams, post, comb), **ONE_BF16_ULP)
     torch.testing.assert_close(got_pre, pre, atol=1e-6, rtol=1e-6)
