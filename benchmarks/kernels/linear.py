@@ -344,10 +344,10 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
 # persistent TMA GEMV tries at M = 1: (rows per box, columns per K step, stages, programs per SM); each
 # keeps ~40-50 KB of boxes in flight per SM
 TMA_TRIES = ((16, 256, 4, 4), (8, 512, 4, 4), (32, 256, 4, 2), (16, 512, 4, 2), (4, 1024, 4, 4),
-             (32, 128, 6, 2), (8, 256, 6, 4))
+             (32, 128, 6, 2), (8, 256, 6, 4), (8, 512, 6, 2), (16, 256, 8, 2), (4, 1024, 6, 2))
 
 
-def tma_candidates(n: int, k: int, sms: int, count: int = 4) -> list[configs.TileConfig]:
+def tma_candidates(n: int, k: int, sms: int, count: int = 6) -> list[configs.TileConfig]:
     """The first `count` TMA_TRIES whose K step divides K, those whose row blocks come to within 10% of
     whole rounds over the SMs first (the programs split the blocks, so a partial round idles SMs)."""
     def uneven(bn: int) -> bool:
