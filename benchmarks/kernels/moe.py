@@ -15,7 +15,8 @@ fused decode path (shared expert in the routed launches, combine in the down ker
 (`moe.DECODE_DOWN_OVERRIDE`; its gate+up tile is the decode tile; a sixth number > 1: one program per
 slot, the last to arrive combining), `-u0`
 the unfused decode path; `-r`
-the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS. `base`: the `moe` of
+the router's CUDA-core GEMV up to 10 tokens (`moe.ROUTER_GEMV_TOKENS`), `-r0` cuBLAS; `-s0` the shared
+expert on the caller's stream (`moe.SHARED_STREAM` off; above the fused decode sizes). `base`: the `moe` of
 the file `--baseline` names (an earlier moe.py, same weights). A variant that does
 not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped tile below, or one
 whose rows per block are not within half to twice the mean assignments per expert) is skipped there.
@@ -87,6 +88,8 @@ def variant(layout: str, fp4: MoEWeights, fp8: MoEWeights | None) -> tuple[MoEWe
     weights = fp8 if base == "fp8" else fp4
     decode = grouped = grouped_down = down = router = None
     for flag in flags:
+        if flag == "s0":
+            continue  # read by `bench`
         if flag in ("r", "r0"):
             router = 10 if flag == "r" else 0
         elif flag == "ops":
@@ -127,6 +130,7 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 continue
             moe.DECODE_OVERRIDE = decode
             moe.DECODE_DOWN_OVERRIDE = down
+            moe.SHARED_STREAM = "s0" not in layout.split("-")
             router_tokens = moe.ROUTER_GEMV_TOKENS
             moe.ROUTER_GEMV_TOKENS = router_tokens if router is None else router
             lookup, lookup_down = moe.configs.lookup_moe, moe.configs.lookup_moe_down
@@ -143,6 +147,7 @@ def bench(tokens: tuple[int, ...], roof: dict[str, float], dims: dict[str, int],
                 continue
             finally:
                 moe.DECODE_OVERRIDE = moe.DECODE_DOWN_OVERRIDE = None
+                moe.SHARED_STREAM = True
                 moe.ROUTER_GEMV_TOKENS = router_tokens
                 moe.configs.lookup_moe, moe.configs.lookup_moe_down = lookup, lookup_down
             write(out, f"moe_e{dims['experts']}_k{dims['topk']}", rows, header)  # a time limit keeps what ran

@@ -6,7 +6,8 @@
    depends only on (tokens, top-k, experts, block_m), so launch grids never wait on the device;
 3. FP4 grouped gate+up GEMM with the clamped SwiGLU and the routing weight in its epilogue;
 4. FP4 grouped down GEMM writing one row per (token, slot);
-5. the shared expert (block-scaled linears) and a combine kernel summing each token's slots in float32.
+5. the shared expert (block-scaled linears; on a second stream beside 1-4, `SHARED_STREAM`) and a
+   combine kernel summing each token's slots in float32.
 
 Decode (at most DECODE_ASSIGNMENTS token-slot assignments) skips the alignment: one program per
 (assignment, weight tile), on the CUDA cores (GEMVs) or the MMA kernels with one live token column, as
@@ -1240,7 +1241,6 @@ def moe(
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     mask = image_mask.reshape(-1) if image_mask is not None else None
-    logits = router_logits(x2, layer.gate, batch_invariant=batch_invariant)
     xe = x2.to(layer.dtype)
     if xe.stride(-1) != 1:
         xe = xe.contiguous()
@@ -1249,11 +1249,19 @@ def moe(
     # whose sums follow a token's place in the tile (`dot_acc`)
     row_sums = batch_invariant and not x.is_cuda
     if fused is not None:
+        logits = router_logits(x2, layer.gate, batch_invariant=batch_invariant)
         return _decode_fused(xe, logits, mask, layer, *fused, row_sums=row_sums).reshape(shape)
+    main, side = _streams(x.device)
+    if side is not None:
+        side.wait_stream(main)
+    with torch.cuda.stream(side):  # None: no-op
+        shared = _shared_expert_invariant(xe, layer) if batch_invariant else _shared_expert(xe, layer)
+    logits = router_logits(x2, layer.gate, batch_invariant=batch_invariant)
     weights, ids = route(logits, layer.bias, layer.bias_vl, mask, layer.topk, layer.route_scale)
     cfg = INVARIANT_CONFIG if batch_invariant else None
     y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit, cfg, row_sums=row_sums)
-    shared = _shared_expert_invariant(xe, layer) if batch_invariant else _shared_expert(xe, layer)
+    if side is not None:
+        main.wait_stream(side)
     out = torch.empty((x2.shape[0], shape[-1]), dtype=layer.dtype, device=x.device)
     if x2.shape[0]:
         block = 1024
@@ -1261,6 +1269,26 @@ def moe(
             y, shared, out, shape[-1], TOPK=layer.topk, BLOCK=block, num_warps=4,
         )
     return out.reshape(shape)
+
+
+# The shared expert beside the routing and the routed experts, on a second stream (the unfused path:
+# above DECODE_ASSIGNMENTS): it needs only x, and the routing's small launches and the grouped GEMMs'
+# last waves leave SMs idle. Same kernels, same output. Every fork waits for the caller's stream, so a
+# block the caching allocator hands back to either stream is never still in use (inside CUDA graph
+# capture too: the second stream joins the capture). False: one stream (benchmarks compare).
+SHARED_STREAM = True
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _streams(device: torch.device) -> tuple[Any, torch.cuda.Stream | None]:
+    """(the caller's stream, the shared expert's second stream), or (None, None) off CUDA or with
+    SHARED_STREAM off."""
+    if not SHARED_STREAM or device.type != "cuda":
+        return None, None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return torch.cuda.current_stream(index), _SIDE_STREAMS[index]
 
 
 def _is_fp8_block(w: Any) -> bool:
