@@ -58,8 +58,9 @@ class Tiles:
     l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
     # Hopper, default mode, bf16 rows of 64 heads x 512 (`sparse_attention_sink`): the warp-specialised Gluon
     # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers, producer
-    # warps as the default partition, score tiles shared by the two consumers); other cases: the tiles above
-    ws: tuple[int, int, int, int, bool, bool] | None = None
+    # warps as the default partition, tiles ahead whose rows the producer asks of L2); other cases: the tiles
+    # above
+    ws: tuple[int, int, int, int, bool, int] | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -89,6 +90,12 @@ class Tiles:
 #   (as 4 deep), q's first 128 columns held in registers (15:13 UTC: 31.9 / 46.6 us, 30.8 / 45.6 with the
 #   producer first, against ws32x4's 30.7 / 46.4), the next tile's scores issued before a tile's softmax
 #   (ptxas then serialises every wgmma: C7514).
+# * "sh32x4" (session 11): ws32x4's ring with the consumers taking the score tiles in turn (each scores every
+#   other tile for both and hands P, maximum and row sums over through shared memory); 17:02 UTC, bf16 64k /
+#   8k at B = 64: 29.5 / 30.2, B = 128: 41.4 / 39.7 (ws32x4 in that run: 30.5 / 31.7, 46.6 / 46.0); "p":
+#   the producer as the default partition (28.4 / 29.4, 41.5 / 40.5); "a2", "a4": the producer asks L2 for
+#   the rows 2 / 4 tiles ahead. Dropped: ws32x4 and ws32x4p (each consumer scoring every tile), one split at
+#   B = 64 (programs_per_sm 0.5: 33.6 / 33.8).
 # FEW_ROWS_DECODE_TILES takes B <= 13 at 640 keys a row.
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
@@ -96,11 +103,10 @@ DECODE_VARIANTS = {
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
     "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
     "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
-    "ws32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, False)),
-    "ws32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True, False)),
-    "sh32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, True)),
-    "sh32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True, True)),
-    "sh32x4n": Tiles(False, 64, 8, 3, programs_per_sm=0.5, l2_ahead=1, ws=(32, 4, 4, 232, False, True)),
+    "sh32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, 0)),
+    "sh32x4p": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, True, 0)),
+    "sh32x4a2": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, 2)),
+    "sh32x4a4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, False, 4)),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory

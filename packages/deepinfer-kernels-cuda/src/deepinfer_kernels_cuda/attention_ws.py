@@ -7,10 +7,14 @@ one program per (query row, key split), three partitions of one CTA:
   completing on its `ready` mbarrier; a buffer is refilled once both consumers released it on its `empty`
   mbarrier. The copies of the next tiles are in flight while the consumers compute, which Triton's own
   pipeliner does not do (it issues a tile's copy after the products of the tile before);
-* two consumer warpgroups, each with half of the 512 value channels ([64, 256] float32 accumulator):
-  each computes the whole [64, BLOCK_N] score tile itself (q and the keys from shared memory, wgmma),
-  its online softmax in registers, and its half of P.V (P from registers). The score products are done
-  twice, but no warpgroup waits on the other: no reduction or P exchange through shared memory.
+* two consumer warpgroups, each with half of the 512 value channels ([64, 256] float32 accumulator),
+  taking the score tiles in turn: each computes the [64, BLOCK_N] scores of every other tile (q and the
+  keys from shared memory, wgmma) and their softmax, and hands the probabilities (bf16), the new running
+  maximum and the row sums to the other through shared memory; both add every tile's P.V to their half.
+  A tile's softmax needs the maximum after the tile before (the other's), so the softmaxes run one after
+  the other while one warpgroup's score products overlap the other's softmax and P.V. Session 10's
+  consumers each computed every score tile (q, 64 KB, read from shared memory twice a tile): 46.6 -> 41.4
+  us at B = 128 (docs/performance.md).
 Padding keys (-1) are zero-filled rows with a -inf score. The partial results (normalised output and
 log2-sum-exp2 per split) have the layout of `attention._attention_kernel`'s, merged by its combine kernel;
 with one split the sink is applied here.
@@ -33,11 +37,21 @@ _ROWS = gl.constexpr(8)  # key rows a producer copy instruction covers (the 128-
 
 
 @gluon.jit
+def _prefetch_l2(addr, on):
+    """Asks L2 for the 128-byte line at each address where `on` (a hint: no data comes back)."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }", "=r,l,r",
+        [addr, on.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_smem, ids_smem, q_ready,
-              ready, empty):
+              ready, empty, L2_AHEAD: gl.constexpr):
     """Copies q, then the key rows of the tiles of lo..hi, into the ring; each thread's copies arrive on the
     buffer's barrier when they land. A tile's ids are loaded one tile ahead (their latency then runs under
-    the wait for a free buffer) and go through shared memory to the threads that copy their rows."""
+    the wait for a free buffer) and go through shared memory to the threads that copy their rows.
+    L2_AHEAD > 0: before waiting for a free buffer, L2 is asked for the rows of the tile L2_AHEAD ahead (ids
+    loaded a tile earlier), so more of the gather is in flight than the ring holds."""
     STAGES: gl.constexpr = kv_smem.shape[0]
     BLOCK_N: gl.constexpr = kv_smem.shape[1]
     ROWS: gl.constexpr = _ROWS
@@ -53,6 +67,11 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
             q_smem.slice(r0, ROWS, dim=0), q_ptr + (r0 + r)[:, None] * q_stride_h + cols[None, :])
     async_copy.mbarrier_arrive(q_ready, increment_count=False)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+    lines_layout: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PW, 1], [1, 0])  # rows x a row's lines
+    line = gl.arange(0, DIM * 2 // 128, layout=gl.SliceLayout(0, lines_layout)) * 64  # bf16 elements
+    tp = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, lines_layout))
+    n_l2 = lo + L2_AHEAD * BLOCK_N + tp
+    ids_l2 = gl.load(idx_ptr + n_l2, mask=(n_l2 < hi) & (L2_AHEAD > 0), other=-1)
     for i in range(n_tiles):
         st = i % STAGES
         gl.thread_barrier()  # every thread has read the ids of the tile before
@@ -60,6 +79,11 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
         gl.thread_barrier()
         n = lo + (i + 1) * BLOCK_N + tn
         ids_next = gl.load(idx_ptr + n, mask=n < hi, other=-1)
+        if L2_AHEAD > 0:
+            rows = kv_ptr + gl.maximum(ids_l2, 0).to(gl.int64)[:, None] * kv_stride + line[None, :]
+            _prefetch_l2(rows, (ids_l2 >= 0)[:, None] & (line >= 0)[None, :])
+            n_l2 = lo + (i + 1 + L2_AHEAD) * BLOCK_N + tp
+            ids_l2 = gl.load(idx_ptr + n_l2, mask=n_l2 < hi, other=-1)
         mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)  # the first pass finds every buffer free
         buf = kv_smem.index(st)
         for r0 in gl.static_range(0, BLOCK_N, ROWS):
@@ -67,55 +91,6 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
             rows = kv_ptr + gl.maximum(ids, 0).to(gl.int64)[:, None] * kv_stride + cols[None, :]
             async_copy.async_copy_global_to_shared(buf.slice(r0, ROWS, dim=0), rows, mask=(ids >= 0)[:, None])
         async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
-
-
-@gluon.jit
-def _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr):
-    """One warpgroup: online softmax over the tiles of lo..hi and value channels COL0..COL0+255."""
-    STAGES: gl.constexpr = kv_smem.shape[0]
-    BLOCK_N: gl.constexpr = kv_smem.shape[1]
-    HALF: gl.constexpr = DIM // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    keys: gl.constexpr = gl.SliceLayout(0, s_layout)
-    m_i = gl.full([HEADS], -1.0e30, gl.float32, layout=rows_s)  # finite: no NaN from an all-padding tile
-    l_i = gl.zeros([HEADS], gl.float32, layout=rows_s)
-    acc = gl.zeros([HEADS, HALF], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([HEADS, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_ready, 0)
-    fence_async_shared()
-    n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-    tn = gl.arange(0, BLOCK_N, layout=keys)
-    live_next = gl.load(idx_ptr + lo + tn, mask=lo + tn < hi, other=-1) >= 0
-    for i in range(n_tiles):
-        st = i % STAGES
-        live = live_next  # loaded a tile ahead: no wait on them
-        n = lo + (i + 1) * BLOCK_N + tn
-        live_next = gl.load(idx_ptr + n, mask=n < hi, other=-1) >= 0
-        mbarrier.wait(ready.index(st), (i // STAGES) & 1)
-        fence_async_shared()  # the rows came through the generic proxy; wgmma reads through the async one
-        kv = kv_smem.index(st)
-        s = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=[s])
-        logits = gl.where(live[None, :], s * scale_log2, -float("inf"))
-        m_new = gl.maximum(m_i, gl.max(logits, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        pv = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-        acc = warpgroup_mma(pv, kv.slice(COL0, HALF, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        gl.thread_barrier()  # every warp's products are done before the buffer is handed back
-        mbarrier.arrive(empty.index(st))
-    _finish(acc, m_i, l_i, split, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, COL0)
 
 
 @gluon.jit
@@ -139,20 +114,6 @@ def _finish(acc, m_i, l_i, split, sink_ptr, out_ptr, out_stride_h, part_ptr, lse
         a = gl.exp2(m_o - top)
         o = acc * (a / (l_o * a + gl.exp2(sink - top)))[:, None]
         gl.store(out_ptr + h[:, None] * out_stride_h + d[None, :], o.to(out_ptr.dtype.element_ty))
-
-
-@gluon.jit
-def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
-                  sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, 0)
-
-
-@gluon.jit
-def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
-                   sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, idx_ptr, lo, hi, split, scale_log2, sink_ptr, out_ptr,
-              out_stride_h, part_ptr, lse_ptr, DIM // 2)
 
 
 @gluon.jit
@@ -188,7 +149,7 @@ def _accumulate(acc, l_i, m_from, m_to, row_sum, p, v, empty):
 
 
 @gluon.jit
-def _shared_consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+def _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
                      sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, ME: gl.constexpr):
     """One warpgroup of two sharing their score products: it computes the scores of every other tile
     (tiles ME, ME + 2, ...) for both, and accumulates all tiles into its 256 value channels. Tile i's
@@ -268,17 +229,17 @@ def _shared_consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo
 
 
 @gluon.jit
-def _shared_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-                out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _shared_consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
-                     sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, 0)
+def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                  sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+              sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, 0)
 
 
 @gluon.jit
-def _shared_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-                 out_ptr, out_stride_h, part_ptr, lse_ptr):
-    _shared_consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
-                     sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, 1)
+def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                   sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+              sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, 1)
 
 
 @gluon.jit(do_not_specialize=["n_splits"])
@@ -286,7 +247,7 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
                       keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
                       part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
                       REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      PRODUCER_FIRST: gl.constexpr, SHARED: gl.constexpr):
+                      PRODUCER_FIRST: gl.constexpr, L2_AHEAD: gl.constexpr):
     t = gl.program_id(0)
     s = gl.program_id(1)
     lo = s * keys_per_split
@@ -300,7 +261,7 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ids_smem = gl.allocate_shared_memory(idx_ptr.dtype.element_ty, [BLOCK_N],
                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    # SHARED: a tile's probabilities, maximum and row sums handed to the other consumer (4 slots: a slot is
+    # a tile's probabilities, maximum and row sums handed to the other consumer (4 slots: a slot is
     # written again two own tiles later, after the other has published tile + 3, so done reading it)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEADS, BLOCK_N], gl.bfloat16)
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
@@ -324,14 +285,8 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     consumer_args = (q_smem, kv_smem, q_ready, ready, empty, (p_smem, m_smem, sum_smem, p_ready), idx_row, lo,
                      hi, n_splits > 1, scale_log2, sink_ptr, out_row, out_stride_h, part_row, lse_row)
     producer_args = (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, ids_smem,
-                     q_ready, ready, empty)
-    if SHARED and PRODUCER_FIRST:  # the producer warps are the default partition (registers: what is left)
-        gl.warp_specialize([(_producer, producer_args), (_shared_low, consumer_args),
-                            (_shared_high, consumer_args)], [4, 4], [REGS, REGS])
-    elif SHARED:
-        gl.warp_specialize([(_shared_low, consumer_args), (_shared_high, consumer_args),
-                            (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
-    elif PRODUCER_FIRST:
+                     q_ready, ready, empty, L2_AHEAD)
+    if PRODUCER_FIRST:  # the producer warps are the default partition (registers: what the consumers leave)
         gl.warp_specialize([(_producer, producer_args), (_consumer_low, consumer_args),
                             (_consumer_high, consumer_args)], [4, 4], [REGS, REGS])
     else:
@@ -349,17 +304,17 @@ def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
 
 def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor, scale_log2: float,
            out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, keys_per_split: int, splits: int,
-           tiles: tuple[int, int, int, int, bool, bool]) -> None:
+           tiles: tuple[int, int, int, int, bool, int]) -> None:
     """Attention of q [T, 64, 512] over rows kv[idx[t]] (idx [T, K], -1 none) in `splits` key ranges of
     keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
     64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
     producer warps, registers a consumer thread (the producer gets what is left of 504), whether the producer
-    is the default partition (4 warps))."""
-    block_n, stages, pw, regs, producer_first, shared = tiles
+    is the default partition (4 warps), tiles ahead whose rows the producer asks of L2 (0: none))."""
+    block_n, stages, pw, regs, producer_first, l2_ahead = tiles
     t, k = idx.shape
     _ws_decode_kernel[(t, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
         scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
         BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs,
-        PRODUCER_FIRST=producer_first, SHARED=shared, num_warps=4,
+        PRODUCER_FIRST=producer_first, L2_AHEAD=l2_ahead, num_warps=4,
     )
