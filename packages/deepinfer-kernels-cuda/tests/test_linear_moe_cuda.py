@@ -305,6 +305,13 @@ def test_moe_fused_decode_matches_reference(cuda_ops, ref_ops, poison, monkeypat
         if down.split_k > 1:  # a program per slot, the last to arrive combines: the per-token sum, bitwise
             monkeypatch.setattr(moe, "DECODE_DOWN_OVERRIDE", dataclasses.replace(down, split_k=1))
             assert torch.equal(got, cuda_ops.moe(x, ours, mask)), down
+    # gate and up rows stacked in one MMA tile: 8 warps (a warpgroup per projection) sum each row as 4 do
+    monkeypatch.setattr(moe, "DECODE_DOWN_OVERRIDE", split(mma))
+    outs = []
+    for warps, maxnreg in ((4, 0), (8, 128)):
+        monkeypatch.setattr(moe, "DECODE_OVERRIDE", configs.TileConfig(64, 16, 256, 1, warps, 3, maxnreg))
+        outs.append(cuda_ops.moe(x, ours, mask))
+    assert torch.equal(*outs)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 10])

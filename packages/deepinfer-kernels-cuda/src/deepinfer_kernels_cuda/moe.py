@@ -762,7 +762,8 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
     BM >= 16, the grouped kernels' MMA with one live token column; BM == 1, CUDA-core products
     (`_row_products`). PAIR: (W x, W2 x) of a second weight (w2_ptr, s2_ptr; same shape and strides) in
     the same K loop (gate and up: H200 2026-12-02, 110 us per MoE layer at batch 1 vs 113 with a loop
-    each), else (W x, W x). ROW_SUMS (BM >= 16): `dot_acc`, as the grouped kernels in that mode."""
+    each; BM >= 16: in one MMA tile, `_stacked`), else (W x, W x). ROW_SUMS (BM >= 16): `dot_acc`, as
+    the grouped kernels in that mode."""
     if BM == 1:
         if not W_FP8:
             acc = tl.zeros((BN, BK // 2), dtype=tl.float32)
@@ -781,19 +782,33 @@ def _one_row_dot(x_row, w_ptr, s_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, str
     col = tl.arange(0, BM)
     live = col == 0
     rows = x_row + col * 0
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
-    acc2 = tl.zeros((BN, BM), dtype=tl.float32)
-    unused = tl.zeros((BN, 1), dtype=tl.float32)
+    unused = tl.zeros((2 * BN if PAIR else BN, 1), dtype=tl.float32)
+    if PAIR:  # W's and W2's rows stacked into one [2 BN, BK] tile: `_stacked` (the same chain per row)
+        second = tl.arange(0, 2 * BN) >= BN
+        w_ptr = tl.where(second, w2_ptr, w_ptr)[:, None]
+        s_ptr = tl.where(second, s2_ptr, s_ptr)[:, None]
+        offs_n = _stacked(offs_n, BN)
+        n_mask = _stacked(n_mask, BN)
+    acc = tl.zeros((2 * BN if PAIR else BN, BM), dtype=tl.float32)
     tl.assume(k_hi > k_lo)  # no zero-trip path: else ptxas serializes every wgmma (C7515)
     for k0 in range(k_lo, k_hi, BK):
         x_a, x_b = _expert_inputs(rows[None, :], live, k0, W_FP8, BK)
         acc, _ = _expert_dot(acc, unused, x_a, x_b, w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn,
-                             W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1, ROW_SUMS)
-        if PAIR:
-            acc2, _ = _expert_dot(acc2, unused, x_a, x_b, w2_ptr, s2_ptr, offs_n, k0, n_mask, stride_wn,
-                                  stride_sn, W_FP8, SCALE_ROWS, BN, BK, IEEE, ASM, 1, ROW_SUMS)
+                             W_FP8, SCALE_ROWS, 2 * BN if PAIR else BN, BK, IEEE, ASM, 1, ROW_SUMS)
     out = tl.sum(tl.where(live[None, :], acc, 0.0), axis=1)
-    return out, (tl.sum(tl.where(live[None, :], acc2, 0.0), axis=1) if PAIR else out)
+    if PAIR:
+        out, out2 = tl.split(tl.permute(tl.reshape(out, (2, BN)), (1, 0)))
+    else:
+        out2 = out
+    return out, out2
+
+
+@triton.jit
+def _stacked(v, BN: tl.constexpr):
+    """[BN] -> [2 BN]: v twice. With PAIR the MMA tiles stack the gate's and the up projection's rows:
+    one MMA per K step (4 warps: two 64-row wgmma, as with a tile each; 8 warps: a warpgroup each, so
+    each thread decodes half the weights and an SM holds twice the warps of the same programs)."""
+    return tl.reshape(tl.permute(tl.join(v, v), (1, 0)), (2 * BN,))
 
 
 @triton.jit
@@ -960,6 +975,7 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
         IEEE=ieee, ASM=p.asm, HAS_MASK=image_mask is not None, BLOCK_E=triton.next_power_of_2(e),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_COUNT=triton.next_power_of_2(down_tiles) if split else 0,
         EVEN_N=i % c.block_n == 0, ROW_SUMS=row_sums, num_warps=c.num_warps, num_stages=c.num_stages,
+        maxnreg=c.maxnreg or None,
     )
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     c = down_cfg
@@ -967,7 +983,7 @@ def _decode_fused(x: torch.Tensor, logits: torch.Tensor, image_mask: torch.Tenso
                w2.scale.stride(0))
     meta = dict(TOPK=k, EXPERT_FP8=p.fp8, BN=c.block_n, BM=c.block_m, BK=configs.block_k(i, c.block_k),
                 IEEE=ieee, ASM=p.asm, EVEN_N=h % c.block_n == 0, ROW_SUMS=row_sums, num_warps=c.num_warps,
-                num_stages=c.num_stages)
+                num_stages=c.num_stages, maxnreg=c.maxnreg or None)
     if split:
         y = torch.empty((t * k + t, h), dtype=x.dtype, device=x.device)
         _decode_down_split_kernel[(t * k + t, down_tiles)](
