@@ -57,9 +57,9 @@ class Tiles:
     min_split_keys: int = 64  # decode: fewest keys per split (each split re-reads q, writes [heads, D])
     l2_ahead: int = 0  # CUDA: tiles ahead whose rows are asked of L2 before a tile's loads (0: none)
     # Hopper, default mode, bf16 rows of 64 heads x 512 (`sparse_attention_sink`): the warp-specialised Gluon
-    # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers, tiles ahead
-    # whose rows the producer asks of L2, splits merged by the kernel); other cases: the tiles above
-    ws: tuple[int, int, int, int, int, bool] | None = None
+    # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers); other cases:
+    # the tiles above
+    ws: tuple[int, int, int, int] | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -89,13 +89,15 @@ class Tiles:
 #   (as 4 deep), q's first 128 columns held in registers (15:13 UTC: 31.9 / 46.6 us, 30.8 / 45.6 with the
 #   producer first, against ws32x4's 30.7 / 46.4), the next tile's scores issued before a tile's softmax
 #   (ptxas then serialises every wgmma: C7514).
-# * "sh32x4" (session 11): ws32x4's ring with the consumers taking the score tiles in turn (each scores every
-#   other tile for both and hands P, maximum and row sums over through shared memory); 17:02 UTC, bf16 64k /
-#   8k at B = 64: 29.5 / 30.2, B = 128: 41.4 / 39.7 (ws32x4 in that run: 30.5 / 31.7, 46.6 / 46.0); "p":
-#   the producer as the default partition (28.4 / 29.4, 41.5 / 40.5: no gain either way, dropped); "a2",
-#   "a4": the producer asks L2 for the rows 2 / 4 tiles ahead; "m": the kernel merges the splits (the last
-#   consumer of a row's half, by a counter). Dropped: ws32x4 and ws32x4p (each consumer scoring every tile),
-#   one split at B = 64 (programs_per_sm 0.5: 33.6 / 33.8).
+# * "sh32x4" (session 11, the default there): ws32x4's ring with the consumers taking the score tiles in turn
+#   (each scores every other tile for both and hands P, maximum and row sums over through shared memory);
+#   17:02 / 17:18 UTC, bf16 64k / 8k at B = 64: 29.5 / 30.2 and 29.1 / 29.9, B = 128: 41.4 / 39.7 and 41.1 /
+#   39.9 (ws32x4 in the first run: 30.5 / 31.7, 46.6 / 46.0). Dropped: ws32x4 and ws32x4p (each consumer
+#   scoring every tile), the producer as the default partition (28.4 / 29.4, 41.5 / 40.5), one split at B =
+#   64 (programs_per_sm 0.5: 33.6 / 33.8), the producer asking L2 for the rows 2 / 4 tiles ahead (B = 128:
+#   43.6 / 47.5 at 64k, 42.4 / 44.7 at 8k), the splits merged in the kernel by the consumer that stores its
+#   half of a row last (a counter per row and half; B = 64: 38.2 / 39.0, the merge's L2 reads in one
+#   warpgroup take longer than the combine kernel).
 # FEW_ROWS_DECODE_TILES takes B <= 13 at 640 keys a row.
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
@@ -103,12 +105,7 @@ DECODE_VARIANTS = {
     "h32w4": Tiles(halves=True, block_n=32, num_warps=4, num_stages=1, programs_per_sm=2, min_split_keys=32),
     "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
     "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
-    "sh32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, 0, False)),
-    "sh32x4a2": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, 2, False)),
-    "sh32x4a4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, 4, False)),
-    "sh32x4m": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, 0, True)),
-    "sh32x4a2m": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, 2, True)),
-    "sh32x4a4m": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232, 4, True)),
+    "sh32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232)),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory
@@ -492,14 +489,12 @@ def _attention(
         split = splits > 1
     halves = tiles.halves and block_d >= 64  # halves of whole scale groups (32 columns)
     block_dv = block_d // 2 if halves else block_d
-    has_current, has_pool = current is not None, topk is not None
-    ws = _warp_specialised(tiles, q, ring, ring_len, has_current, has_pool, window, batch_invariant)
     if split:
         part = torch.empty(t, splits, heads, d, dtype=torch.float32, device=q.device)
-        copies = 2 if ws and tiles.ws[5] else 1  # the warp-specialised kernel's merge: an lse per consumer
-        lse = torch.empty(t, splits, copies, heads, dtype=torch.float32, device=q.device)
+        lse = torch.empty(t, splits, heads, dtype=torch.float32, device=q.device)
     else:
         part = lse = out  # unused
+    has_current, has_pool = current is not None, topk is not None
     if not has_current:
         current = ring.data  # unused
     if has_pool:
@@ -510,12 +505,11 @@ def _attention(
     # invariant mode: no contraction into FMAs, so FOLD and _fold_kernel round every step alike
     exact = {"enable_fp_fusion": False} if batch_invariant else {}
     grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * (2 if halves else 1))
-    if ws:
+    if _warp_specialised(tiles, q, ring, ring_len, has_current, has_pool, window, batch_invariant):
         from deepinfer_kernels_cuda import attention_ws
 
-        if attention_ws.decode(q, ring.data, window, sink, scale * _LOG2E, out, part, lse, keys_per_split,
-                               splits, tiles.ws):
-            return out, False
+        attention_ws.decode(q, ring.data, window, sink, scale * _LOG2E, out, part, lse, keys_per_split,
+                            splits, tiles.ws)
     else:
         _attention_kernel[grid](
             q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,

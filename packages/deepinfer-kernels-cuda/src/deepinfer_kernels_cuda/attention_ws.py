@@ -37,21 +37,11 @@ _ROWS = gl.constexpr(8)  # key rows a producer copy instruction covers (the 128-
 
 
 @gluon.jit
-def _prefetch_l2(addr, on):
-    """Asks L2 for the 128-byte line at each address where `on` (a hint: no data comes back)."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }", "=r,l,r",
-        [addr, on.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_smem, ids_smem, q_ready,
-              ready, empty, L2_AHEAD: gl.constexpr):
+              ready, empty):
     """Copies q, then the key rows of the tiles of lo..hi, into the ring; each thread's copies arrive on the
     buffer's barrier when they land. A tile's ids are loaded one tile ahead (their latency then runs under
-    the wait for a free buffer) and go through shared memory to the threads that copy their rows.
-    L2_AHEAD > 0: before waiting for a free buffer, L2 is asked for the rows of the tile L2_AHEAD ahead (ids
-    loaded a tile earlier), so more of the gather is in flight than the ring holds."""
+    the wait for a free buffer) and go through shared memory to the threads that copy their rows."""
     STAGES: gl.constexpr = kv_smem.shape[0]
     BLOCK_N: gl.constexpr = kv_smem.shape[1]
     ROWS: gl.constexpr = _ROWS
@@ -67,11 +57,6 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
             q_smem.slice(r0, ROWS, dim=0), q_ptr + (r0 + r)[:, None] * q_stride_h + cols[None, :])
     async_copy.mbarrier_arrive(q_ready, increment_count=False)
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-    lines_layout: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PW, 1], [1, 0])  # rows x a row's lines
-    line = gl.arange(0, DIM * 2 // 128, layout=gl.SliceLayout(0, lines_layout)) * 64  # bf16 elements
-    tp = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, lines_layout))
-    n_l2 = lo + L2_AHEAD * BLOCK_N + tp
-    ids_l2 = gl.load(idx_ptr + n_l2, mask=(n_l2 < hi) & (L2_AHEAD > 0), other=-1)
     for i in range(n_tiles):
         st = i % STAGES
         gl.thread_barrier()  # every thread has read the ids of the tile before
@@ -79,11 +64,6 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
         gl.thread_barrier()
         n = lo + (i + 1) * BLOCK_N + tn
         ids_next = gl.load(idx_ptr + n, mask=n < hi, other=-1)
-        if L2_AHEAD > 0:
-            rows = kv_ptr + gl.maximum(ids_l2, 0).to(gl.int64)[:, None] * kv_stride + line[None, :]
-            _prefetch_l2(rows, (ids_l2 >= 0)[:, None] & (line >= 0)[None, :])
-            n_l2 = lo + (i + 1 + L2_AHEAD) * BLOCK_N + tp
-            ids_l2 = gl.load(idx_ptr + n_l2, mask=n_l2 < hi, other=-1)
         mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)  # the first pass finds every buffer free
         buf = kv_smem.index(st)
         for r0 in gl.static_range(0, BLOCK_N, ROWS):
@@ -94,71 +74,26 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
 
 
 @gluon.jit
-def _fence_gpu(x):
-    """fence.acq_rel.gpu in every thread (x: any tensor; its values are unused)."""
-    gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, 0;", "=r,r", [x.to(gl.int32)], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _finish(acc, m_i, l_i, s, n_splits, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, count_ptr,
-            ME: gl.constexpr, MERGE: gl.constexpr):
-    """Stores value channels ME * 256.. of the result: with one split the output with the sink applied; else
-    the split's normalised output and log2-sum-exp2 (part_ptr, lse_ptr: split 0 of the row; the lse of each
-    consumer with MERGE, consumer 0's alone otherwise) and with MERGE the row's output (`_merge`)."""
+def _finish(acc, m_i, l_i, split, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, COL0: gl.constexpr):
+    """Stores value channels COL0.. of the result: normalised output and log2-sum-exp2 (split) or the output
+    with the sink applied."""
     o_layout: gl.constexpr = acc.type.layout
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     h = gl.arange(0, HEADS, layout=rows_o)
-    d = ME * (DIM // 2) + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, o_layout))
+    d = COL0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, o_layout))
     m_o, l_o = gl.convert_layout(m_i, rows_o), gl.convert_layout(l_i, rows_o)
-    if n_splits > 1:
+    if split:
         lse = gl.where(l_o > 0, m_o + gl.log2(l_o), -float("inf"))
         o = gl.where(l_o[:, None] > 0, acc / l_o[:, None], 0.0)
-        gl.store(part_ptr + (s * HEADS + h)[:, None] * DIM + d[None, :], o)
-        if MERGE:
-            gl.store(lse_ptr + (s * 2 + ME) * HEADS + h, lse)
-            _merge(h, n_splits, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, count_ptr + ME, ME)
-        elif ME == 0:
-            gl.store(lse_ptr + s * HEADS + h, lse)
+        gl.store(part_ptr + h[:, None] * DIM + d[None, :], o)
+        if COL0 == 0:
+            gl.store(lse_ptr + h, lse)
     else:
         sink = gl.load(sink_ptr + h).to(gl.float32) * 1.4426950408889634
         top = gl.maximum(m_o, sink)
         a = gl.exp2(m_o - top)
         o = acc * (a / (l_o * a + gl.exp2(sink - top)))[:, None]
         gl.store(out_ptr + h[:, None] * out_stride_h + d[None, :], o.to(out_ptr.dtype.element_ty))
-
-
-@gluon.jit
-def _merge(h, n_splits, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, count_ptr, ME: gl.constexpr):
-    """The consumer of the row's splits that stores its half last (a counter per row and half, left at 0)
-    merges the half's splits with the sink into the output, in split order from memory: the same bits
-    whichever split comes last. Saves the combine kernel's launch; the partials are read from L2, in
-    64-column chunks (coalesced rows, few registers)."""
-    _fence_gpu(h)  # this thread's partials are visible on the GPU before the count
-    gl.thread_barrier()
-    arrived = gl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == n_splits - 1:
-        _fence_gpu(h)
-        gl.store(count_ptr, 0)
-        layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
-        rows = gl.arange(0, HEADS, layout=gl.SliceLayout(1, layout))
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
-        sink = gl.load(sink_ptr + rows).to(gl.float32) * 1.4426950408889634
-        top = sink
-        for j in range(n_splits):
-            top = gl.maximum(top, gl.load(lse_ptr + (j * 2 + ME) * HEADS + rows, cache_modifier=".cg"))
-        den = gl.exp2(sink - top)
-        for j in range(n_splits):
-            den += gl.exp2(gl.load(lse_ptr + (j * 2 + ME) * HEADS + rows, cache_modifier=".cg") - top)
-        for c0 in gl.static_range(ME * (DIM // 2), (ME + 1) * (DIM // 2), 64):
-            o = gl.zeros([HEADS, 64], gl.float32, layout=layout)
-            for j in range(n_splits):
-                w = gl.exp2(gl.load(lse_ptr + (j * 2 + ME) * HEADS + rows, cache_modifier=".cg") - top)
-                part = gl.load(part_ptr + (j * HEADS + rows)[:, None] * DIM + (c0 + cols)[None, :],
-                               cache_modifier=".cg")
-                o += w[:, None] * part
-            o = (o / den[:, None]).to(out_ptr.dtype.element_ty)
-            gl.store(out_ptr + rows[:, None] * out_stride_h + (c0 + cols)[None, :], o)
 
 
 @gluon.jit
@@ -194,8 +129,8 @@ def _accumulate(acc, l_i, m_from, m_to, row_sum, p, v, empty):
 
 
 @gluon.jit
-def _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, ME: gl.constexpr, MERGE: gl.constexpr):
+def _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+              out_ptr, out_stride_h, part_ptr, lse_ptr, ME: gl.constexpr):
     """One warpgroup of two sharing their score products: it computes the scores of every other tile
     (tiles ME, ME + 2, ...) for both, and accumulates all tiles into its 256 value channels. Tile i's
     softmax needs the maximum after tile i - 1 (the other's), handed over with its probabilities and row
@@ -270,45 +205,28 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, s
         acc, l_i = _accumulate(acc, l_i, m_i, m_prev, sum_prev, p_smem.index(ps),
                                kv_smem.index(sp).slice(COL0, HALF, dim=1), empty.index(sp))
         m_i = m_prev
-    s, n_splits, part_ptr, lse_ptr, count_ptr = splits
-    _finish(acc, m_i, l_i, s, n_splits, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, count_ptr, ME,
-            MERGE)
+    _finish(acc, m_i, l_i, split, sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, COL0)
 
 
 @gluon.jit
-def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2,
-                  sink_ptr, out_ptr, out_stride_h):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, 0, False)
+def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                  sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+              out_ptr, out_stride_h, part_ptr, lse_ptr, 0)
 
 
 @gluon.jit
-def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2,
-                   sink_ptr, out_ptr, out_stride_h):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, 1, False)
-
-
-@gluon.jit
-def _merging_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2,
-                 sink_ptr, out_ptr, out_stride_h):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, 0, True)
-
-
-@gluon.jit
-def _merging_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2,
-                  sink_ptr, out_ptr, out_stride_h):
-    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, splits, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, 1, True)
+def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
+                   sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
+    _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
+              out_ptr, out_stride_h, part_ptr, lse_ptr, 1)
 
 
 @gluon.jit(do_not_specialize=["n_splits"])
 def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride, K,
                       keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
-                      part_ptr, lse_ptr, count_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      PW: gl.constexpr, REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      L2_AHEAD: gl.constexpr, MERGE: gl.constexpr):
+                      part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
+                      REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     t = gl.program_id(0)
     s = gl.program_id(1)
     lo = s * keys_per_split
@@ -340,19 +258,15 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     q_row = q_ptr + t64 * q_stride_t
     idx_row = idx_ptr + t64 * idx_stride
     out_row = out_ptr + t64 * out_stride_t
-    row_splits = t64 * n_splits * HEADS  # the row's split 0 (lse: two copies a split when merging)
-    lse_row = lse_ptr + row_splits * (2 if MERGE else 1)
-    splits = (s, n_splits, part_ptr + row_splits * DIM, lse_row, count_ptr + t64 * 2)
+    split_row = (t64 * n_splits + s) * HEADS
+    part_row = part_ptr + split_row * DIM
+    lse_row = lse_ptr + split_row
     consumer_args = (q_smem, kv_smem, q_ready, ready, empty, (p_smem, m_smem, sum_smem, p_ready), idx_row, lo,
-                     hi, splits, scale_log2, sink_ptr, out_row, out_stride_h)
+                     hi, n_splits > 1, scale_log2, sink_ptr, out_row, out_stride_h, part_row, lse_row)
     producer_args = (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, ids_smem,
-                     q_ready, ready, empty, L2_AHEAD)
-    if MERGE:
-        gl.warp_specialize([(_merging_low, consumer_args), (_merging_high, consumer_args),
-                            (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([(_consumer_low, consumer_args), (_consumer_high, consumer_args),
-                            (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
+                     q_ready, ready, empty)
+    gl.warp_specialize([(_consumer_low, consumer_args), (_consumer_high, consumer_args),
+                        (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
@@ -363,34 +277,17 @@ def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
-_COUNTS: dict[torch.device, torch.Tensor] = {}  # per device: [rows, 2] int32 counters of _merge, left at 0
-
-
-def _counts(device: torch.device, rows: int) -> torch.Tensor:
-    counts = _COUNTS.get(device)
-    if counts is None or counts.shape[0] < rows:
-        counts = _COUNTS[device] = torch.zeros(max(256, rows), 2, dtype=torch.int32, device=device)
-    return counts
-
-
 def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor, scale_log2: float,
            out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, keys_per_split: int, splits: int,
-           tiles: tuple[int, int, int, int, int, bool]) -> bool:
+           tiles: tuple[int, int, int, int]) -> None:
     """Attention of q [T, 64, 512] over rows kv[idx[t]] (idx [T, K], -1 none) in `splits` key ranges of
     keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
-    64, 512] / lse [T, splits, 64] (float32, merged by the caller), or with the tiles' merge flag lse [T,
-    splits, 2, 64] and merged here into out. tiles: (keys a tile, ring buffers, producer warps, registers a
-    consumer thread (the producer gets what is left of 504), tiles ahead whose rows the producer asks of L2
-    (0: none), whether the kernel merges the splits).
-    Returns whether out holds the result (else the caller merges part and lse)."""
-    block_n, stages, pw, regs, l2_ahead, merge = tiles
+    64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
+    producer warps, registers a consumer thread (the producer gets what is left of 504))."""
+    block_n, stages, pw, regs = tiles
     t, k = idx.shape
-    merge = merge and splits > 1
-    counts = _counts(q.device, t) if merge else lse
     _ws_decode_kernel[(t, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
-        scale_log2, sink, out, out.stride(0), out.stride(1), part, lse, counts,
-        BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs, L2_AHEAD=l2_ahead,
-        MERGE=merge, num_warps=4,
+        scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
+        BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs, num_warps=4,
     )
-    return merge or splits == 1
