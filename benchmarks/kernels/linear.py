@@ -156,6 +156,16 @@ def _config_table(path: Path | None):
         configs._entry.cache_clear()
 
 
+def _fp8_shape(name: str) -> tuple | None:
+    """(N, K, groups, weight, scale, prepared, its bytes) of a Flash linear with FP8 weights, else None."""
+    n, k, groups, kind = FLASH_LINEARS[name]
+    if kind != "fp8":
+        return None
+    weight, scale = make_weight(n, k, groups, kind)
+    prepared = linear.prepare_linear(kind, weight, scale, groups)
+    return n, k, groups, weight, scale, prepared, weight_bytes(prepared.weight, prepared.scale)
+
+
 def _run_header() -> tuple[float, dict]:
     """The same-run copy bandwidth (TB/s) and the table's header (GPU, that bandwidth, UTC time), printed."""
     copy_tbs = copy_bandwidth_gbs() / 1e3
@@ -172,14 +182,12 @@ def decode_table(out: Path, names: list[str], tokens: tuple[int, ...], baseline,
     floor over the time; rel_err vs the reference."""
     copy_tbs, header = _run_header()
     rows = []
+    kind = "fp8"
     for name in names:
-        n, k, groups, kind = FLASH_LINEARS[name]
-        if kind != "fp8":
+        if (shape := _fp8_shape(name)) is None:
             continue
-        weight, scale = make_weight(n, k, groups, kind)
-        ours = linear.prepare_linear(kind, weight, scale, groups)
+        n, k, groups, weight, scale, ours, wbytes = shape
         ref = ref_linear.prepare_linear(kind, weight, scale, groups)
-        wbytes = weight_bytes(ours.weight, ours.scale)
         floor = stream_floor(wbytes)
         header["empty_us"] = floor["empty_us"]
         for m in tokens:
@@ -204,7 +212,7 @@ def decode_table(out: Path, names: list[str], tokens: tuple[int, ...], baseline,
                 row[f"{tag}_rel_err"] = float((got - want).norm() / want.norm())
             rows.append(row)
             print(row, flush=True)
-        del weight, scale, ours, ref
+        del shape, weight, scale, ours, ref
         torch.cuda.empty_cache()
         write(out, "linear_decode", rows, header)  # after every shape: a time limit keeps what ran
 
@@ -255,13 +263,11 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
     table = configs.load(table_path)
     entries, rows, sweep = {}, [], []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kind = "fp8"
     for name in names:
-        n, k, groups, kind = FLASH_LINEARS[name]
-        if kind != "fp8":
+        if (shape := _fp8_shape(name)) is None:
             continue
-        weight, scale = make_weight(n, k, groups, kind)
-        ours = linear.prepare_linear(kind, weight, scale, groups)
-        wbytes = weight_bytes(ours.weight, ours.scale)
+        n, k, groups, _, _, ours, wbytes = shape
         probe = torch.randn(1, groups * k, device="cuda", dtype=torch.bfloat16)
 
         def inv(p, x):
@@ -331,7 +337,7 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
                                             wbytes) * 1e3
                 rows.append(row)
                 print(row, flush=True)
-        del weight, scale, ours
+        del shape, ours
         torch.cuda.empty_cache()
         cols = list(dict.fromkeys(c for r in rows for c in r))  # every row gets every column
         write(out, "linear_invariant", [{c: r.get(c) for c in cols} for r in rows], header)
