@@ -87,12 +87,10 @@ def _hc_project_kernel(
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BF16_SPLIT: tl.constexpr,
     ROW_SUMS: tl.constexpr = False,
 ):
-    """ROW_SUMS (batch-invariant mode in the interpreter): the products as elementwise products summed
-    over K instead of tl.dot. The interpreter's tl.dot is numpy's matmul, and a BLAS kernel may sum a row
-    differently by where the row sits in the tile (OpenBLAS 0.3.31's Haswell sgemm, which it picks on an
-    AMD Zen 5 CPU: a 64 x 128 by 128 x 32 product sums rows 6-11, 18-23, ... unlike rows 0-5), so a row's
-    bits followed its place in the batch; numpy's sum over an axis does the same adds for every row. On
-    CUDA tl.dot stays (3xTF32 tensor-core products: a row's sums do not depend on its place)."""
+    """ROW_SUMS (batch-invariant mode in the interpreter): the products summed over K by tl.sum instead of
+    tl.dot, for the reason `linear.dot_acc` gives (the interpreter's BLAS sums a row by its place in the
+    tile; here rows 6-11, 18-23, ... of a 64 x 128 by 128 x 32 product unlike rows 0-5). Not dot_acc
+    itself: the tensor-core path here is 3xTF32, which dot_acc does not take. On CUDA tl.dot stays."""
     pid_t, split = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     j = tl.arange(0, BLOCK_N)
