@@ -21,7 +21,6 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -40,13 +39,13 @@ SHAPES = {"q_a+kv 5120->1792": (1792, 5120, 1), "kv 5120->512": (512, 5120, 1),
 LINEAR_VARIANTS = {"128x128 k64 s4": (128, 128, 64, 8, 4), "128x128 k64 s3": (128, 128, 64, 8, 3),
                    "128x64 k64 s4": (128, 64, 64, 8, 4), "128x256 k64 s3": (128, 256, 64, 8, 3),
                    "128x128 k128 s3": (128, 128, 128, 8, 3)}
-_UP, _DOWN = moe.INVARIANT_PREFILL
 MOE_VARIANTS = {  # name -> (module attribute, value)
-    "down 128x64x128": ("INVARIANT_PREFILL", (_UP, TileConfig(128, 64, 128, 1, 8, 3, tma=1 | moe.TMA_ACTS))),
-    "pointer kernels": ("INVARIANT_PREFILL", (replace(_UP, tma=0), replace(_DOWN, tma=0))),
-    "shared 16-token tiles": ("INVARIANT_PREFILL_FP8", (moe.INVARIANT_CONFIG, moe.INVARIANT_CONFIG)),
-    "shared gate+up k64": ("INVARIANT_PREFILL_FP8", (TileConfig(128, 64, 64, 1, 8, 3),
-                                                     moe.INVARIANT_PREFILL_FP8[1])),
+    "down 128x64x128": ("_INVARIANT_FP4", {**moe._INVARIANT_FP4, 64: (
+        moe.INVARIANT_PREFILL[0], TileConfig(128, 64, 128, 1, 8, 3, tma=1 | moe.TMA_ACTS))}),
+    "pointer kernels": ("_INVARIANT_FP4", {**moe._INVARIANT_FP4, 64: moe._INVARIANT_FP4_POINTERS}),
+    "shared 16-token tiles": ("INVARIANT_FP8", {bm: (moe.INVARIANT_CONFIG,) * 2 for bm in (16, 32, 64)}),
+    "shared gate+up k64": ("INVARIANT_FP8", {**moe.INVARIANT_FP8, 64: (TileConfig(128, 64, 64, 1, 8, 3),
+                                                                        moe.INVARIANT_FP8[64][1])}),
     "16-token tiles (before)": ("invariant_tiles", lambda *a: (moe.INVARIANT_CONFIG, moe.INVARIANT_CONFIG)),
 }
 

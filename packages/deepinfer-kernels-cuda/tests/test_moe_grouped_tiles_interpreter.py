@@ -4,14 +4,13 @@ a down tile other than the gate+up tile (same block_m), maxnreg (a launch option
 so only the plumbing is checked here), E4M3 experts; the FP4 kernels with TMA boxes (TileConfig.tma:
 weights alone, + the down kernel's activations in split-order rows (TMA_ACTS), mixed with the pointer
 kernels, split_k 2, bitwise the pointer kernels at the same tiles); batch-invariant mode's prefill tiles
-(FP4, E4M3, the FP8 shared expert); and the checks on bad tiles."""
+(FP4 by TMA and by pointers, E4M3 at each block size, the FP8 shared expert); and the checks on bad tiles."""
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
 _SCRIPT = r"""
-from dataclasses import replace
 import torch
 from deepinfer.checkpoint.formats import quantize_fp8
 from deepinfer.ops.reference import linear as ref_linear, moe as ref_moe
@@ -60,8 +59,8 @@ w2 = (*toy_experts(e2, i2, h2), *toy_experts(e2, i2, h2), *toy_experts(e2, h2, i
 x2, weights2 = torch.randn(t2, h2), torch.rand(t2, k)
 ids2 = torch.stack([torch.randperm(e2)[:k] for _ in range(t2)]).int()
 want2 = ref_moe.routed_experts(x2, weights2, ids2.long(), ref_moe.prepare_experts(*w2), 1.0)
-pointer = tuple(replace(c, tma=0) for c in moe.INVARIANT_PREFILL)
-for fp8, (up, down) in ((False, moe.INVARIANT_PREFILL), (True, moe.INVARIANT_PREFILL_FP8), (False, pointer)):
+for fp8, (up, down) in ((False, moe.INVARIANT_PREFILL), (False, moe._INVARIANT_FP4_POINTERS),
+                        *((True, tiles) for tiles in moe.INVARIANT_FP8.values())):
     p2 = moe.prepare_experts(*w2, fp8=fp8)
     mlp2 = moe._Mlp(p2.w1, p2.s1, p2.w3, p2.s3, p2.w2, p2.s2, fp8, 1, True)
     got = moe._grouped_mlp(x2, weights2, ids2, mlp2, e2, i2, 1.0, up, down_cfg=down)
@@ -71,7 +70,7 @@ sw = [quantize_fp8(torch.randn(*shape) * 0.1) for shape in ((i2, h2), (i2, h2), 
 shared = [linear.prepare_linear("fp8", *w) for w in sw]
 mlp2 = moe._Mlp(*(v for p in shared for v in (p.weight, p.scale)), True, 32, False)
 got = moe._grouped_mlp(x2, torch.ones(t2, 1), torch.zeros(t2, 1, dtype=torch.int32), mlp2, 1, i2, 1.0,
-                       moe.INVARIANT_PREFILL_FP8[0], down_cfg=moe.INVARIANT_PREFILL_FP8[1])
+                       moe.INVARIANT_FP8[64][0], down_cfg=moe.INVARIANT_FP8[64][1])
 refs = [ref_linear.prepare_linear("fp8", *w) for w in sw]
 gate, up_ = (ref_linear.linear(x2, r, torch.float32) for r in refs[:2])
 want_shared = ref_linear.linear(moe.swiglu(gate, up_, 1.0), refs[2], torch.float32)

@@ -160,21 +160,20 @@ def test_invariant_prefill_tiles_keep_the_bits(fp8_experts):
     up, down = moe.invariant_tiles(x, ids.numel(), 64, not fp8_experts, 5120, 2304)
     assert (up, down) != (moe.INVARIANT_CONFIG, moe.INVARIANT_CONFIG)
     if fp8_experts:
-        variants = {"taken": (up, down), "32 tokens": (moe._INVARIANT_32, moe._INVARIANT_32),
-                    "K steps 64 / 128": (replace(up, block_k=64), replace(down, block_k=128))}
+        variants = {f"{bm} tokens": tiles for bm, tiles in moe.INVARIANT_FP8.items()}
+        variants["K steps 64 / 128"] = (replace(up, block_k=64), replace(down, block_k=128))
     else:
-        variants = {"taken": (up, down), "pointer kernels": (replace(up, tma=0), replace(down, tma=0)),
+        variants = {"taken": (up, down), "pointer kernels": moe._INVARIANT_FP4_POINTERS,
                     "down 128 rows": (up, TileConfig(128, 64, 128, 1, 8, 3, tma=3)),
-                    "down by pointers": (up, replace(down, tma=1)),
-                    "32 tokens": (moe._INVARIANT_32, moe._INVARIANT_32)}
+                    "down by pointers": (up, replace(down, tma=1)), "32 tokens": moe._INVARIANT_FP4[32]}
     broke = [name for name, (u, d) in variants.items()
              if not torch.equal(moe.routed_experts(x, weights, ids, experts, 10.0, u, d), want)]
     assert not broke, broke
 
 
 def test_invariant_shared_expert_tiles_keep_the_bits(flash_layer):
-    """The FP8 shared expert (a one-expert MLP through the grouped kernels) at the prefill tiles and at
-    INVARIANT_CONFIG: bitwise; and `_shared_expert_invariant` takes the prefill tiles at 2048 tokens."""
+    """The FP8 shared expert (a one-expert MLP through the grouped kernels) at each of its invariant tiles
+    and at INVARIANT_CONFIG: bitwise; and `_shared_expert_invariant` takes the 64-token tiles at 2048."""
     from deepinfer_kernels_cuda import moe
 
     x, _, _ = _prefill_inputs(64, 2048, seed=5)
@@ -187,7 +186,8 @@ def test_invariant_shared_expert_tiles_keep_the_bits(flash_layer):
         return moe._grouped_mlp(x, ones, zeros, mlp, 1, 2304, 10.0, up, down_cfg=down)
 
     want = run(moe.INVARIANT_CONFIG, moe.INVARIANT_CONFIG)
-    assert moe.invariant_tiles(x, len(x), 1, False, 5120, 2304) == moe.INVARIANT_PREFILL_FP8
-    assert torch.equal(run(*moe.INVARIANT_PREFILL_FP8), want)
+    assert moe.invariant_tiles(x, len(x), 1, False, 5120, 2304) == moe.INVARIANT_FP8[64]
+    broke = [bm for bm, tiles in moe.INVARIANT_FP8.items() if not torch.equal(run(*tiles), want)]
+    assert not broke, broke
     assert torch.equal(moe._shared_expert_invariant(x, flash_layer), want)
 

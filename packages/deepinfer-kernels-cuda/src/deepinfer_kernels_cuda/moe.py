@@ -1135,34 +1135,40 @@ INVARIANT_CONFIG = configs.TileConfig(block_n=64, block_m=16, block_k=128, split
 # irrelevant to each output's sums: rows per tile (an m64 MMA per warpgroup), tokens per expert block (the
 # MMA's N side), warps, stages, registers, TMA loads (bitwise the pointer kernels). 16-token blocks decode
 # each expert's weights once per 16 tokens: 4x the decode work of the default's 64-token blocks.
-# (gate+up, down) of FP4 experts: the H200 table's 2048/4096-token gate+up tile (its K step is 128 already)
-# and its down tile with K steps of 128 instead of 64. E4M3 experts and the FP8 shared expert (pointer
-# kernels): 128 x 64 tiles of 8 warps; their one MMA per K step makes the K step irrelevant to the chain
-# too (k16 MMAs in column order), and the gate+up takes 32 columns: with 64+ its decoded tiles spill
-# (sm_90 compile here, Triton 3.9: 156 bytes at 64, 956 at 128; none at 32, 232 registers)
+# FP4 experts' (gate+up, down) per tokens per block: 64 = the H200 table's 2048/4096-token gate+up tile (its
+# K step is 128 already) and its down tile with K steps of 128 instead of 64 (207 registers, no spill; sm_90
+# compile here, Triton 3.9), by pointers where the TMA tiles do not divide the rows; 32 = the table's
+# 8192-assignment tile.
 INVARIANT_PREFILL = (configs.TileConfig(128, 64, 128, 1, 8, 3, maxnreg=128, tma=1),
                      configs.TileConfig(256, 64, 128, 1, 8, 3, tma=1 | TMA_ACTS))
-INVARIANT_PREFILL_FP8 = (configs.TileConfig(128, 64, 32, 1, 8, 4), configs.TileConfig(128, 64, 64, 1, 8, 3))
-_INVARIANT_32 = replace(INVARIANT_CONFIG, block_m=32)  # the H200 table's 8192-assignment tile
+_INVARIANT_FP4 = {16: (INVARIANT_CONFIG, INVARIANT_CONFIG),
+                  32: (replace(INVARIANT_CONFIG, block_m=32),) * 2,
+                  64: INVARIANT_PREFILL}
+_INVARIANT_FP4_POINTERS = (configs.TileConfig(128, 64, 128, 1, 8, 3),) * 2
+# FP8 weights (the shared expert, E4M3 experts; pointer kernels): one MMA per K step leaves the chain as it
+# is whatever the K step, and gate+up steps of 32 keep the two decoded tiles in registers (the same compile:
+# at 128 columns 64x16 tiles spill 708 bytes, 64x32 812, 128x64 956; at 32 none, 162-232 registers)
+INVARIANT_FP8 = {16: (configs.TileConfig(64, 16, 32, 1, 4, 4), INVARIANT_CONFIG),
+                 32: (configs.TileConfig(64, 32, 32, 1, 4, 4), configs.TileConfig(64, 32, 64, 1, 4, 4)),
+                 64: (configs.TileConfig(128, 64, 32, 1, 8, 4), configs.TileConfig(128, 64, 64, 1, 8, 3))}
 
 
 def invariant_tiles(x: torch.Tensor, assignments: int, n_experts: int, fp4: bool, h: int, inter: int
                     ) -> tuple[configs.TileConfig, configs.TileConfig]:
-    """(gate+up, down) tiles of the batch-invariant grouped path: INVARIANT_CONFIG's chain in 64-token
-    blocks from 24 mean assignments per expert, 32-token ones from 16, each only while its gate+up tiles
-    still fill the SMs (the one-expert shared MLP of a few hundred tokens); else INVARIANT_CONFIG, always so
-    off CUDA or for float32 operands (FMA dots, the interpreter's numpy matmul: one tile there)."""
+    """(gate+up, down) tiles of the batch-invariant grouped path, all with INVARIANT_CONFIG's chain:
+    64-token blocks from 24 mean assignments per expert, 32-token ones from 16, each only while its gate+up
+    tiles still fill the SMs (the one-expert shared MLP of a few hundred tokens), else 16; INVARIANT_CONFIG
+    always off CUDA or for float32 operands (FMA dots, the interpreter's numpy matmul: one tile there)."""
     if not x.is_cuda or x.dtype == torch.float32:
         return INVARIANT_CONFIG, INVARIANT_CONFIG
+    tiles = dict(_INVARIANT_FP4) if fp4 else INVARIANT_FP8
+    if fp4 and (inter % INVARIANT_PREFILL[0].block_n or h % INVARIANT_PREFILL[1].block_n):
+        tiles[64] = _INVARIANT_FP4_POINTERS  # the TMA kernels take whole tiles
     per_expert, sms = assignments / n_experts, configs.sm_count(x.device)
-    up, down = INVARIANT_PREFILL if fp4 else INVARIANT_PREFILL_FP8
-    if inter % up.block_n or h % down.block_n:  # the TMA kernels take whole tiles: the pointer kernels
-        up, down = replace(up, tma=0), replace(down, tma=0)
-    large = (up, down)
-    for tiles, least in ((large, 24), ((_INVARIANT_32, _INVARIANT_32), 16)):
-        if per_expert >= least and assignments // tiles[0].block_m * (inter // tiles[0].block_n) >= sms:
-            return tiles
-    return INVARIANT_CONFIG, INVARIANT_CONFIG
+    for block_m, least in ((64, 24), (32, 16)):
+        if per_expert >= least and assignments // block_m * (inter // tiles[block_m][0].block_n) >= sms:
+            return tiles[block_m]
+    return tiles[16]
 
 
 def routed_experts(
