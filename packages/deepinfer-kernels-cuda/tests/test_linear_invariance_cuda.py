@@ -83,36 +83,45 @@ def test_invariant_mode_ignores_the_m_tuned_table(monkeypatch):
 @pytest.mark.parametrize("kind", ["fp8", "dense"])
 def test_invariant_tile_changes_keep_the_bits(kind):
     """Each change of tile `_invariant_tiles` makes with M, one at a time (token tile 16-128, 128-row
-    tiles of 8 warps, pipeline stages, the split summed inside each program), gives bitwise the outputs of
-    the base config: with the K steps and the split fixed, the wgmma chain's sums do not depend on the
-    tile. All variants are run before the assertion, so a failure names every change that broke."""
+    tiles of 8 warps, pipeline stages, K steps of 64 inside the base's, the split summed inside each
+    program in one loop over the K steps), and the large tiles it takes, give bitwise the outputs of the
+    base config: with the split fixed, the wgmma chain's sums do not depend on the tile. All variants run
+    before the assertion, so a failure names every change that broke."""
     torch.manual_seed(2)
     ours, _ = _prepared(kind, 1024, 2048, 1)
     x = torch.randn(200, 2048, device="cuda", dtype=torch.bfloat16)
-    base = configs.TileConfig(64, 16, 256 if kind == "fp8" else 64, 4, 4, 4)
+    base = configs.TileConfig(64, 16, 256 if kind == "fp8" else 128, 4, 4, 4)
     want = linear.tiled_linear(x, ours, torch.float32, base)
-    variants = {
-        "split in program": (base, True),
-        "16 -> 32 tokens": (replace(base, block_m=32), False),
-        "64 tokens, 3 stages": (replace(base, block_m=64, num_stages=3), False),
-        "128 rows, 8 warps, 3 stages": (replace(base, block_n=128, num_warps=8, num_stages=3), False),
+    variants = {  # name: (config, split in program, K step)
+        "split in program": (base, True, 0),
+        "16 -> 32 tokens": (replace(base, block_m=32), False, 0),
+        "64 tokens, 3 stages": (replace(base, block_m=64, num_stages=3), False, 0),
+        "128 rows, 8 warps, 3 stages": (replace(base, block_n=128, num_warps=8, num_stages=3), False, 0),
+        "K step 64": (base, False, 64),
+        "K step 64, split in program": (base, True, 64),
         "128 x 64, 8 warps, 2 stages, split in program": (
-            replace(base, block_n=128, block_m=64, num_warps=8, num_stages=2), True),
+            replace(base, block_n=128, block_m=64, num_warps=8, num_stages=2), True, 0),
         "128 x 128, 8 warps, 2 stages": (replace(base, block_n=128, block_m=128, num_warps=8, num_stages=2),
-                                         False),
+                                         False, 0),
     }
+    for bn, bm, bk, warps, stages in linear.INVARIANT_LARGE_TILES:
+        cfg = replace(base, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
+        variants[f"large {bn} x {bm} x {bk}, {warps} warps, {stages} stages, split in program"] = (
+            cfg, True, bk)
     fits = {name: v for name, v in variants.items()
-            if linear._smem_bytes(v[0], ours.weight.element_size()) <= linear._SMEM_BUDGET}
-    assert len(fits) >= 5, list(fits)
-    broke = [name for name, (cfg, loop) in fits.items()
-             if not torch.equal(linear.tiled_linear(x, ours, torch.float32, cfg, split_loop=loop), want)]
+            if linear._smem_bytes(v[0], ours.weight.element_size(), v[2]) <= linear._SMEM_BUDGET}
+    assert len(fits) >= 9, list(fits)
+    broke = [name for name, (cfg, loop, bk) in fits.items() if not torch.equal(
+        linear.tiled_linear(x, ours, torch.float32, cfg, split_loop=loop, k_step=bk), want)]
     assert not broke, (kind, broke)
 
 
-def test_invariant_tiles_keep_k_steps_and_split():
-    """`_invariant_tiles` changes no K step or split of the base config at any M."""
+def test_invariant_tiles_keep_the_split():
+    """`_invariant_tiles` changes no split of the base config at any M (the K steps place its boundaries;
+    a K step of its own divides them)."""
     base = configs.default_invariant_linear("fp8", 5120, 8192)
     x = torch.empty(1, 8192, device="cuda", dtype=torch.bfloat16)
     for m in (1, 8, 17, 64, 65, 300, 600, 4096):
-        cfg, _ = linear._invariant_tiles(base, m, 5120, x)
+        cfg, _, k_step = linear._invariant_tiles(base, m, 5120, x)
         assert (cfg.block_k, cfg.split_k) == (base.block_k, base.split_k), m
+        assert base.block_k % (k_step or base.block_k) == 0, m

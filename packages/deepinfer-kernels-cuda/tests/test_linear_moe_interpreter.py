@@ -80,6 +80,12 @@ for kind, wt, st, groups in (("fp8", wq, sq, 2), ("dense", torch.randn(64, 100),
     cfg = TileConfig(32, 16, 32, 3, 4, 1)
     grid = linear.tiled_linear(x, ours, torch.float32, cfg)
     assert torch.equal(linear.tiled_linear(x, ours, torch.float32, cfg, split_loop=True), grid), kind
+    # K steps of their own inside the config's (batch-invariant mode's large tiles; the split boundaries
+    # stay the config's): right, in the grid and in the program (not bitwise here: numpy sums by shape)
+    cfg = TileConfig(32, 16, 64, 2, 4, 1)
+    want = ref_linear.linear(x, ref_linear.prepare_linear(kind, wt, st, groups), torch.float32)
+    for loop in (False, True):
+        check(linear.tiled_linear(x, ours, torch.float32, cfg, split_loop=loop, k_step=32), want, kind, loop)
 
 e, h, i, k = 8, 64, 64, 3
 layer, common = toy_moe(e, h, i, k)

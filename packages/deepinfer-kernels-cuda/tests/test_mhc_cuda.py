@@ -45,12 +45,19 @@ def test_hc_coefficients_match_reference(cuda_ops, ref_ops, poison, t, h, dtype)
 
 
 def test_invariant_hc_coefficients_are_bitwise_alone_and_in_batches():
-    streams, *rest = _coefficient_args(300, 5120)
-    alone = hc_coefficients(streams[:1], *rest, batch_invariant=True)
-    for rows in (2, 16, 17, 300):
-        batch = hc_coefficients(streams[:rows], *rest, batch_invariant=True)
-        for a, b in zip(alone, batch, strict=True):
-            assert torch.equal(a, b[:1]), rows
+    """Three rows alone, then at the start, middle and end of batches (bf16: the split path at every T,
+    the rows' places in its 64-row tiles changing; float32: the rows path)."""
+    for dtype, sizes in ((torch.bfloat16, (2, 16, 17, 64, 65, 300, 4096)), (torch.float32, (2, 17, 300))):
+        streams, *rest = _coefficient_args(max(sizes) + 3, 5120, dtype)
+        alone = [torch.cat(c) for c in zip(*(hc_coefficients(streams[i:i + 1], *rest, batch_invariant=True)
+                                             for i in range(3)), strict=True)]
+        for rows in sizes:
+            where = [0, rows // 2, rows - 1][:min(rows, 3)]
+            batch = streams[3:3 + rows].clone()
+            batch[where] = streams[:len(where)]
+            got = hc_coefficients(batch, *rest, batch_invariant=True)
+            for a, b in zip(alone, got, strict=True):
+                assert torch.equal(a[:len(where)], b[where]), (dtype, rows)
 
 
 @pytest.mark.parametrize("t,h", [(1, 128), (9, 5120), (64, 1000)])
@@ -99,10 +106,10 @@ def test_hc_residual_matches_reference_and_the_two_ops(cuda_ops, ref_ops, poison
 
 
 def test_invariant_hc_residual_is_bitwise_alone_and_in_batches():
-    streams, *rest = _coefficient_args(100, 5120)
-    y = torch.randn(100, 5120, device="cuda", dtype=torch.bfloat16)
+    streams, *rest = _coefficient_args(2048, 5120)
+    y = torch.randn(2048, 5120, device="cuda", dtype=torch.bfloat16)
     alone = hc_residual(y[:1], streams[:1], *rest, batch_invariant=True)
-    for rows in (2, 17, 100):
+    for rows in (2, 17, 100, 2048):
         batch = hc_residual(y[:rows], streams[:rows], *rest, batch_invariant=True)
         for a, b in zip(alone, batch, strict=True):
             assert torch.equal(a, b[:1]), rows

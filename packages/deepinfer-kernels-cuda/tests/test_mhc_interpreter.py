@@ -3,7 +3,8 @@ interpreter's bf16 cast and dot are wrong, so the bf16 path is checked on the GP
 take one or several row blocks and projection chunks (a ragged last chunk), default and invariant mode;
 in invariant mode rows' coefficients bitwise the same alone and at other places of a batch of 70 (the
 interpreter's numpy matmul summed a row by its place in the tile on some CPUs). T = 1 and 20 take the
-latency path, T = 70 and invariant mode the rows path. The fused ops the same way: hc_residual (on the
+latency path, T = 70 and invariant mode (float32 streams) the rows path; invariant mode with bf16 streams the
+split path at every T (ROW_SUMS products here). The fused ops the same way: hc_residual (on the
 latency path its own kernel finishing the coefficients) against the reference, hc_collapse_norm bitwise
 as the collapse and norm kernels composed."""
 
@@ -98,3 +99,35 @@ print("ok")
 @pytest.mark.slow
 def test_split_projection_tiles_in_the_interpreter(run_in_interpreter):
     run_in_interpreter(_SPLIT_SCRIPT)
+
+
+# batch-invariant mode with bf16 streams: the split path at every T (ROW_SUMS products off CUDA) and the
+# one-program-per-row finish; rows bitwise alone and at other places of a batch of 70, and near the reference
+_INVARIANT_BF16_SCRIPT = r"""
+import torch
+from deepinfer.ops.reference import mhc as ref
+from deepinfer_kernels_cuda import mhc as ker
+
+g = torch.Generator().manual_seed(3)
+m, h, t = 4, 160, 70  # K 640: 3 chunks of 256, a ragged last one; two 64-row tiles
+streams = (torch.randn(t, m, h, generator=g) * 3).bfloat16()
+fn = torch.randn(m * (m + 2), m * h, generator=g) * (m * h) ** -0.5
+args = (fn, torch.randn(m * (m + 2), generator=g) * 0.5, torch.rand(3, generator=g) + 0.5, 20, 1e-6, 1e-6)
+assert ker._split_path(streams[:1], True) and not ker._split_path(streams[:1], False)
+full = ker.hc_coefficients(streams, *args, batch_invariant=True)
+for a, b in zip(full, ref.hc_coefficients(streams.float(), *args), strict=True):
+    torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+for lo, hi in ((0, 1), (6, 12), (60, 70), (63, 66)):
+    alone = ker.hc_coefficients(streams[lo:hi], *args, batch_invariant=True)
+    assert all(torch.equal(a, b[lo:hi]) for a, b in zip(alone, full, strict=True)), (lo, hi)
+y = torch.randn(t, h, generator=g).bfloat16()
+new, pre = ker.hc_residual(y, streams, *args, batch_invariant=True)
+alone, alone_pre = ker.hc_residual(y[5:6], streams[5:6], *args, batch_invariant=True)
+assert torch.equal(alone, new[5:6]) and torch.equal(alone_pre, pre[5:6])
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_invariant_bf16_split_path_in_the_interpreter(run_in_interpreter):
+    run_in_interpreter(_INVARIANT_BF16_SCRIPT)

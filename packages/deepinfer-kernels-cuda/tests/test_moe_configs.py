@@ -81,3 +81,32 @@ def test_shipped_h200_tma_entries_pass_the_checks():
             moe._check_tma(STACKED_FP4, False, h, inter, up, down)
             checked += 1
     assert checked  # the prefill buckets take the TMA kernels
+
+
+def test_invariant_tiles_keep_the_chain_and_fill_the_sms(monkeypatch):
+    """Batch-invariant tiles: INVARIANT_CONFIG's K step for FP4 (E4M3 and the FP8 shared expert may take any:
+    one MMA per K step) and one accumulator at every size; larger blocks only where their gate+up tiles
+    fill the SMs; one tile off CUDA and for float32 operands."""
+    monkeypatch.setattr(configs, "sm_count", lambda device: 132)
+    x = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device=CUDA0)
+    inv = (moe.INVARIANT_CONFIG, moe.INVARIANT_CONFIG)
+
+    def tiles(assignments, experts, fp4=True, h=5120, inter=2304, operand=x):
+        return moe.invariant_tiles(operand, assignments, experts, fp4, h, inter)
+
+    assert tiles(6 * 4096, 64) == moe.INVARIANT_PREFILL  # the cost benchmark's slice: 384 per expert
+    assert tiles(6 * 2048, 384) == moe.INVARIANT_PREFILL  # Flash width: 32 per expert
+    assert tiles(6 * 1100, 384) == moe._INVARIANT_FP4[32]  # 17 per expert
+    assert tiles(6 * 257, 384) == inv
+    assert tiles(4096, 1, fp4=False) == moe.INVARIANT_FP8[64]  # the shared expert
+    assert tiles(300, 1, fp4=False) == moe.INVARIANT_FP8[32]  # 64-token blocks: 4 x 18 tiles < 132 SMs
+    assert tiles(64, 1, fp4=False) == moe.INVARIANT_FP8[16]
+    assert tiles(6 * 4096, 64, h=5000) == moe._INVARIANT_FP4_POINTERS  # 256-row TMA tiles do not divide H
+    assert tiles(6 * 4096, 64, operand=SimpleNamespace(is_cuda=False, dtype=torch.bfloat16)) == inv
+    assert tiles(6 * 4096, 64, operand=SimpleNamespace(is_cuda=True, dtype=torch.float32)) == inv
+    for block_m, (up, down) in (*moe._INVARIANT_FP4.items(), (64, moe._INVARIANT_FP4_POINTERS)):
+        assert up.block_m == down.block_m == block_m
+        for t in (up, down):
+            assert (t.block_k, t.split_k) == (moe.INVARIANT_CONFIG.block_k, 1), t
+    for block_m, (up, down) in moe.INVARIANT_FP8.items():
+        assert up.block_m == down.block_m == block_m and up.split_k == down.split_k == 1

@@ -3,7 +3,9 @@ bitwise the same alone and in any batch, and the invariant path still matches th
 
 The bitwise check runs at Flash widths (384 experts, top-6, H 5120, I 2304), where the default path
 switches between the decode GEMVs, the tuned grouped-GEMM configs and the split-K linears with the batch
-size; half of the probe's companions are near copies of it, so its experts' tiles hold other tokens.
+size; half of the probe's companions are near copies of it, so its experts' tiles hold other tokens. The
+invariant mode's own tile changes with the batch (`moe.invariant_tiles`) are each checked bitwise against
+INVARIANT_CONFIG on the same inputs.
 Conformance: the same tolerances as test_linear_moe_cuda.py (only summation order differs).
 """
 
@@ -79,7 +81,8 @@ def test_token_output_is_bitwise_independent_of_its_batch(flash_layer, images):
     probe_mask = torch.tensor([images], device="cuda")
     alone = moe.moe(probe, flash_layer, probe_mask, batch_invariant=True)
     assert torch.isfinite(alone).all()
-    for size, pos in ((3, 1), (17, 9), (64, 50), (257, 200)):
+    # 2048 / 4096 tokens: the 64-token prefill tiles (`moe.invariant_tiles`), the shared expert's too
+    for size, pos in ((3, 1), (17, 9), (64, 50), (257, 200), (2048, 1000), (4096, 3001)):
         others = torch.randn(size, h, device="cuda", generator=gen)
         near = torch.arange(size, device="cuda") % 2 == 0  # near copies: they meet the probe's experts
         batch = torch.where(near[:, None], probe.float() + 0.05 * others, others).bfloat16()
@@ -130,3 +133,61 @@ def test_invariant_mode_needs_fp8_shared_expert(cuda_ops):
     layer = dataclasses.replace(layer, shared_w2=dense)
     with pytest.raises(ValueError, match="shared expert"):
         moe.moe(torch.randn(2, 64, device="cuda").bfloat16(), layer, batch_invariant=True)
+
+
+def _prefill_inputs(n_experts: int, tokens: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, 5120, device="cuda", generator=gen).bfloat16()
+    ids = [torch.randperm(n_experts, device="cuda", generator=gen)[:6] for _ in range(tokens)]
+    return x, torch.rand(tokens, 6, device="cuda", generator=gen), torch.stack(ids).int()
+
+
+@pytest.mark.parametrize("fp8_experts", [False, True])
+def test_invariant_prefill_tiles_keep_the_bits(fp8_experts):
+    """Every tile the invariant mode takes past INVARIANT_CONFIG's sizes, and its variants (pointer
+    kernels, another down tile, K steps of E4M3 experts), gives bitwise INVARIANT_CONFIG's expert outputs
+    (the same MMA chain per output). All run before the assertion: a failure names every tile that broke."""
+    from dataclasses import replace
+
+    from deepinfer_kernels_cuda import moe
+    from deepinfer_kernels_cuda.configs import TileConfig
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    experts = moe.prepare_experts(*_random_fp4(64, 2304, 5120, gen), *_random_fp4(64, 2304, 5120, gen),
+                                  *_random_fp4(64, 5120, 2304, gen), fp8=fp8_experts)
+    x, weights, ids = _prefill_inputs(64, 2048, seed=4)  # 64 experts: 192 assignments each
+    want = moe.routed_experts(x, weights, ids, experts, 10.0, moe.INVARIANT_CONFIG)
+    up, down = moe.invariant_tiles(x, ids.numel(), 64, not fp8_experts, 5120, 2304)
+    assert (up, down) != (moe.INVARIANT_CONFIG, moe.INVARIANT_CONFIG)
+    if fp8_experts:
+        variants = {f"{bm} tokens": tiles for bm, tiles in moe.INVARIANT_FP8.items()}
+        variants["K steps 64 / 128"] = (replace(up, block_k=64), replace(down, block_k=128))
+    else:
+        variants = {"taken": (up, down), "pointer kernels": moe._INVARIANT_FP4_POINTERS,
+                    "down 128 rows": (up, TileConfig(128, 64, 128, 1, 8, 3, tma=3)),
+                    "down by pointers": (up, replace(down, tma=1)), "32 tokens": moe._INVARIANT_FP4[32]}
+    broke = [name for name, (u, d) in variants.items()
+             if not torch.equal(moe.routed_experts(x, weights, ids, experts, 10.0, u, d), want)]
+    assert not broke, broke
+
+
+def test_invariant_shared_expert_tiles_keep_the_bits(flash_layer):
+    """The FP8 shared expert (a one-expert MLP through the grouped kernels) at each of its invariant tiles
+    and at INVARIANT_CONFIG: bitwise; and `_shared_expert_invariant` takes the 64-token tiles at 2048."""
+    from deepinfer_kernels_cuda import moe
+
+    x, _, _ = _prefill_inputs(64, 2048, seed=5)
+    w1, w3, w2 = flash_layer.shared_w1, flash_layer.shared_w3, flash_layer.shared_w2
+    mlp = moe._Mlp(w1.weight, w1.scale, w3.weight, w3.scale, w2.weight, w2.scale, True, 32, False)
+    ones = torch.ones((len(x), 1), dtype=torch.float32, device="cuda")
+    zeros = torch.zeros((len(x), 1), dtype=torch.int32, device="cuda")
+
+    def run(up, down):
+        return moe._grouped_mlp(x, ones, zeros, mlp, 1, 2304, 10.0, up, down_cfg=down)
+
+    want = run(moe.INVARIANT_CONFIG, moe.INVARIANT_CONFIG)
+    assert moe.invariant_tiles(x, len(x), 1, False, 5120, 2304) == moe.INVARIANT_FP8[64]
+    broke = [bm for bm, tiles in moe.INVARIANT_FP8.items() if not torch.equal(run(*tiles), want)]
+    assert not broke, broke
+    assert torch.equal(moe._shared_expert_invariant(x, flash_layer), want)
+

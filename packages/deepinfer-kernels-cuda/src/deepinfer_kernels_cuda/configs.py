@@ -142,7 +142,7 @@ def is_gemv(cfg: TileConfig) -> bool:
 @cache
 def default_invariant_linear(kind: str, n: int, k: int, sm_count: int = SM_COUNT_FALLBACK) -> TileConfig:
     """Base batch-invariant config of a linear (`linear._invariant_tiles` uses it as it is up to 16 tokens
-    and derives the tiles of larger M from it, keeping its K steps and split): decode-sized tiles (64
+    and derives the tiles of larger M from it, keeping its split and K order): decode-sized tiles (64
     weight rows, 16 tokens, K steps of 128 FP8/FP4 or 64 dense columns, 3 stages) and a split-K count from
     the shape alone, doubled while the row tiles times the splits stay under three programs per SM and
     every split keeps >= 2 K steps (at M = 1 the weight must stream from all SMs; at large M the splits

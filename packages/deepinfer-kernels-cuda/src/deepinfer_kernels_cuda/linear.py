@@ -33,11 +33,12 @@ from BF16 operands without the reference's float32 copy of the weight.
 Batch-invariant mode (`batch_invariant=True`; docs/performance.md): every kind, at every M, runs the tiled
 kernel with one base config per weight shape (`configs.invariant_linear`: decode-sized tiles, fixed K
 steps and a fixed split-K count whose partials are summed in a fixed order), so a row's reduction order
-never depends on the batch. Larger M take larger tiles with the same K steps and split (on CUDA with
-16-bit operands, where the wgmma chain makes the tile shape irrelevant to each output's sums; see
-`_invariant_tiles`), and sum the splits inside each program once the tiles fill the SMs. From DEQUANT_M
-tokens the weight is decoded once and the same kernel runs on the dense copy: the same decoded values
-meet the same MMAs in the same order, so the bits are those of the in-register decode.
+never depends on the batch. Larger M take larger tiles with the same split and K order (on CUDA with
+16-bit operands, where the wgmma chain makes the tile shape and, past 64 tokens, the K step irrelevant to
+each output's sums; see `_invariant_tiles`), and sum the splits inside each program, in one pipelined loop
+over the K steps, once the tiles fill the SMs. From DEQUANT_M tokens the weight is decoded once and the
+same kernel runs on the dense copy: the same decoded values meet the same MMAs in the same order, so the
+bits are those of the in-register decode.
 """
 
 from __future__ import annotations
@@ -145,6 +146,25 @@ def dot_acc(a, b, acc, IEEE: tl.constexpr, ROW_SUMS: tl.constexpr = False):
 
 
 @triton.jit
+def _k_step(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k0, k_hi, acc,
+            stride_xm, stride_wn, stride_sn, KIND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+            IEEE: tl.constexpr, EVEN_K: tl.constexpr, ROW_SUMS: tl.constexpr):
+    """acc + the products of columns k0..k0+BK (none past k_hi)."""
+    offs_k = k0 + tl.arange(0, BK)
+    k_in = offs_k < k_hi if not EVEN_K else tl.full((BK,), True, tl.int1)  # ragged K: dense only
+    xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (x_col + offs_k)[:, None],
+                 mask=m_mask[None, :] & k_in[:, None], other=0.0)
+    if KIND == 0:
+        w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _BLOCK_ROWS)
+    elif KIND == 1:
+        w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
+    else:  # dense; rows past N only feed output rows that are never stored
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
+                    mask=n_mask[:, None] & k_in[None, :], other=0.0)
+    return dot_acc(w.to(xt.dtype), xt, acc, IEEE, ROW_SUMS)
+
+
+@triton.jit
 def _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo, k_hi,
                   stride_xm, stride_wn, stride_sn, KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                   BK: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, ROW_SUMS: tl.constexpr = False):
@@ -154,19 +174,32 @@ def _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_
     # every split has columns (`_split`); with no zero-trip path ptxas keeps wgmmas in flight (else C7515)
     tl.assume(k_hi > k_lo)
     for k0 in range(k_lo, k_hi, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        k_in = offs_k < k_hi if not EVEN_K else tl.full((BK,), True, tl.int1)  # ragged K: dense only
-        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (x_col + offs_k)[:, None],
-                     mask=m_mask[None, :] & k_in[:, None], other=0.0)
-        if KIND == 0:
-            w = fp8_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK, _BLOCK_ROWS)
-        elif KIND == 1:
-            w = fp4_group_tile(w_ptr, s_ptr, offs_n, k0, n_mask, stride_wn, stride_sn, BN, BK)
-        else:  # dense; rows past N only feed output rows that are never stored
-            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
-                        mask=n_mask[:, None] & k_in[None, :], other=0.0)
-        acc = dot_acc(w.to(xt.dtype), xt, acc, IEEE, ROW_SUMS)
+        acc = _k_step(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k0, k_hi, acc,
+                      stride_xm, stride_wn, stride_sn, KIND, BN, BK, IEEE, EVEN_K, ROW_SUMS)
     return acc
+
+
+@triton.jit
+def _split_loop_sums(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, K, k_per_split,
+                     stride_xm, stride_wn, stride_sn, KIND: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                     BK: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, ROW_SUMS: tl.constexpr):
+    """Every split of K summed in one loop over the K steps, so the loads stay pipelined across the splits'
+    boundaries (a loop per split drained the pipeline every 2-3 steps: q_a+kv's 14 splits of 3 steps):
+    each split's chain from zero, added to the total in split order, split 0 taken as it is: the float32
+    operations of the split grid plus `_split_reduce_kernel`. sm_90 compile (Triton 3.9): the K steps
+    keep one wgmma group in flight; a split's end waits for its chain, adds it and zeroes the accumulator
+    (no ptxas serialisation warning)."""
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    total = tl.zeros((BN, BM), dtype=tl.float32)
+    tl.assume(K > 0)  # no zero-trip path (C7515, `_tile_k_steps`)
+    for k0 in range(0, K, BK):
+        acc = _k_step(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k0, K, acc,
+                      stride_xm, stride_wn, stride_sn, KIND, BN, BK, IEEE, EVEN_K, ROW_SUMS)
+        end = k0 + BK
+        if end % k_per_split == 0 or end >= K:  # a split's last step (splits are whole K steps)
+            total = tl.where(end <= k_per_split, acc, total + acc)
+            acc = tl.zeros((BN, BM), dtype=tl.float32)
+    return total
 
 
 @triton.jit
@@ -185,17 +218,9 @@ def _block_linear_kernel(
     n_mask = offs_n < N
     m_mask = offs_m < M
     x_col = (pid_n * BN // rows_per_group) * K  # the group's input chunk (BN divides rows_per_group)
-    if SPLIT_LOOP:
-        # every split of K in this one program, each summed from zero and added in split order: the
-        # float32 operations of the split grid plus `_split_reduce_kernel` (partial 0, + partial 1, ...),
-        # so the bits do not depend on which of the two ran (batch-invariant mode picks by grid size)
-        acc = _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, 0,
-                            tl.minimum(k_per_split, K), stride_xm, stride_wn, stride_sn,
-                            KIND, BN, BM, BK, IEEE, EVEN_K, ROW_SUMS)
-        for k_lo in range(k_per_split, K, k_per_split):
-            acc += _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo,
-                                 tl.minimum(k_lo + k_per_split, K), stride_xm, stride_wn, stride_sn,
-                                 KIND, BN, BM, BK, IEEE, EVEN_K, ROW_SUMS)
+    if SPLIT_LOOP:  # every split in this program (batch-invariant mode picks it or the grid by grid size)
+        acc = _split_loop_sums(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, K, k_per_split,
+                               stride_xm, stride_wn, stride_sn, KIND, BN, BM, BK, IEEE, EVEN_K, ROW_SUMS)
     else:
         k_lo = pid_k * k_per_split
         acc = _tile_k_steps(x_ptr, w_ptr, s_ptr, offs_n, offs_m, n_mask, m_mask, x_col, k_lo,
@@ -364,20 +389,22 @@ def _tiled_config(x: torch.Tensor, w: PreparedLinear, cfg: configs.TileConfig) -
 
 def tiled_linear(
     x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig,
-    split_loop: bool = False, row_sums: bool = False,
+    split_loop: bool = False, row_sums: bool = False, k_step: int = 0,
 ) -> torch.Tensor:
     """x [M, groups * K] -> [M, N] through the tiled MMA kernel at `cfg` (any kind, any M); split_loop:
     each program sums cfg's K splits itself, in split order (the same bits as the split grid); row_sums
-    (interpreter only, batch-invariant mode): products summed by tl.sum, not tl.dot (`dot_acc`)."""
+    (interpreter only, batch-invariant mode): products summed by tl.sum, not tl.dot (`dot_acc`); k_step:
+    columns per K step where it divides cfg's (whose K steps still place the split boundaries)."""
     if row_sums and x.is_cuda:
         raise ValueError("tiled linear: row_sums is the interpreter's path (CUDA keeps tl.dot)")
     x = _operand(x, w, out_dtype)
     cfg = _tiled_config(x, w, cfg)
     k = w.in_features
+    bk = k_step if k_step and cfg.block_k % k_step == 0 else cfg.block_k
     return _launch(
         _block_linear_kernel, triton.cdiv(w.out_features, cfg.block_n), triton.cdiv(x.shape[0], cfg.block_m),
         x, w, out_dtype, cfg, split_loop, KIND=_KIND_CODE[w.kind], BN=cfg.block_n, BM=cfg.block_m,
-        BK=cfg.block_k, IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0, ROW_SUMS=row_sums,
+        BK=bk, IEEE=x.dtype == torch.float32, EVEN_K=k % bk == 0, ROW_SUMS=row_sums,
     )
 
 
@@ -459,19 +486,22 @@ def _as_dense(prepared: reference_linear.ReferenceLinear, dtype: torch.dtype) ->
 
 
 def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
-                     weight_bytes: int = 2) -> tuple[configs.TileConfig, bool]:
-    """Batch-invariant tiles at M tokens: (config, split inside each program).
+                     weight_bytes: int = 2) -> tuple[configs.TileConfig, bool, int]:
+    """Batch-invariant tiles at M tokens: (config, split inside each program, columns per K step; 0: the
+    config's).
 
-    Each output's float32 operations are fixed by the K steps and the split (`_tiled_config` of the base
-    config and the weight shape), which never change. On CUDA with 16-bit operands the MMA is wgmma, and a
-    wgmma chain gives each output the same k16 products and adds whatever the token tile (its N side), the
-    rows per tile (one m64 MMA per warpgroup) and the warps or pipeline stages: those follow M there (the
-    base's decode tile up to 16 tokens, 32/64-token tiles to 64, then 128-row tiles of 8 warps as far as
-    shared memory allows; `weight_bytes`: bytes per stored weight element, 1 where decoded in registers).
-    Float32 operands (FMA dots) and the interpreter (numpy matmuls, whose sums depend on the matrix
-    shapes) keep one tile, the base's with 64 tokens. The split runs as a grid plus `_split_reduce_kernel`
-    while the output tiles alone leave SMs idle (half of them past 64 tokens), else inside each program
-    (`SPLIT_LOOP`: the same adds)."""
+    Each output's float32 operations are fixed by the K splits (`_tiled_config` of the base config and the
+    weight shape, `_split`) and the MMA's K order, which never change. On CUDA with 16-bit operands the
+    MMA is wgmma, and a wgmma chain gives each output the same k16 products and adds in K order whatever
+    the token tile (its N side), the rows per tile (one m64 MMA per warpgroup), the columns per K step
+    (k16 MMAs in column order; one MMA per step here, as the weight is decoded whole), the warps or the
+    pipeline stages: those follow M there (the base's decode tile up to 16 tokens, 32/64-token tiles to
+    64, then `INVARIANT_LARGE_TILES` as far as an estimate of the shared memory allows; `weight_bytes`:
+    bytes per stored weight element, 1 where decoded in registers). Float32 operands (FMA dots) and the
+    interpreter (numpy matmuls, whose sums depend on the matrix shapes) keep one tile, the base's with 64
+    tokens. The split runs as a grid plus `_split_reduce_kernel` while the output tiles alone leave SMs
+    idle (half of them past 64 tokens), else inside each program (`SPLIT_LOOP`: the same adds)."""
+    k_step = 0
     if not x.is_cuda or x.dtype == torch.float32:
         cfg = replace(base, block_m=64)
     elif m <= 16:
@@ -479,27 +509,33 @@ def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
     elif m <= 64:
         cfg = replace(base, block_m=configs.m_bucket(m))
     else:  # the first large tile whose stages fit the shared memory, else the smallest
-        for bn, bm, warps, stages in _LARGE_TILES:
+        for bn, bm, bk, warps, stages in INVARIANT_LARGE_TILES:
             cfg = replace(base, block_n=max(base.block_n, bn), block_m=bm, num_warps=warps, num_stages=stages)
-            if _smem_bytes(cfg, weight_bytes) <= _SMEM_BUDGET:
+            k_step = bk if bk and base.block_k % bk == 0 else 0
+            if _smem_bytes(cfg, weight_bytes, k_step) <= _SMEM_BUDGET:
                 break
     tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
     # past 64 tokens the partial sums outweigh a wave's idle SMs sooner (kv at 2048 tokens: 128 tiles x 16
     # splits of float32 partials, 64 MB, made it 3.3x the default)
-    return cfg, base.split_k > 1 and tiles * (2 if m > 64 else 1) >= configs.sm_count(x.device)
+    return cfg, base.split_k > 1 and tiles * (2 if m > 64 else 1) >= configs.sm_count(x.device), k_step
 
 
-# invariant tiles past 64 tokens, best first: (rows, tokens, warps, stages)
-_LARGE_TILES = ((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2))
+# invariant tiles past 64 tokens, best first: (rows, tokens, K step (0: the base's), warps, stages). K steps
+# of 64 (the base configs take 128-256 at M = 1) quarter a 128 x 128 stage of BF16 operands to 32 KB: four
+# stages, or two programs per SM at three (without an in-program split: 108 registers at 8 warps), where
+# 128-column steps had room for 3 stages and one program (sm_90 compile, Triton 3.9). Module-level:
+# benchmarks swap them.
+INVARIANT_LARGE_TILES = ((128, 128, 64, 8, 4), (128, 64, 64, 8, 4), (128, 64, 64, 8, 2), (64, 64, 64, 4, 2))
 _SMEM_BUDGET = 200 << 10  # of the H100/H200's 227 KB per block, with room for Triton's own scratch
 
 
-def _smem_bytes(cfg: configs.TileConfig, weight_bytes: int) -> int:
+def _smem_bytes(cfg: configs.TileConfig, weight_bytes: int, k_step: int = 0) -> int:
     """Shared memory of a tiled-kernel config, estimated: its pipeline stages of weight and input tiles
     plus, for a weight decoded in registers (1-byte storage), one BF16 tile for the move into the MMA's
     operand layout."""
-    stage = cfg.block_n * cfg.block_k * weight_bytes + cfg.block_k * cfg.block_m * 2
-    return cfg.num_stages * stage + (cfg.block_n * cfg.block_k * 2 if weight_bytes == 1 else 0)
+    bk = k_step or cfg.block_k
+    stage = cfg.block_n * bk * weight_bytes + bk * cfg.block_m * 2
+    return cfg.num_stages * stage + (cfg.block_n * bk * 2 if weight_bytes == 1 else 0)
 
 
 def linear(
@@ -529,10 +565,10 @@ def linear(
             # the same K steps and MMAs on the weight decoded once: the in-register decode's bits
             prepared = _decoded(prepared, compute_dtype(x.dtype, out_dtype))
         x2 = _operand(x2, prepared, out_dtype)
-        cfg, split_loop = _invariant_tiles(base, x2.shape[0], n, x2, prepared.weight.element_size())
+        cfg, split_loop, k_step = _invariant_tiles(base, x2.shape[0], n, x2, prepared.weight.element_size())
         # off CUDA (the interpreter) products summed by tl.sum: its numpy matmul's sums follow a
         # token's place in the tile (`dot_acc`)
-        y = tiled_linear(x2, prepared, out_dtype, cfg, split_loop, row_sums=not x2.is_cuda)
+        y = tiled_linear(x2, prepared, out_dtype, cfg, split_loop, row_sums=not x2.is_cuda, k_step=k_step)
     elif prepared.kind == "dense":
         y = dense_linear(x2, prepared, out_dtype)
     elif x2.shape[0] >= configs.DEQUANT_M:

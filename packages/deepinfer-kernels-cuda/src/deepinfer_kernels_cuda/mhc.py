@@ -16,10 +16,15 @@ matmul). Two paths, measured on the H200 (2026-12-02):
   256-column chunks (longer chains in the tensor cores' accumulators lost float32 accuracy: 1024-column
   chunks missed the reference's expansion by 2-3 bf16 ulps in 36 of 42M values at T=2048), finish
   programs of 8 rows. T=2048: projection 44 us, finish 38 us, split 2.6 us (H200, profile_step, session 10).
-* rows (float32 streams past 64 rows, and batch-invariant mode at every T): 3xTF32 in 64-row tiles (16
-  at T <= 16 outside invariant mode) over 512-column chunks, finish programs of 32 rows summing the chunks
-  in order. T=2048 160 us.
-`batch_invariant` keeps the rows path with 64-row tiles at every T, so a row's bits do not depend on T.
+* rows (float32 streams past 64 rows, and their batch-invariant mode at every T): 3xTF32 in 64-row tiles
+  (16 at T <= 16 outside invariant mode) over 512-column chunks, finish programs of 32 rows summing the
+  chunks in order. T=2048 160 us.
+`batch_invariant` takes one path at every T, so a row's bits do not depend on T: for bf16 streams the split
+path (its tiles never depended on T; a row's products are a wgmma row, whatever its place in the 64-row
+tile) finished by one program per row (`_hc_finish_row_kernel`: the chunk sums as one tree, as on the
+latency path: fast at T=1, where the 8-row finish's chunk loop is one program's latency), for float32 ones
+the rows path. Before, bf16 streams took the rows path in invariant mode too (H200: 33.5 us at T=1 against
+the latency kernels' 10.7; 160 us at T=2048 against the split path's ~85).
 Fused ops: `hc_residual` (coefficients + expansion; on the latency path each expansion program finishes
 its row's coefficients from the partials, so no finish launch) and `hc_collapse_norm` (collapse +
 RMSNorm in one program per row).
@@ -132,8 +137,17 @@ def _split_bf16x3_kernel(fn_ptr, out_ptr, n_out, K, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
+def _part_dot(x, w, acc, ROW_SUMS: tl.constexpr):
+    """acc + x . w: tl.dot, or with ROW_SUMS (batch-invariant mode in the interpreter) the products summed
+    over K by tl.sum (`_hc_project_kernel`'s docstring)."""
+    if ROW_SUMS:
+        return acc + tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+    return tl.dot(x, w, acc)
+
+
+@triton.jit
 def _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, acc, sq, BLOCK_K: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+                BLOCK_N: tl.constexpr, ROW_SUMS: tl.constexpr = False):
     """One BLOCK_K step of `_hc_project_split_kernel`: acc + the three products, sq + the squares."""
     k = k0 + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + t[:, None].to(tl.int64) * x_stride + k[None, :],
@@ -142,23 +156,24 @@ def _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, acc, sq, BLOCK_K: tl.con
     kmask = (k < K)[:, None]
     xf = x.to(tl.float32)
     sq += tl.sum(xf * xf, axis=1)
-    acc = tl.dot(x, tl.load(w, mask=kmask, other=0.0), acc)
-    acc = tl.dot(x, tl.load(w + BLOCK_N * K, mask=kmask, other=0.0), acc)
-    acc = tl.dot(x, tl.load(w + 2 * BLOCK_N * K, mask=kmask, other=0.0), acc)
+    acc = _part_dot(x, tl.load(w, mask=kmask, other=0.0), acc, ROW_SUMS)
+    acc = _part_dot(x, tl.load(w + BLOCK_N * K, mask=kmask, other=0.0), acc, ROW_SUMS)
+    acc = _part_dot(x, tl.load(w + 2 * BLOCK_N * K, mask=kmask, other=0.0), acc, ROW_SUMS)
     return acc, sq
 
 
 @triton.jit(do_not_specialize=["T"])
 def _hc_project_split_kernel(
     x_ptr, w_ptr, part_ptr, sq_ptr, T, K, x_stride, K_CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, CHAIN: tl.constexpr = 0,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, CHAIN: tl.constexpr = 0, ROW_SUMS: tl.constexpr = False,
 ):
     """`_hc_project_kernel`'s partials for bf16 streams against the matrix already split in its three
     bf16 parts (w [3, BLOCK_N, K]: lo, mid, hi): both operands of the three products enter the tensor
     cores straight from memory, so the loads are pipelined (the streams are read once, at copy speed).
     CHAIN (0: K_CHUNK) < K_CHUNK: the tensor cores accumulate CHAIN columns at a time, each chain's sum
     added to the program's in float32 registers (their accumulation loses accuracy with the chain's
-    length: `_SPLIT_TILE`), so a program may cover more columns, and the finish read fewer partials."""
+    length: `_SPLIT_TILE`), so a program may cover more columns, and the finish read fewer partials.
+    ROW_SUMS: `_part_dot`."""
     pid_t, split = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     j = tl.arange(0, BLOCK_N)
@@ -167,12 +182,13 @@ def _hc_project_split_kernel(
     end = tl.minimum(split * K_CHUNK + K_CHUNK, K)
     if CHAIN == 0 or CHAIN >= K_CHUNK:  # the measured default (session 10): one chain a program
         for k0 in range(split * K_CHUNK, end, BLOCK_K):
-            acc, sq = _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, acc, sq, BLOCK_K, BLOCK_N)
+            acc, sq = _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, acc, sq, BLOCK_K, BLOCK_N, ROW_SUMS)
     else:
         for c0 in range(split * K_CHUNK, end, CHAIN):
             chain = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
             for k0 in range(c0, tl.minimum(c0 + CHAIN, end), BLOCK_K):
-                chain, sq = _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, chain, sq, BLOCK_K, BLOCK_N)
+                chain, sq = _split_step(x_ptr, w_ptr, t, j, k0, T, K, x_stride, chain, sq, BLOCK_K, BLOCK_N,
+                                        ROW_SUMS)
             acc += chain
     base = split.to(tl.int64) * T + t
     tl.store(part_ptr + base[:, None] * BLOCK_N + j[None, :], acc, mask=(t < T)[:, None])
@@ -268,8 +284,9 @@ def _check_coefficients(streams: torch.Tensor, fn: torch.Tensor, base: torch.Ten
 
 
 def _split_path(streams: torch.Tensor, batch_invariant: bool) -> bool:
-    """Whether the projection takes the split path (`_hc_project_split_kernel`)."""
-    return streams.shape[0] > _LATENCY_ROWS and not batch_invariant and streams.dtype == torch.bfloat16
+    """Whether the projection takes the split path (`_hc_project_split_kernel`): bf16 streams past
+    _LATENCY_ROWS rows, and in batch-invariant mode at every T."""
+    return streams.dtype == torch.bfloat16 and (batch_invariant or streams.shape[0] > _LATENCY_ROWS)
 
 
 def _project(streams: torch.Tensor, fn: torch.Tensor, latency: bool, batch_invariant: bool
@@ -291,7 +308,8 @@ def _project(streams: torch.Tensor, fn: torch.Tensor, latency: bool, batch_invar
         part = torch.empty(splits, t, block_n, dtype=torch.float32, device=x.device)
         sq = torch.empty(splits, t, dtype=torch.float32, device=x.device)
         _hc_project_split_kernel[(triton.cdiv(t, _SPLIT_TILE["BLOCK_T"]), splits)](
-            x, parts, part, sq, t, k, x.stride(0), BLOCK_N=block_n, **_SPLIT_TILE)
+            x, parts, part, sq, t, k, x.stride(0), BLOCK_N=block_n,
+            ROW_SUMS=batch_invariant and not x.is_cuda, **_SPLIT_TILE)
         return part, sq
     block_t = 16 if latency or (t <= 16 and not batch_invariant) else 64
     chunk = _LATENCY_CHUNK if latency else _ROWS_CHUNK
@@ -321,8 +339,8 @@ def hc_coefficients(
     batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pre [T, m], post [T, m], comb [T, m, m]) in float32 from streams [T, m, H]. `batch_invariant`:
-    one tile height and one chunk size for any T (the product's tensor-core instruction shape and the
-    order of the chunk sums follow them)."""
+    one path for any T (module docstring): its tile height, chunk size and finish fix the product's
+    tensor-core instruction shape and the order of the chunk sums."""
     _check_coefficients(streams, fn, base, scale, sinkhorn_iters)
     t, m, h = streams.shape
     dev = streams.device
@@ -335,7 +353,7 @@ def hc_coefficients(
     latency = t <= _LATENCY_ROWS and not batch_invariant
     part, sq = _project(streams, fn, latency, batch_invariant)
     splits, block_n = part.shape[0], part.shape[2]
-    if latency:
+    if latency or (batch_invariant and _split_path(streams, batch_invariant)):
         _hc_finish_row_kernel[(t,)](
             part, sq, base, scale, pre, post, comb, t, m * h, splits, hc_eps, norm_eps, ITERS=sinkhorn_iters,
             M=m, SPLITS=triton.next_power_of_2(splits), BLOCK_N=block_n, num_warps=1,

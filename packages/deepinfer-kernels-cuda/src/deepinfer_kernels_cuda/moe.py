@@ -20,7 +20,8 @@ tile's split_k > 1 one program per slot and the last to arrive combining). Else 
 routing, gate+up, down, the shared expert's gate+up GEMV and down linear, combine (8 launches).
 
 Batch-invariant mode (`batch_invariant=True`) trades that size-dependent choice for one fixed path: a
-fixed-tile router GEMM instead of cuBLAS, the grouped kernels at INVARIANT_CONFIG at every size (never the
+fixed-tile router GEMM instead of cuBLAS, the grouped kernels with INVARIANT_CONFIG's MMA chain per output
+at every size (its tiles, or at prefill sizes larger ones with the same chain: `invariant_tiles`; never the
 GEMVs), and the FP8 shared expert as a one-expert MLP through the same kernels.
 
 Each GEMM program owns one expert block of tokens and one tile of weight rows, and programs of inactive
@@ -1124,10 +1125,50 @@ def _down_tma(act: torch.Tensor, mlp: _Mlp, al: Alignment, y: torch.Tensor, cfg:
     )
 
 
-# Batch-invariant mode: one tile config for every batch, no GEMV path, so a row's reduction order is fixed
-# by the weight shape alone (an output element's MMA chain never depends on the other rows of its tile)
+# Batch-invariant mode: one MMA chain per output for every batch, no GEMV path, so a row's reduction order
+# is fixed by the weight shape alone (an output element's MMA chain never depends on the other rows of its
+# tile). INVARIANT_CONFIG sets the chain (K steps of 128; FP4: the low nibbles' MMA, then the high
+# nibbles', into one accumulator) and is the tile of few assignments per expert (`invariant_tiles`)
 INVARIANT_CONFIG = configs.TileConfig(block_n=64, block_m=16, block_k=128, split_k=1, num_warps=4,
                                       num_stages=4)
+# More assignments per expert (a prefill) take tiles with that chain, changing only what a wgmma chain makes
+# irrelevant to each output's sums: rows per tile (an m64 MMA per warpgroup), tokens per expert block (the
+# MMA's N side), warps, stages, registers, TMA loads (bitwise the pointer kernels). 16-token blocks decode
+# each expert's weights once per 16 tokens: 4x the decode work of the default's 64-token blocks.
+# FP4 experts' (gate+up, down) per tokens per block: 64 = the H200 table's 2048/4096-token gate+up tile (its
+# K step is 128 already) and its down tile with K steps of 128 instead of 64 (207 registers, no spill; sm_90
+# compile here, Triton 3.9), by pointers where the TMA tiles do not divide the rows; 32 = the table's
+# 8192-assignment tile.
+INVARIANT_PREFILL = (configs.TileConfig(128, 64, 128, 1, 8, 3, maxnreg=128, tma=1),
+                     configs.TileConfig(256, 64, 128, 1, 8, 3, tma=1 | TMA_ACTS))
+_INVARIANT_FP4 = {16: (INVARIANT_CONFIG, INVARIANT_CONFIG),
+                  32: (replace(INVARIANT_CONFIG, block_m=32),) * 2,
+                  64: INVARIANT_PREFILL}
+_INVARIANT_FP4_POINTERS = (configs.TileConfig(128, 64, 128, 1, 8, 3),) * 2
+# FP8 weights (the shared expert, E4M3 experts; pointer kernels): one MMA per K step leaves the chain as it
+# is whatever the K step, and gate+up steps of 32 keep the two decoded tiles in registers (the same compile:
+# at 128 columns 64x16 tiles spill 708 bytes, 64x32 812, 128x64 956; at 32 none, 162-232 registers)
+INVARIANT_FP8 = {16: (configs.TileConfig(64, 16, 32, 1, 4, 4), INVARIANT_CONFIG),
+                 32: (configs.TileConfig(64, 32, 32, 1, 4, 4), configs.TileConfig(64, 32, 64, 1, 4, 4)),
+                 64: (configs.TileConfig(128, 64, 32, 1, 8, 4), configs.TileConfig(128, 64, 64, 1, 8, 3))}
+
+
+def invariant_tiles(x: torch.Tensor, assignments: int, n_experts: int, fp4: bool, h: int, inter: int
+                    ) -> tuple[configs.TileConfig, configs.TileConfig]:
+    """(gate+up, down) tiles of the batch-invariant grouped path, all with INVARIANT_CONFIG's chain:
+    64-token blocks from 24 mean assignments per expert, 32-token ones from 16, each only while its gate+up
+    tiles still fill the SMs (the one-expert shared MLP of a few hundred tokens), else 16; INVARIANT_CONFIG
+    always off CUDA or for float32 operands (FMA dots, the interpreter's numpy matmul: one tile there)."""
+    if not x.is_cuda or x.dtype == torch.float32:
+        return INVARIANT_CONFIG, INVARIANT_CONFIG
+    tiles = dict(_INVARIANT_FP4) if fp4 else INVARIANT_FP8
+    if fp4 and (inter % INVARIANT_PREFILL[0].block_n or h % INVARIANT_PREFILL[1].block_n):
+        tiles[64] = _INVARIANT_FP4_POINTERS  # the TMA kernels take whole tiles
+    per_expert, sms = assignments / n_experts, configs.sm_count(x.device)
+    for block_m, least in ((64, 24), (32, 16)):
+        if per_expert >= least and assignments // block_m * (inter // tiles[block_m][0].block_n) >= sms:
+            return tiles[block_m]
+    return tiles[16]
 
 
 def routed_experts(
@@ -1274,8 +1315,11 @@ def moe(
         shared = _shared_expert_invariant(xe, layer) if batch_invariant else _shared_expert(xe, layer)
     logits = router_logits(x2, layer.gate, batch_invariant=batch_invariant)
     weights, ids = route(logits, layer.bias, layer.bias_vl, mask, layer.topk, layer.route_scale)
-    cfg = INVARIANT_CONFIG if batch_invariant else None
-    y = routed_experts(xe, weights, ids, layer.experts, layer.swiglu_limit, cfg, row_sums=row_sums)
+    p = layer.experts
+    cfg = down = None
+    if batch_invariant:
+        cfg, down = invariant_tiles(xe, ids.numel(), p.n_experts, not p.fp8, p.hidden, p.inter)
+    y = routed_experts(xe, weights, ids, p, layer.swiglu_limit, cfg, down, row_sums=row_sums)
     if side is not None:
         main.wait_stream(side)
     out = torch.empty((x2.shape[0], shape[-1]), dtype=layer.dtype, device=x.device)
@@ -1375,8 +1419,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
 
 
 def _shared_expert_invariant(x: torch.Tensor, layer: Any) -> torch.Tensor:
-    """The shared expert as a one-expert MLP through the grouped kernels at INVARIANT_CONFIG (routing
-    weight 1: exact), the same rounding points as `_shared_expert`."""
+    """The shared expert as a one-expert MLP through the grouped kernels at INVARIANT_CONFIG's chain
+    (`invariant_tiles`; routing weight 1: exact), the same rounding points as `_shared_expert`."""
     w1, w3, w2 = layer.shared_w1, layer.shared_w3, layer.shared_w2
     if not all(_is_fp8_block(w) for w in (w1, w3, w2)):
         kinds = [getattr(w, "kind", type(w).__name__) for w in (w1, w3, w2)]
@@ -1387,5 +1431,6 @@ def _shared_expert_invariant(x: torch.Tensor, layer: Any) -> torch.Tensor:
         return torch.empty((0, w2.out_features), dtype=x.dtype, device=x.device)
     ones = torch.ones((t, 1), dtype=torch.float32, device=x.device)
     zeros = torch.zeros((t, 1), dtype=torch.int32, device=x.device)
-    return _grouped_mlp(x, ones, zeros, mlp, 1, w1.out_features, layer.swiglu_limit, INVARIANT_CONFIG,
+    up, down = invariant_tiles(x, t, 1, False, w2.out_features, w1.out_features)
+    return _grouped_mlp(x, ones, zeros, mlp, 1, w1.out_features, layer.swiglu_limit, up, down_cfg=down,
                         row_sums=not x.is_cuda)
