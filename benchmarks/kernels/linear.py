@@ -21,7 +21,10 @@ import datetime
 import functools
 import importlib.util
 import json
+import math
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -344,6 +347,97 @@ def invariant_table(out: Path, names: list[str], tokens: tuple[int, ...], table_
         write(out, "linear_invariant_sweep", sweep, header)
 
 
+# persistent TMA GEMV tries at M = 1: (rows per box, columns per K step, stages, programs per SM); boxes of
+# 4-8 KB with 256-byte rows, ~40-50 KB of them in flight per SM
+TMA_TRIES = ((32, 256, 4, 2), (16, 512, 4, 2), (8, 1024, 4, 2), (4, 2048, 4, 2), (8, 512, 4, 4),
+             (16, 256, 4, 4), (16, 256, 6, 2), (4, 1024, 4, 4))
+
+
+def tma_candidates(n: int, k: int, sms: int, count: int = 6) -> list[configs.TileConfig]:
+    """The first `count` TMA_TRIES whose K step divides K, those whose row blocks come to within 10% of
+    whole rounds over the SMs first (the programs split the blocks, so a partial round idles SMs)."""
+    def uneven(bn: int) -> bool:
+        rounds = n // bn / sms
+        return rounds / math.ceil(rounds) < 0.9
+
+    tries = sorted((t for t in TMA_TRIES if k % t[1] == 0), key=lambda t: uneven(t[0]))
+    return [configs.TileConfig(bn, 1, bk, per_sm, 4, stages, tma=1)
+            for bn, bk, stages, per_sm in tries[:count]]
+
+
+def _m1_call(x: torch.Tensor, cfg: configs.TileConfig | None):
+    """fn(prepared) at one token: the default path (cfg None) or the GEMV at cfg."""
+    if cfg is None:
+        return lambda p: linear.linear(x, p, torch.bfloat16)
+    return lambda p: linear.gemv_linear(x, p, torch.bfloat16, cfg)
+
+
+def _warm(name: str, cfgs: list[configs.TileConfig | None]) -> None:
+    """Compiles `name`'s calls at `cfgs` (None: the table's path) into Triton's disk cache (run in child
+    processes: the compiles of several shapes go side by side)."""
+    n, k, groups, kind = FLASH_LINEARS[name]
+    ours = linear.prepare_linear(kind, *make_weight(n, k, groups, kind), groups)
+    x = torch.randn(1, groups * k, device="cuda", dtype=torch.bfloat16)
+    for cfg in cfgs:
+        _m1_call(x, cfg)(ours)
+    torch.cuda.synchronize()
+
+
+def _tma_row(tag: str, cfg: configs.TileConfig | None, x, ours, want, floor: dict, copy_tbs: float) -> dict:
+    n, wbytes = ours.out_features, weight_bytes(ours.weight, ours.scale)
+    fn = _m1_call(x, cfg)
+    t = _time(fn, ours, wbytes)
+    moved = wbytes + x.numel() * 2 + n * 2
+    row = {"run": tag, "MB": wbytes / 2**20,
+           "config": "/".join(map(str, dataclasses.astuple(cfg))) if cfg else "table", "us": t * 1e3,
+           "%copy": 100 * moved / t / 1e9 / copy_tbs, "%floor": 100 * floor["read_us"] / (t * 1e3),
+           "read_us": floor["read_us"], "rel_err": float((fn(ours).float() - want).norm() / want.norm())}
+    print(row, flush=True)
+    return row
+
+
+def tma_table(out: Path, names: list[str], table_path: Path) -> None:
+    """FP8 shapes at M = 1: the table's path (before), the persistent TMA GEMV at `tma_candidates` and the
+    fastest again under PDL, graph-timed over L2-busting weight copies, against the copy bandwidth and the
+    read floor of the same bytes (same run). A TMA config faster than the table's path is written into
+    `table_path` as the shape's M = 1 entry (and OUT/tma_entries.json), and the default path timed again."""
+    copy_tbs, header = _run_header()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = {name: FLASH_LINEARS[name] for name in names if FLASH_LINEARS[name][3] == "fp8"}
+    names = sorted(shapes, key=lambda name: -math.prod(shapes[name][:3]))  # the largest (the target) first
+    tries = {name: tma_candidates(*FLASH_LINEARS[name][:2], sms) for name in names}
+    pdl = {name: [dataclasses.replace(c, pdl=1) for c in cfgs] for name, cfgs in tries.items()}
+    with ProcessPoolExecutor(min(8, 2 * len(names)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_warm, names + names, [[None, *tries[n]] for n in names] + [pdl[n] for n in names]))
+    stream_floor(1 << 20)  # its kernels compiled before the first timing
+    table = configs.load(table_path)
+    rows, entries = [], {}
+    for name in names:
+        n, k, groups, kind = FLASH_LINEARS[name]
+        weight, scale = make_weight(n, k, groups, kind)
+        ours = linear.prepare_linear(kind, weight, scale, groups)
+        ref = ref_linear.prepare_linear(kind, weight, scale, groups)
+        x = torch.randn(1, groups * k, device="cuda", dtype=torch.bfloat16)
+        args = (x, ours, ref_linear.linear(x, ref, torch.bfloat16).float(),
+                stream_floor(weight_bytes(ours.weight, ours.scale)), copy_tbs)
+        before = _tma_row("before", None, *args)
+        timed = [(_tma_row("tma", cfg, *args), cfg) for cfg in tries[name]]
+        best, cfg = min(timed, key=lambda rc: rc[0]["us"])
+        twin = dataclasses.replace(cfg, pdl=1)
+        timed.append((_tma_row("tma pdl", twin, *args), twin))
+        best, cfg = min(timed, key=lambda rc: rc[0]["us"])
+        shape_rows = [before] + [r for r, _ in timed]
+        if best["us"] < before["us"]:
+            table[configs.key(kind, n, k, 1)] = cfg
+            entries[configs.key(kind, n, k, 1)] = dataclasses.asdict(cfg)
+            configs.save(table_path, table)
+            (out / "tma_entries.json").write_text(json.dumps(entries, indent=1))
+            shape_rows.append(_tma_row("after", None, *args))
+        rows += [{"shape": name, **r} for r in shape_rows]
+        del weight, scale, ours, ref, args
+        torch.cuda.empty_cache()
+        write(out, "linear_tma", rows, header)
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -354,14 +448,19 @@ def main() -> None:
     ap.add_argument("--baseline-table", type=Path, default=None, help="config JSON the baseline looks up")
     ap.add_argument("--invariant", action="store_true",
                     help="sweep the batch-invariant base configs into --table, then default vs invariant")
-    ap.add_argument("--table", type=Path, default=None, help="--invariant: config JSON to write "
+    ap.add_argument("--table", type=Path, default=None, help="--invariant/--tma: config JSON to write "
                     "(default: the installed package's file for this GPU)")
+    ap.add_argument("--tma", action="store_true",
+                    help="M = 1: the table's path vs the persistent TMA GEMV's tries; winners into --table")
     args = ap.parse_args()
     tokens = tuple(int(t) for t in args.tokens.split(","))
     names = [s for s in FLASH_LINEARS if not args.shapes or s in args.shapes.split(",")]
     if args.invariant:
         invariant_table(args.out, names, tokens, args.table or configs.gpu_file(),
                         _load_module(args.baseline) if args.baseline else None)
+        return
+    if args.tma:
+        tma_table(args.out, names, args.table or configs.gpu_file())
         return
     if args.decode:
         decode_table(args.out, names, tokens, _load_module(args.baseline) if args.baseline else None,

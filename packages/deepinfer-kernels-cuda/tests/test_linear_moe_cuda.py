@@ -74,6 +74,34 @@ def test_gemv_configs_match_reference(ref_ops, poison, m, block_n, block_k, spli
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="TMA needs sm_90")
+@pytest.mark.parametrize(
+    ("n", "k", "groups", "block_n", "block_k", "stages", "per_sm", "pdl", "f32"),
+    [(36864, 1280, 1, 32, 256, 4, 2, 0, 0), (36864, 1280, 1, 16, 256, 4, 4, 1, 0),
+     (5120, 8192, 1, 8, 1024, 4, 2, 0, 0), (5120, 8192, 1, 4, 2048, 4, 2, 1, 0),
+     (8192, 4096, 8, 16, 512, 4, 2, 1, 0), (8192, 4096, 8, 32, 256, 4, 2, 0, 0),
+     (1792, 5120, 1, 8, 1024, 4, 2, 0, 0), (1024, 1280, 8, 8, 512, 3, 1, 0, 1)],  # last: blocks < SMs
+)
+def test_gemv_tma_matches_reference(ref_ops, poison, n, k, groups, block_n, block_k, stages, per_sm, pdl,
+                                    f32):
+    """The persistent TMA GEMV (a GEMV config with tma set, one token) at Flash shapes and configs that
+    `linear.py --tma` times (q_b+indexer, o_b, grouped o_a, q_a+kv), under PDL too; with float32 out, 3
+    tokens at the same config run the register GEMV."""
+    from deepinfer_kernels_cuda import configs, linear
+
+    torch.manual_seed(n + k)
+    weight, scale = _weight("fp8", n, k)
+    ours = linear.prepare_linear("fp8", weight, scale, groups)
+    ref = ref_ops.prepare_linear("fp8", weight, scale, groups)
+    cfg = configs.TileConfig(block_n, 1, block_k, per_sm, 4, stages, tma=1, pdl=pdl)
+    out_dtype = torch.float32 if f32 else torch.bfloat16
+    for m in (1, 3) if f32 else (1,):
+        x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+        got = linear.gemv_linear(x, ours, out_dtype, cfg)
+        assert _rel_err(got, ref_ops.linear(x, ref, out_dtype)) <= TOL[out_dtype]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="programmatic dependent launch needs sm_90")
 @pytest.mark.parametrize("stages", [1, 2, 4])
 def test_gemv_pdl_equals_plain_launch(stages):

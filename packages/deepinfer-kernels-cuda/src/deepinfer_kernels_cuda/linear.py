@@ -13,7 +13,10 @@ Three paths, chosen by the number of tokens M (`configs.GEMV_M`, `configs.DEQUAN
   partials, then a fixed-order reduction: deterministic). A config with `pdl` launches it with
   programmatic dependent launch: its programs start while the previous kernel drains and wait for it
   (griddepcontrol.wait) before reading the input or writing; with register prefetch the first step's
-  weights, which no kernel writes, load before the wait.
+  weights, which no kernel writes, load before the wait. A GEMV config with `tma` set takes one token
+  through a persistent kernel instead (`_gemv_tma_kernel`): a few programs per SM, each walking its row
+  blocks' K steps as one loop whose weight and input boxes stream through TMA (Triton's pipeliner keeps
+  num_stages - 1 in flight), so no program waits on a single load and no partial last wave idles SMs.
 * Otherwise below DEQUANT_M: the tiled kernel. Swap-AB: the decoded weight tile is the MMA's register A
   operand (BLOCK_N weight rows on the M side, which Hopper's wgmma needs >= 64 of), tokens its N side.
   Also serves FP4 and, in batch-invariant mode, dense weights, at every M.
@@ -52,6 +55,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer.ops.reference import linear as reference_linear
 from deepinfer_kernels_cuda import configs
@@ -61,6 +65,7 @@ Kind = Literal["fp8", "fp4", "dense"]
 _BLOCK_ROWS = tl.constexpr(GROUP)  # FP8 weights: one scale per 32x32 block
 _KIND_CODE = {"fp8": 0, "fp4": 1, "dense": 2}
 _CHUNK = tl.constexpr(8)  # GEMV: weight columns per chunk (one 8-byte load)
+_ROW = tl.constexpr(256)  # TMA GEMV: columns per box row (the most TMA takes per dimension)
 # torch.mm(..., out_dtype=) (aten::mm.dtype): BF16 operands, float32 accumulation and output
 _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
@@ -321,6 +326,43 @@ def _gemv_fp8_kernel(
 
 
 @triton.jit
+def _gemv_tma_kernel(
+    x_desc, w_desc, s_ptr, out_ptr, N, K, rows_per_group, stride_sn,
+    BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+):
+    """One token, persistent: program p of P takes row blocks p, p + P, ... and walks all their K steps as
+    one flat loop, so its TMA pipeline (STAGES - 1 boxes of weights and input in flight) never drains
+    between blocks. Boxes have 256-column rows (TMA moves a box row by row: narrower rows cost more
+    requests per byte), tiles are [rows, BK/256, 256]; the input's scale is applied per 32 columns."""
+    pid = tl.program_id(0)
+    progs = tl.num_programs(0)
+    steps = K // BK
+    total = tl.cdiv(N // BN - pid, progs) * steps
+    R: tl.constexpr = BK // _ROW
+    word = tl.arange(0, 2 * R)  # a 32-bit scale word per 128 columns
+    shift = (8 * tl.arange(0, 4))[None, :]
+    # the scale row as 32-bit words: Triton's pipeliner streams them through cp.async (not byte loads)
+    s_words = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    acc = tl.zeros((BN, R, _ROW), tl.float32)
+    if PDL:  # the input and the output belong to the kernels around this one
+        gdc_wait()
+    for t in tl.range(0, total, num_stages=STAGES):
+        row0 = (pid + (t // steps) * progs) * BN
+        k0 = (t % steps) * BK
+        w = w_desc.load([row0, k0 // _ROW, 0])
+        xk = x_desc.load([((row0 // rows_per_group) * K + k0) // _ROW, 0])
+        sw = tl.load(s_words + (row0 // _BLOCK_ROWS) * (stride_sn // 4) + k0 // 128 + word)
+        # the block scale on the input (a power of two: exact), shared by the tile's rows
+        scale = pow2((sw[:, None] >> shift) & 0xFF, 0)  # [2R, 4]: one per 32 columns
+        xs = tl.reshape(tl.reshape(xk.to(tl.float32), (2 * R, 4, _BLOCK_ROWS)) * scale[:, :, None], (R, _ROW))
+        acc += w.to(tl.float32) * xs[None, :, :]
+        if t % steps == steps - 1:  # the block's last step: its rows are done
+            y = tl.sum(tl.sum(acc, axis=2), axis=1)
+            tl.store(out_ptr + row0 + tl.arange(0, BN), y.to(out_ptr.dtype.element_ty))
+            acc = tl.zeros((BN, R, _ROW), tl.float32)
+
+
+@triton.jit
 def _split_reduce_kernel(part_ptr, out_ptr, numel, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -411,23 +453,55 @@ def tiled_linear(
 def _pdl(cfg: configs.TileConfig, x: torch.Tensor) -> dict:
     """GEMV launch arguments for programmatic dependent launch where the config asks for it (CUDA sm_90 and
     newer: grid dependency control is a Hopper instruction; the interpreter has none)."""
-    pdl = bool(cfg.pdl) and x.is_cuda and _has_pdl(x.device)
+    pdl = bool(cfg.pdl) and x.is_cuda and _sm90(x.device)
     return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 @functools.cache
-def _has_pdl(device: torch.device) -> bool:
+def _sm90(device: torch.device) -> bool:
+    """Hopper or newer: grid dependency control and TMA."""
     return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def _tma_fits(x: torch.Tensor, w: PreparedLinear) -> bool:
+    """Whether `_gemv_tma_kernel` takes this call: one token on sm_90+, K in whole 256-column rows,
+    16-byte aligned operands (TMA), scale rows in whole 32-bit words."""
+    return (x.shape[0] == 1 and x.is_cuda and _sm90(x.device) and w.in_features % _ROW.value == 0
+            and x.data_ptr() % 16 == 0 and w.weight.data_ptr() % 16 == 0
+            and w.scale.stride(0) % 4 == 0 and w.scale.data_ptr() % 4 == 0)
+
+
+def _gemv_tma(x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype,
+              cfg: configs.TileConfig) -> torch.Tensor:
+    """One token through `_gemv_tma_kernel`. cfg: block_n rows per box (dividing 32), block_k columns per
+    K step (a power of two >= 256, fitted to K), num_stages pipeline stages, split_k programs per SM (as
+    many as the row blocks allow in whole rounds: every SM then streams nearly the same bytes)."""
+    n, k = w.out_features, w.in_features
+    bk = configs.block_k(k, max(cfg.block_k, _ROW.value))
+    blocks, sms = n // cfg.block_n, configs.sm_count(x.device)
+    progs = sms * min(cfg.split_k, blocks // sms) if blocks >= sms else blocks
+    row = _ROW.value
+    x_desc = TensorDescriptor.from_tensor(x.view(-1, row), [bk // row, row])
+    w_desc = TensorDescriptor.from_tensor(w.weight.view(n, k // row, row), [cfg.block_n, bk // row, row])
+    out = torch.empty((1, n), dtype=out_dtype, device=x.device)
+    _gemv_tma_kernel[(progs,)](
+        x_desc, w_desc, w.scale, out, n, k, n // w.groups, w.scale.stride(0),
+        BN=cfg.block_n, BK=bk, STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=1, **_pdl(cfg, x),
+    )
+    return out
 
 
 def gemv_linear(
     x: torch.Tensor, w: PreparedLinear, out_dtype: torch.dtype, cfg: configs.TileConfig
 ) -> torch.Tensor:
-    """x [M, groups * K] -> [M, N] for a few tokens and an FP8 weight through the CUDA-core GEMV."""
+    """x [M, groups * K] -> [M, N] for a few tokens and an FP8 weight through the CUDA-core GEMV (one
+    token at a `tma` config: the persistent TMA GEMV, where `_tma_fits`)."""
     if w.kind != "fp8" or GROUP % cfg.block_n or cfg.block_k % _CHUNK.value:
         raise ValueError(f"GEMV: {w.kind} weight with {cfg.block_n} x {cfg.block_k} tiles "
                          "(needs fp8, rows dividing 32, columns a multiple of 8)")
     x = _operand(x, w, out_dtype)
+    if cfg.tma and _tma_fits(x, w):
+        return _gemv_tma(x, w, out_dtype, cfg)
     scale_words = w.scale.stride(0) % 4 == 0 and w.scale.data_ptr() % 4 == 0
     return _launch(
         _gemv_fp8_kernel, triton.cdiv(w.out_features, cfg.block_n), None, x, w, out_dtype,
