@@ -20,7 +20,8 @@ expert on the caller's stream (`moe.SHARED_STREAM` off; above the fused decode s
 the file `--baseline` names (an earlier moe.py, same weights). A variant that does
 not apply at a size (a decode or fused override above DECODE_ASSIGNMENTS, a grouped tile below, or one
 whose rows per block are not within half to twice the mean assignments per expert) is skipped there.
-`--profile`: GPU time per kernel of every variant timed.
+`--profile`: GPU time per kernel of every variant timed. `--probe`: first, the read rate of the batch-1
+gate+up's access pattern alone (`probe`).
 Usage (GPU): python3 benchmarks/kernels/moe.py --out DIR [--tokens 1,8,...] [--layouts fp4,fp8,fp4-inv]"""
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 from common import eager_ms
 from roofline import TOKENS, graph_ms, rooflines, write
 
@@ -171,6 +174,65 @@ def kernel_times(layer: MoEWeights, t: int, hidden: int, layout: str, inv: bool,
         print(f"  {e.device_time_total / calls:9.1f} us  x{e.count // calls}  {e.key[:90]}", flush=True)
 
 
+@triton.jit
+def _probe_kernel(w, out_ptr, row_bytes, ROWS: tl.constexpr, BKB: tl.constexpr, MODE: tl.constexpr,
+                  STAGES: tl.constexpr):
+    """Program p reads rows p * ROWS .. + ROWS of a [rows, row_bytes] byte matrix, BKB columns a K step,
+    as the batch-1 gate+up does, and stores a sum (the loads stay live). MODE 0: pointer loads (sm_90:
+    16-byte cp.async past L1, where the gate+up's swizzled tiles take 8-byte ones through L1); 1: TMA
+    boxes (w a descriptor); 2: the same bytes tile-major (each K step's ROWS x BKB bytes one contiguous
+    run: the layout a load-time reorder would give). STAGES - 1 steps in flight."""
+    pid = tl.program_id(0)
+    r = tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, BKB)[None, :]
+    base = pid.to(tl.int64) * ROWS * row_bytes
+    acc = tl.zeros((ROWS,), dtype=tl.int32)
+    for k in tl.range(0, row_bytes, BKB, num_stages=STAGES):  # copies STAGES - 1 steps ahead
+        if MODE == 1:
+            tile = w.load([pid * ROWS, k])
+        elif MODE == 2:
+            tile = tl.load(w + base + k * ROWS + r * BKB + c)
+        else:
+            tile = tl.load(w + base + r * row_bytes + k + c)
+        acc += tl.sum(tile.to(tl.int32), axis=1)
+    tl.store(out_ptr + pid * ROWS + tl.arange(0, ROWS), acc)
+
+
+def probe(roof: dict[str, float], dims: dict[str, int]) -> None:
+    """Read rate of the batch-1 gate+up's routed weight stream without the decode and MMAs: 6 experts'
+    gate and up rows (each program 2 x 64 rows of 2560 bytes, 128 bytes a K step; 4 copies rotate past
+    L2), pointer / TMA / tile-major, 2-5 stages, and 64-row programs (twice as many). Far above the
+    kernel's ~1.6 TB/s: the access pattern is not the limit; near it: a load-time tile-major layout
+    or more bytes in flight is what gains."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    row_bytes, rows = dims["hidden"] // 2, dims["topk"] * 2 * dims["inter"]
+    bufs = [torch.randint(0, 256, (rows, row_bytes), dtype=torch.uint8, device="cuda") for _ in range(4)]
+    out = torch.empty(rows, dtype=torch.int32, device="cuda")
+    for mode, name in ((0, "pointer"), (1, "tma"), (2, "tile-major")):
+        for prog_rows, bkb, warps, stages in ((128, 128, 4, 2), (128, 128, 4, 3), (128, 128, 4, 4),
+                                              (128, 128, 4, 5), (64, 128, 4, 4), (128, 256, 8, 3)):
+            args = [TensorDescriptor.from_tensor(b, [prog_rows, bkb]) if mode == 1 else b for b in bufs]
+            fns = [partial(_probe_kernel[(rows // prog_rows,)], a, out, row_bytes, ROWS=prog_rows, BKB=bkb,
+                           MODE=mode, STAGES=stages, num_warps=warps) for a in args]
+            try:
+                ms = graph_ms(fns)
+            except Exception as err:  # a variant out of resources keeps the others
+                print(f"probe {name} {prog_rows}x{bkb} {warps}w {stages}s: {type(err).__name__}: "
+                      f"{str(err)[:200]}", flush=True)
+                continue
+            tbs = rows * row_bytes / ms / 1e9
+            pct = 100 * tbs / roof["copy_tbs"]
+            print(f"probe {name:10s} rows {prog_rows:3d} x {bkb:3d} B, {warps}w {stages}s: "
+                  f"{ms * 1e3:6.1f} us {tbs:.2f} TB/s = {pct:.0f}% of copy", flush=True)
+
+
+def _shared_bk(layout: str) -> int | None:
+    """N of a layout's `-kN` suffix (module docstring), else None."""
+    found = [int(f[1:]) for f in layout.split("-")[1:] if f[0] == "k" and f[1:].isdigit()]
+    return found[0] if found else None
+
+
 def _fixed(cfg: TileConfig, *_: object) -> TileConfig:
     return cfg
 
@@ -224,6 +286,7 @@ def main() -> None:
                     help="an earlier run's ceilings, not measured again: COPY_TBS,BF16_TFLOPS,FP8_TFLOPS")
     ap.add_argument("--profile", action="store_true", help="then GPU time per kernel of the default path")
     ap.add_argument("--baseline", type=Path, default=None, help="an earlier moe.py (layout `base`)")
+    ap.add_argument("--probe", action="store_true", help="first the batch-1 gate+up's read pattern alone")
     args = ap.parse_args()
     if args.invariant_config:
         bn, bm, bk, warps, stages = map(int, args.invariant_config.split(","))
@@ -244,6 +307,8 @@ def main() -> None:
         spec = importlib.util.spec_from_file_location("moe_baseline", args.baseline)
         baseline = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
         spec.loader.exec_module(baseline)
+    if args.probe:
+        probe(roof, dims)
     bench(tokens, roof, dims, args.out, header, args.layouts.split(","), args.profile, baseline)
 
 
