@@ -77,6 +77,26 @@ def _row(part, case, tokens, variant, ms, default_ms, bitwise=None) -> None:
     write(_RUN["out"], "invariant_prefill", _RUN["rows"], _RUN["header"])
 
 
+def _mode_rows(part: str, case: str, x: torch.Tensor, default: Callable, inv: Callable, variants: dict,
+               baseline_op: Callable | None, reps: int) -> None:
+    """One size's rows: the default mode, the invariant mode, the invariant mode with each variant's module
+    attribute patched (name -> (module, attribute, value)) and, given, the baseline tree's op in its invariant
+    mode; each invariant row with its probe (row m // 2 alone vs in the batch)."""
+    m = x.shape[0]
+    base = eager_ms(lambda: default(x), reps)
+    _row(part, case, m, "default", base, base)
+    _row(part, case, m, "invariant", eager_ms(lambda: inv(x), reps), base, _bitwise(inv, x, m // 2))
+    for variant, (module, attr, value) in variants.items():
+        with patched(module, attr, value):
+            _row(part, case, m, variant, eager_ms(lambda: inv(x), reps), base, _bitwise(inv, x, m // 2))
+    if baseline_op:
+        def inv_baseline(v):
+            return inv(v, baseline_op)
+
+        _row(part, case, m, "baseline", eager_ms(lambda: inv_baseline(x), reps), base,
+             _bitwise(inv_baseline, x, m // 2))
+
+
 def linear_rows(tokens: list[int], baseline) -> None:
     for name, (n, k, groups) in SHAPES.items():
         w, s = quantize_fp8(torch.randn(n, k, device="cuda") / math.sqrt(k))
@@ -87,18 +107,10 @@ def linear_rows(tokens: list[int], baseline) -> None:
             def inv(v, op=linear.linear, p=p):
                 return op(v, p, torch.bfloat16, batch_invariant=True)
 
-            base = eager_ms(lambda x=x, p=p: linear.linear(x, p, torch.bfloat16), 200)
-            _row("linear", name, m, "default", base, base)
-            _row("linear", name, m, "invariant", eager_ms(lambda x=x: inv(x), 200), base,
-                 _bitwise(inv, x, m // 2))
-            for variant, tile in LINEAR_VARIANTS.items():
-                with patched(linear, "INVARIANT_LARGE_TILES", (tile,)):
-                    _row("linear", name, m, variant, eager_ms(lambda x=x: inv(x), 200), base,
-                         _bitwise(inv, x, m // 2))
-            if baseline.get("linear"):
-                op = baseline["linear"].linear
-                _row("linear", name, m, "baseline", eager_ms(lambda x=x, op=op: inv(x, op), 200),
-                     base, _bitwise(lambda v, op=op: inv(v, op), x, m // 2))
+            variants = {label: (linear, "INVARIANT_LARGE_TILES", (tile,))
+                        for label, tile in LINEAR_VARIANTS.items()}
+            _mode_rows("linear", name, x, lambda v, p=p: linear.linear(v, p, torch.bfloat16), inv, variants,
+                       baseline.get("linear") and baseline["linear"].linear, 200)
 
 
 def moe_rows(tokens: list[int], experts: list[int], baseline) -> None:
@@ -114,18 +126,9 @@ def moe_rows(tokens: list[int], experts: list[int], baseline) -> None:
             def inv(v, op=moe.moe, layer=layer):
                 return op(v, layer, batch_invariant=True)
 
-            base = eager_ms(lambda x=x, layer=layer: moe.moe(x, layer), 400)
-            _row("moe", case, m, "default", base, base)
-            _row("moe", case, m, "invariant", eager_ms(lambda x=x: inv(x), 400), base,
-                 _bitwise(inv, x, m // 2))
-            for variant, (attr, value) in MOE_VARIANTS.items():
-                with patched(moe, attr, value):
-                    _row("moe", case, m, variant, eager_ms(lambda x=x: inv(x), 400), base,
-                         _bitwise(inv, x, m // 2))
-            if baseline.get("moe"):
-                op = baseline["moe"].moe
-                _row("moe", case, m, "baseline", eager_ms(lambda x=x, op=op: inv(x, op), 400),
-                     base, _bitwise(lambda v, op=op: inv(v, op), x, m // 2))
+            variants = {label: (moe, attr, value) for label, (attr, value) in MOE_VARIANTS.items()}
+            _mode_rows("moe", case, x, lambda v, layer=layer: moe.moe(v, layer), inv, variants,
+                       baseline.get("moe") and baseline["moe"].moe, 400)
         bench.kernel_times(layer, max(tokens), 5120, f"inv {e} experts", True)
         del layer
 
