@@ -63,8 +63,10 @@ class Tiles:
     ws: tuple[int, int, int, int] | None = None
     # with ws: the warp-specialised kernel and the kernel merging its splits launched with programmatic
     # dependent launch (sm_90: a kernel's CTAs start while the kernel before ends, and wait for it before any
-    # global read or write); 1: the kernel after launches when each ends, 2: once every CTA has waited
+    # global read or write); 1: the kernel after launches when each ends, 2: once every CTA has waited;
+    # pdl for the warp-specialised kernel, combine_pdl (None: pdl) for the combine kernel
     pdl: int = 0
+    combine_pdl: int | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -116,6 +118,7 @@ DECODE_VARIANTS = {
     "sh32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232)),
     "pdl": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232), pdl=2),
     "pdlx": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232), pdl=1),
+    "pdlm": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232), pdl=2, combine_pdl=1),
     "pdl1": Tiles(False, 64, 8, 3, programs_per_sm=0.5, l2_ahead=1, ws=(32, 4, 4, 232), pdl=2),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
@@ -525,9 +528,9 @@ def _attention(
     if _warp_specialised(tiles, q, ring, ring_len, has_current, has_pool, window, batch_invariant):
         from deepinfer_kernels_cuda import attention_ws
 
-        pdl = tiles.pdl
+        pdl = tiles.pdl and (tiles.pdl if tiles.combine_pdl is None else tiles.combine_pdl)
         attention_ws.decode(q, ring.data, window, sink, scale * _LOG2E, out, part, lse, keys_per_split,
-                            splits, tiles.ws, pdl=pdl)
+                            splits, tiles.ws, pdl=tiles.pdl)
     else:
         _attention_kernel[grid](
             q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
