@@ -246,7 +246,7 @@ def test_pdl_decode_is_bitwise_the_ordinary_launch(monkeypatch, variant):
         assert outs["plain"].isfinite().all() and outs["plain"].abs().sum() > 0
         assert torch.equal(outs["pdl"], outs["plain"]), t
         assert torch.equal(outs["pdl graph"], outs["plain"]), t
-    assert calls.count(pdl_tiles.pdl) == 6 and calls.count(0) == 6  # (eager + capture) x 3 batches
+    assert len(calls) == 12 and calls.count(0) == 6  # (eager + capture) x 3 batches, PDL and not
     want = attention.sparse_attention_sink(case.src_q, case.kv, case.src_idx, case.sink, case.scale)
     assert torch.equal(outs["pdl"], want)
 
