@@ -17,7 +17,8 @@ Prefill: one 2048-token prompt (1024 compressed entries, causal window and visib
 
     python benchmarks/kernels/attention.py [--out table.md] [--decode] [--quick] [--default-only] [--sweep]
 (--decode: no prefill; --quick: decode at B = 1, 64, 128 only; --default-only: no forced variants)
-Environment: ATTN_VARIANTS=default,v1s3a1,sh32x4 times only these variants; ATTN_CACHES=bf16 (or release)
+Environment: ATTN_VARIANTS=default,v1s3a1,sh32x4 times only these variants (pdl, pdlx, pdl1: sh32x4 with
+programmatic dependent launch, see attention.DECODE_VARIANTS); ATTN_CACHES=bf16 (or release)
 only that cache precision; ATTN_BATCHES=64,128 only these batch sizes.
 """
 

@@ -1,9 +1,12 @@
 """Sparse sink attention on the GPU against the reference: decode (split keys) and prefill rows."""
 
+import dataclasses
+
 import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from deepinfer.cache.codecs import Codec
 from deepinfer.ops.reference.cache_quant import QUANT_OPS
@@ -160,6 +163,118 @@ def test_default_bf16_decode_runs_warp_specialised(cuda_ops, ref_ops, poison, mo
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     assert calls and all(tiles == attention.STAGED_DECODE_TILES.ws for tiles in calls)
     assert len(calls) == 20  # 5 cases x 2 id types x 2 runs
+
+
+@triton.jit
+def _late_copy_kernel(a_src, a_dst, na, b_src, b_dst, nb, spins, BLOCK: tl.constexpr):
+    """Lets the kernel after it launch at once (programmatic dependent launch), spins, then copies the 32-bit
+    words of a and b: a kernel after it that reads a_dst or b_dst before its grid-dependency wait reads what
+    was there before."""
+    gdc_launch_dependents()
+    x = tl.program_id(0).to(tl.float32)
+    for _ in range(spins):
+        x = x * 0.999 + 1.0
+    keep = x > -1.0  # always: the copy waits for the loop
+    for start in range(tl.program_id(0) * BLOCK, na, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(a_dst + offs, tl.where(keep, tl.load(a_src + offs, mask=offs < na), 0), mask=offs < na)
+    for start in range(tl.program_id(0) * BLOCK, nb, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(b_dst + offs, tl.where(keep, tl.load(b_src + offs, mask=offs < nb), 0), mask=offs < nb)
+
+
+def _words(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1).view(torch.int32)
+
+
+class _LateInputs:
+    """q and the ids of a decode written by a kernel that lets the next one start before it writes them (q
+    poisoned with NaN, the ids with -1 before): an attention kernel launched with PDL that read them before
+    its grid-dependency wait would give NaN or sink-only rows."""
+
+    def __init__(self, t: int, seed: int):
+        self.src_q, self.kv, self.src_idx, self.sink, self.scale = _inputs(t, 64, 512, 5008, 640,
+                                                                           torch.bfloat16, seed)
+        self.q, self.idx = torch.empty_like(self.src_q), torch.empty_like(self.src_idx)
+
+    def write(self):
+        _words(self.q).fill_(0x7FC07FC0)  # bf16 NaN pairs
+        self.idx.fill_(-1)
+        a, b = _words(self.src_q), _words(self.src_idx)
+        _late_copy_kernel[(8,)](a, _words(self.q), a.numel(), b, _words(self.idx), b.numel(), 20000,
+                                BLOCK=1024)
+
+    def step(self):
+        self.write()
+        return attention.sparse_attention_sink(self.q, self.kv, self.idx, self.sink, self.scale)
+
+
+def _use_tiles(monkeypatch, tiles):
+    for attr in ("DECODE_TILES", "STAGED_DECODE_TILES", "FEW_ROWS_DECODE_TILES"):
+        monkeypatch.setattr(attention, attr, tiles)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the warp-specialised decode kernel is for Hopper")
+@pytest.mark.parametrize("variant", sorted(n for n, v in attention.DECODE_VARIANTS.items() if v.pdl))
+def test_pdl_decode_is_bitwise_the_ordinary_launch(monkeypatch, variant):
+    """The warp-specialised decode (and the kernel merging its splits) launched with programmatic dependent
+    launch gives the bits of the ordinary launch of the same tiles, eagerly and in a CUDA graph, right after
+    a kernel that lets it start early and writes q and the ids late (a read before the wait would show):
+    B = 1 (10 splits), 64 (2 splits, one for pdl1), 128 (one)."""
+    from deepinfer_kernels_cuda import attention_ws
+
+    pdl_tiles = attention.DECODE_VARIANTS[variant]
+    plain_tiles = dataclasses.replace(pdl_tiles, pdl=0)
+    calls = []
+    decode = attention_ws.decode
+    monkeypatch.setattr(attention_ws, "decode", lambda *a, **k: calls.append(k["pdl"]) or decode(*a, **k))
+    for t in (1, 64, 128):
+        case = _LateInputs(t, seed=t + 1)
+        outs = {}
+        for name, tiles in (("plain", plain_tiles), ("pdl", pdl_tiles)):
+            _use_tiles(monkeypatch, tiles)
+            outs[name] = case.step().clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = case.step()
+            for _ in range(2):
+                graph.replay()
+                torch.cuda.synchronize()
+                outs[name + " graph"] = out.clone()
+                assert torch.equal(outs[name + " graph"], outs[name]), (t, name)
+        assert outs["plain"].isfinite().all() and outs["plain"].abs().sum() > 0
+        assert torch.equal(outs["pdl"], outs["plain"]), t
+        assert torch.equal(outs["pdl graph"], outs["plain"]), t
+    assert len(calls) == 12 and calls.count(0) == 6  # (eager + capture) x 3 batches, PDL and not
+    want = attention.sparse_attention_sink(case.src_q, case.kv, case.src_idx, case.sink, case.scale)
+    assert torch.equal(outs["pdl"], want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the warp-specialised decode kernel is for Hopper")
+def test_pdl_test_would_see_a_missing_wait():
+    """The check of the test above: the kernel launched with PDL but built without its wait reads q and the
+    ids before _late_copy_kernel writes them (skipped, not failed, where the launch did not overlap)."""
+    from deepinfer_kernels_cuda import attention_ws
+
+    case = _LateInputs(128, seed=7)
+    case.write()
+    torch.cuda.synchronize()
+    want = attention.sparse_attention_sink(case.q, case.kv, case.idx, case.sink, case.scale)
+    bad = 0
+    for _ in range(3):
+        case.write()
+        out = torch.empty_like(case.q)
+        q, idx = case.q, case.idx
+        attention_ws._ws_decode_kernel[(128, 1)](
+            q, q.stride(0), q.stride(1), case.kv, case.kv.stride(0), idx, idx.stride(0), idx.shape[1], 640, 1,
+            case.scale * 1.4426950408889634, case.sink, out, out.stride(0), out.stride(1), out, out,
+            BLOCK_N=32, STAGES=4, PW=4, REGS=232, PRODUCER_REGS=40, PDL=0, num_warps=4, launch_pdl=True)
+        torch.cuda.synchronize()
+        bad += not torch.equal(out, want)
+    if not bad:
+        pytest.skip("no overlap seen: the launch after _late_copy_kernel waited for it")
 
 @triton.jit
 def _decode_kernel(ptr, out_ptr, row_bytes, D, FMT: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from deepinfer_kernels_cuda.cache_quant import FORMATS, CacheRegion, cache_region, decode_rows, write_rows
 
@@ -60,6 +61,14 @@ class Tiles:
     # kernel (attention_ws) with (keys a tile, ring buffers, producer warps, consumer registers); other cases:
     # the tiles above
     ws: tuple[int, int, int, int] | None = None
+    # with ws: the warp-specialised kernel and the kernel merging its splits launched with programmatic
+    # dependent launch (sm_90: a kernel's CTAs start while the kernel before ends, and wait for it before any
+    # global read or write); 1: the kernel after launches when each ends, 2: once every CTA has waited;
+    # pdl for the warp-specialised kernel (pdl_one_split where it has one split: no combine kernel after it),
+    # combine_pdl for the combine kernel (None: as pdl); pdl 0: none of them
+    pdl: int = 0
+    combine_pdl: int | None = None
+    pdl_one_split: int | None = None
 
 
 # Decode tiles by name (benchmarks/kernels/attention.py times each). H200, 2026-12-02 12:17 UTC, Triton 3.6,
@@ -98,6 +107,17 @@ class Tiles:
 #   43.6 / 47.5 at 64k, 42.4 / 44.7 at 8k), the splits merged in the kernel by the consumer that stores its
 #   half of a row last (a counter per row and half; B = 64: 38.2 / 39.0, the merge's L2 reads in one
 #   warpgroup take longer than the combine kernel).
+# * "pdl", "pdlx" (session 12): sh32x4 with the warp-specialised kernel and the combine kernel launched with
+#   programmatic dependent launch (each waits for the kernel before it, then "pdl" lets the next launch at
+#   once, "pdlx" when it ends); "pdl1": pdl with one split at B = 64 (programs_per_sm 0.5); "pdlm": pdl for
+#   the warp-specialised kernel, pdlx for the combine kernel. H200, 20:05 and 20:08 UTC (two runs), bf16 64k /
+#   8k, graph µs at B = 64: default 29.4 / 30.0, pdl 29.7 / 30.4, pdlx 28.0 / 28.0, pdlm 28.9 / 28.7, pdl1
+#   32.4 / 32.3; B = 128 (one split: no combine kernel): default 41.0-41.3 / 39.5-39.6, pdl 40.0 / 38.4-38.5,
+#   pdlx 40.8 / 39.0, pdlm 39.7 / 38.4. An early trigger of the combine kernel (4096 programs, several waves)
+#   lets the next decode take SMs that its later waves need; the warp-specialised kernel's early trigger helps
+#   where no kernel runs between it and the next decode. "pdla" (the default): pdlx, with pdl's decode launch
+#   where there is one split, so each of these cases runs the launches of its best variant (pdlx at B = 64,
+#   pdl at B = 128).
 # FEW_ROWS_DECODE_TILES takes B <= 13 at 640 keys a row.
 DECODE_VARIANTS = {
     "v1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1),
@@ -106,11 +126,16 @@ DECODE_VARIANTS = {
     "v1a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=1, l2_ahead=1),
     "v1s3a1": Tiles(halves=False, block_n=64, num_warps=8, num_stages=3, l2_ahead=1),
     "sh32x4": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232)),
+    "pdl": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232), pdl=2),
+    "pdlx": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232), pdl=1),
+    "pdlm": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232), pdl=2, combine_pdl=1),
+    "pdla": Tiles(False, 64, 8, 3, l2_ahead=1, ws=(32, 4, 4, 232), pdl=1, pdl_one_split=2),
+    "pdl1": Tiles(False, 64, 8, 3, programs_per_sm=0.5, l2_ahead=1, ws=(32, 4, 4, 232), pdl=2),
 }
 DECODE_TILES = DECODE_VARIANTS["v1a1"]
 # DECODE_TILES where every key is a raw 2-byte row (nothing to decode): the tiles go straight to shared memory
 # (the warp-specialised kernel where it serves the call, v1s3a1's tiles elsewhere)
-STAGED_DECODE_TILES = DECODE_VARIANTS["sh32x4"]
+STAGED_DECODE_TILES = DECODE_VARIANTS["pdla"]
 # decode steps too small for DECODE_TILES to give every SM a program (rows x its most splits < SMs)
 FEW_ROWS_DECODE_TILES = DECODE_VARIANTS["h32w4"]
 PREFILL_TILES = Tiles(halves=False, block_n=64, num_warps=8, num_stages=1)
@@ -385,8 +410,13 @@ def _combine_kernel(
     part_ptr, lse_ptr, sink_ptr, out_ptr, heads, D, n_splits, out_stride_t, out_stride_h,
     enc_ptr, enc_stride, ring_ptr, ring_len, ring_s0, ring_s1, nbytes, dest_ptr, src_ptr, n_store,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE: tl.constexpr, BLOCK_B: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     t, h = tl.program_id(0), tl.program_id(1)
+    if PDL:  # launched while the kernel writing the partials ends: wait for it before any read or write
+        gdc_wait()
+        if PDL == 2:
+            gdc_launch_dependents()
     if STORE:  # by the programs of head 0
         _store_ring_rows(enc_ptr, enc_stride, ring_ptr, ring_len, ring_s0, ring_s1, nbytes, dest_ptr, src_ptr,
                          tl.where(h == 0, n_store, 0), BLOCK_B)
@@ -505,11 +535,14 @@ def _attention(
     # invariant mode: no contraction into FMAs, so FOLD and _fold_kernel round every step alike
     exact = {"enable_fp_fusion": False} if batch_invariant else {}
     grid = (t, splits if split else 1, triton.cdiv(heads, block_h) * (2 if halves else 1))
+    pdl = 0  # the combine kernel's launch: programmatic after the warp-specialised kernel if tiles ask
     if _warp_specialised(tiles, q, ring, ring_len, has_current, has_pool, window, batch_invariant):
         from deepinfer_kernels_cuda import attention_ws
 
+        ws_pdl = tiles.pdl and (tiles.pdl_one_split or tiles.pdl) if splits == 1 else tiles.pdl
+        pdl = tiles.pdl and (tiles.combine_pdl or tiles.pdl)
         attention_ws.decode(q, ring.data, window, sink, scale * _LOG2E, out, part, lse, keys_per_split,
-                            splits, tiles.ws)
+                            splits, tiles.ws, pdl=ws_pdl)
     else:
         _attention_kernel[grid](
             q, out, part, lse, sink, heads, d, keys_per_split, splits, win_splits, pool_base, scale * _LOG2E,
@@ -545,6 +578,7 @@ def _attention(
         _combine_kernel[(t, heads)](
             part, lse, sink, out, heads, d, splits, out.stride(0), out.stride(1), enc, *store_args,
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, STORE=store is not None, BLOCK_B=block_b,
+            **({"PDL": pdl, "launch_pdl": True} if pdl else {}),
         )
     return out, store is not None
 

@@ -18,6 +18,10 @@ one program per (query row, key split), three partitions of one CTA:
 Padding keys (-1) are zero-filled rows with a -inf score. The partial results (normalised output and
 log2-sum-exp2 per split) have the layout of `attention._attention_kernel`'s, merged by its combine kernel;
 with one split the sink is applied here.
+With `pdl` the kernel is launched with programmatic dependent launch: its CTAs may start (barriers set up)
+while the kernel before it still runs; every partition waits for that kernel (griddepcontrol.wait) before it
+reads q, the ids or the rows, or writes anything, then lets the kernel after it launch (launch_dependents:
+the grid is one wave, so its CTAs can only take SMs this grid leaves free, and they wait in turn).
 GPU only (Gluon does not run in the interpreter); the default-mode path only (not batch-invariant).
 """
 
@@ -31,14 +35,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 HEADS, DIM = gl.constexpr(64), gl.constexpr(512)
 _ROWS = gl.constexpr(8)  # key rows a producer copy instruction covers (the 128-byte swizzle spans 8 rows)
 
 
 @gluon.jit
+def _grid_dependency(PDL: gl.constexpr):
+    """PDL: waits until the kernel before has finished and its writes are visible (before this partition's
+    first read or write of global memory), then signals that the kernel after may launch."""
+    if PDL:
+        gdc_wait()
+        if PDL == 2:
+            gdc_launch_dependents()
+
+
+@gluon.jit
 def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_smem, ids_smem, q_ready,
-              ready, empty):
+              ready, empty, PDL: gl.constexpr):
     """Copies q, then the key rows of the tiles of lo..hi, into the ring; each thread's copies arrive on the
     buffer's barrier when they land. A tile's ids are loaded one tile ahead (their latency then runs under
     the wait for a free buffer) and go through shared memory to the threads that copy their rows."""
@@ -51,6 +66,7 @@ def _producer(q_ptr, q_stride_h, kv_ptr, kv_stride, idx_ptr, lo, hi, q_smem, kv_
     cols = gl.arange(0, DIM, layout=gl.SliceLayout(0, layout))
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     tn = gl.arange(0, BLOCK_N, layout=flat)
+    _grid_dependency(PDL)
     ids_next = gl.load(idx_ptr + lo + tn, mask=lo + tn < hi, other=-1)
     for r0 in gl.static_range(0, HEADS, ROWS):
         async_copy.async_copy_global_to_shared(
@@ -130,7 +146,7 @@ def _accumulate(acc, l_i, m_from, m_to, row_sum, p, v, empty):
 
 @gluon.jit
 def _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, ME: gl.constexpr):
+              out_ptr, out_stride_h, part_ptr, lse_ptr, PDL: gl.constexpr, ME: gl.constexpr):
     """One warpgroup of two sharing their score products: it computes the scores of every other tile
     (tiles ME, ME + 2, ...) for both, and accumulates all tiles into its 256 value channels. Tile i's
     softmax needs the maximum after tile i - 1 (the other's), handed over with its probabilities and row
@@ -153,6 +169,7 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, s
     l_i = gl.zeros([HEADS], gl.float32, layout=rows_s)
     acc = gl.zeros([HEADS, HALF], gl.float32, layout=o_layout)
     s_zero = gl.zeros([HEADS, BLOCK_N], gl.float32, layout=s_layout)
+    _grid_dependency(PDL)  # before the ids' loads
     mbarrier.wait(q_ready, 0)
     fence_async_shared()
     n_tiles = gl.cdiv(hi - lo, BLOCK_N)
@@ -210,23 +227,23 @@ def _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, s
 
 @gluon.jit
 def _consumer_low(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
-                  sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
+                  sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, PDL: gl.constexpr):
     _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, 0)
+              out_ptr, out_stride_h, part_ptr, lse_ptr, PDL, 0)
 
 
 @gluon.jit
 def _consumer_high(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2,
-                   sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr):
+                   sink_ptr, out_ptr, out_stride_h, part_ptr, lse_ptr, PDL: gl.constexpr):
     _consumer(q_smem, kv_smem, q_ready, ready, empty, shared, idx_ptr, lo, hi, split, scale_log2, sink_ptr,
-              out_ptr, out_stride_h, part_ptr, lse_ptr, 1)
+              out_ptr, out_stride_h, part_ptr, lse_ptr, PDL, 1)
 
 
 @gluon.jit(do_not_specialize=["n_splits"])
 def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr, idx_stride, K,
                       keys_per_split, n_splits, scale_log2, sink_ptr, out_ptr, out_stride_t, out_stride_h,
                       part_ptr, lse_ptr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr,
-                      REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                      REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr):
     t = gl.program_id(0)
     s = gl.program_id(1)
     lo = s * keys_per_split
@@ -262,9 +279,9 @@ def _ws_decode_kernel(q_ptr, q_stride_t, q_stride_h, kv_ptr, kv_stride, idx_ptr,
     part_row = part_ptr + split_row * DIM
     lse_row = lse_ptr + split_row
     consumer_args = (q_smem, kv_smem, q_ready, ready, empty, (p_smem, m_smem, sum_smem, p_ready), idx_row, lo,
-                     hi, n_splits > 1, scale_log2, sink_ptr, out_row, out_stride_h, part_row, lse_row)
+                     hi, n_splits > 1, scale_log2, sink_ptr, out_row, out_stride_h, part_row, lse_row, PDL)
     producer_args = (q_row, q_stride_h, kv_ptr, kv_stride, idx_row, lo, hi, q_smem, kv_smem, ids_smem,
-                     q_ready, ready, empty)
+                     q_ready, ready, empty, PDL)
     gl.warp_specialize([(_consumer_low, consumer_args), (_consumer_high, consumer_args),
                         (_producer, producer_args)], [4, PW], [REGS, PRODUCER_REGS])
 
@@ -279,15 +296,19 @@ def supported(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor) -> bool:
 
 def decode(q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, sink: torch.Tensor, scale_log2: float,
            out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, keys_per_split: int, splits: int,
-           tiles: tuple[int, int, int, int]) -> None:
+           tiles: tuple[int, int, int, int], pdl: int = 0) -> None:
     """Attention of q [T, 64, 512] over rows kv[idx[t]] (idx [T, K], -1 none) in `splits` key ranges of
     keys_per_split (a multiple of the tile's keys): into out (one split, sink applied) or part [T, splits,
     64, 512] / lse [T, splits, 64] (float32, merged by the caller). tiles: (keys a tile, ring buffers,
-    producer warps, registers a consumer thread (the producer gets what is left of 504))."""
+    producer warps, registers a consumer thread (the producer gets what is left of 504)).
+    pdl: 0 an ordinary launch; 1 programmatic dependent launch, the kernel after launching when this one
+    ends; 2 the same, the kernel after launching once every CTA has waited (`_grid_dependency`)."""
     block_n, stages, pw, regs = tiles
     t, k = idx.shape
+    launch = {"launch_pdl": True} if pdl else {}
     _ws_decode_kernel[(t, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), idx, idx.stride(0), k, keys_per_split, splits,
         scale_log2, sink, out, out.stride(0), out.stride(1), part, lse,
-        BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs, num_warps=4,
+        BLOCK_N=block_n, STAGES=stages, PW=pw, REGS=regs, PRODUCER_REGS=504 - 2 * regs, PDL=pdl,
+        num_warps=4, **launch,
     )
