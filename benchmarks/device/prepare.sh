@@ -22,7 +22,8 @@ rm -f .device/wheels/deepinfer*.whl
 for package in deepinfer-core deepinfer-kernels-cuda deepinfer-spec; do
     uv build --quiet --wheel --package "$package" -o .device/wheels
 done
-# The GPU image has torch, triton, safetensors, tokenizers, numpy, tqdm but not pydantic.
-python3 -m pip download --quiet pydantic --python-version 3.12 --only-binary=:all: \
-    --platform manylinux2014_x86_64 -d .device/wheels
+# The GPU image has torch, triton, safetensors, tokenizers, numpy, tqdm but not pydantic or llguidance
+# (structured output; without it the engine's grammar tests fail there).
+python3 -m pip download --quiet pydantic "llguidance>=1.9" --python-version 3.12 --only-binary=:all: \
+    --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d .device/wheels
 ls .device/wheels; du -sh .
