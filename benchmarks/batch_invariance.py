@@ -256,7 +256,7 @@ def main() -> None:
     p.add_argument("--cost", action="store_true", help="time both modes instead of surveying")
     p.add_argument("--context", type=int, default=512, help="--cost: tokens per sequence before decoding")
     p.add_argument("--prefill", type=int, default=4096, help="--cost: tokens of the timed prefill")
-    p.add_argument("--steps", type=int, default=8, help="--cost: timed decode steps per batch size")
+    p.add_argument("--steps", type=int, default=32, help="--cost: timed decode steps per batch size")
     args = p.parse_args()
     device = torch.device(args.device)
     if args.config == "flash-slice":
