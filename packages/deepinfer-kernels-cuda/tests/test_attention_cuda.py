@@ -276,6 +276,7 @@ def test_pdl_test_would_see_a_missing_wait():
     if not bad:
         pytest.skip("no overlap seen: the launch after _late_copy_kernel waited for it")
 
+
 @triton.jit
 def _decode_kernel(ptr, out_ptr, row_bytes, D, FMT: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
                    ASM: tl.constexpr):
