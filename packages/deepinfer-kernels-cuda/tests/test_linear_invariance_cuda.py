@@ -104,7 +104,8 @@ def test_invariant_tile_changes_keep_the_bits(kind):
         "128 x 128, 8 warps, 2 stages": (replace(base, block_n=128, block_m=128, num_warps=8, num_stages=2),
                                          False, 0),
     }
-    for bn, bm, bk, warps, stages in linear.INVARIANT_LARGE_TILES:
+    shaped = [tile for _, tile in linear.INVARIANT_SHAPE_TILES]
+    for bn, bm, bk, warps, stages in (*linear.INVARIANT_LARGE_TILES, *shaped):
         cfg = replace(base, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
         variants[f"large {bn} x {bm} x {bk}, {warps} warps, {stages} stages, split in program"] = (
             cfg, True, bk)
@@ -121,7 +122,9 @@ def test_invariant_tiles_keep_the_split():
     a K step of its own divides them)."""
     base = configs.default_invariant_linear("fp8", 5120, 8192)
     x = torch.empty(1, 8192, device="cuda", dtype=torch.bfloat16)
-    for m in (1, 8, 17, 64, 65, 300, 600, 4096):
-        cfg, _, k_step = linear._invariant_tiles(base, m, 5120, x)
+    for m in (1, 8, 17, 64, 65, 300, 600, 1024, 4096):
+        cfg, _, k_step = linear._invariant_tiles(base, m, 5120, x, k=8192)
         assert (cfg.block_k, cfg.split_k) == (base.block_k, base.split_k), m
         assert base.block_k % (k_step or base.block_k) == 0, m
+        # o_b's shape takes K steps of 128 in 3 stages from 1024 tokens (INVARIANT_SHAPE_TILES)
+        assert (k_step == 128 and cfg.num_stages == 3) == (m >= 1024), (m, cfg, k_step)

@@ -560,7 +560,7 @@ def _as_dense(prepared: reference_linear.ReferenceLinear, dtype: torch.dtype) ->
 
 
 def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
-                     weight_bytes: int = 2) -> tuple[configs.TileConfig, bool, int]:
+                     weight_bytes: int = 2, k: int = 0) -> tuple[configs.TileConfig, bool, int]:
     """Batch-invariant tiles at M tokens: (config, split inside each program, columns per K step; 0: the
     config's).
 
@@ -570,7 +570,8 @@ def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
     the token tile (its N side), the rows per tile (one m64 MMA per warpgroup), the columns per K step
     (k16 MMAs in column order; one MMA per step here, as the weight is decoded whole), the warps or the
     pipeline stages: those follow M there (the base's decode tile up to 16 tokens, 32/64-token tiles to
-    64, then `INVARIANT_LARGE_TILES` as far as an estimate of the shared memory allows; `weight_bytes`:
+    64, then `INVARIANT_SHAPE_TILES` where the weight shape (n rows, k columns) and M match and
+    `INVARIANT_LARGE_TILES` as far as an estimate of the shared memory allows; `weight_bytes`:
     bytes per stored weight element, 1 where decoded in registers). Float32 operands (FMA dots) and the
     interpreter (numpy matmuls, whose sums depend on the matrix shapes) keep one tile, the base's with 64
     tokens. The split runs as a grid plus `_split_reduce_kernel` while the output tiles alone leave SMs
@@ -583,7 +584,9 @@ def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
     elif m <= 64:
         cfg = replace(base, block_m=configs.m_bucket(m))
     else:  # the first large tile whose stages fit the shared memory, else the smallest
-        for bn, bm, bk, warps, stages in INVARIANT_LARGE_TILES:
+        shaped = [tile for (rows, cols, tokens), tile in INVARIANT_SHAPE_TILES if n >= rows and k >= cols
+                  and m >= tokens]
+        for bn, bm, bk, warps, stages in (*shaped, *INVARIANT_LARGE_TILES):
             cfg = replace(base, block_n=max(base.block_n, bn), block_m=bm, num_warps=warps, num_stages=stages)
             k_step = bk if bk and base.block_k % bk == 0 else 0
             if _smem_bytes(cfg, weight_bytes, k_step) <= _SMEM_BUDGET:
@@ -600,6 +603,13 @@ def _invariant_tiles(base: configs.TileConfig, m: int, n: int, x: torch.Tensor,
 # 128-column steps had room for 3 stages and one program (sm_90 compile, Triton 3.9). Module-level:
 # benchmarks swap them.
 INVARIANT_LARGE_TILES = ((128, 128, 64, 8, 4), (128, 64, 64, 8, 4), (128, 64, 64, 8, 2), (64, 64, 64, 4, 2))
+# tried first where the weight has at least these (out rows, in columns) and M these tokens: H200 2026-12-02
+# (benchmarks/kernels/invariant_prefill.py, 4096 tokens, eager us, each bitwise alone vs in the batch) against
+# the list's first tile: q_b+indexer 36864 x 1280 at 128 x 256 tokens 806 vs 1021; K steps of 128 in 3
+# stages: o_b 5120 x 8192 763 vs 821, o_a 8 x (1024 x 4096) 664 vs 693, q_a+kv 1792 x 5120 201 vs 210 (kv
+# 512 x 5120: 111 vs 90, so it keeps the list). Timed at 4096 tokens only: from 1024 tokens here.
+INVARIANT_SHAPE_TILES = (((16384, 0, 1024), (128, 256, 64, 8, 3)),
+                         ((1024, 4096, 1024), (128, 128, 128, 8, 3)))
 _SMEM_BUDGET = 200 << 10  # of the H100/H200's 227 KB per block, with room for Triton's own scratch
 
 
@@ -639,7 +649,8 @@ def linear(
             # the same K steps and MMAs on the weight decoded once: the in-register decode's bits
             prepared = _decoded(prepared, compute_dtype(x.dtype, out_dtype))
         x2 = _operand(x2, prepared, out_dtype)
-        cfg, split_loop, k_step = _invariant_tiles(base, x2.shape[0], n, x2, prepared.weight.element_size())
+        cfg, split_loop, k_step = _invariant_tiles(base, x2.shape[0], n, x2, prepared.weight.element_size(),
+                                                   k)
         # off CUDA (the interpreter) products summed by tl.sum: its numpy matmul's sums follow a
         # token's place in the tile (`dot_acc`)
         y = tiled_linear(x2, prepared, out_dtype, cfg, split_loop, row_sums=not x2.is_cuda, k_step=k_step)
