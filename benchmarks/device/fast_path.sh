@@ -14,11 +14,17 @@ section() { echo "== $1 $(date -u +%T)"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 if [ -z "${SKIP_TESTS:-}" ]; then
     section gpu-tests
-    tests=${TESTS:-packages/deepinfer-kernels-cuda/tests tests/test_op_conformance.py \
-        packages/deepinfer-core/tests/test_step_ops.py packages/deepinfer-core/tests/test_cuda_graphs.py}
+    # every file with GPU tests (`pytest --collect-only -m gpu`), in TEST_WORKERS processes (pytest-xdist is in
+    # the device image; 12 ran the ~850 non-slow cases in 70 s on 2026-12-02; one process where it is missing)
+    core=packages/deepinfer-core/tests
+    tests=${TESTS:-packages/deepinfer-kernels-cuda/tests tests/test_op_conformance.py $core/test_step_ops.py \
+        $core/test_cuda_graphs.py $core/test_device_metadata.py $core/test_spec_engine.py \
+        $core/test_sampling_sampler.py $core/test_cache_quant.py packages/deepinfer-spec/tests/test_confidence.py}
+    workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}")
     # shellcheck disable=SC2086  # TESTS is a list of words
     timeout -s INT "${TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider --tb=short -m "not slow" \
-        $tests > "$out/gpu_tests.txt" 2>&1
+        "${workers[@]}" $tests > "$out/gpu_tests.txt" 2>&1
     grep -E "passed|failed|error" "$out/gpu_tests.txt" | tail -3
     grep -E "^(FAILED|ERROR)" "$out/gpu_tests.txt" | head -20
 fi
