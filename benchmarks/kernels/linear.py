@@ -402,6 +402,7 @@ def tma_table(out: Path, names: list[str], table_path: Path) -> None:
     read floor of the same bytes (same run). A TMA config faster than the table's path is written into
     `table_path` as the shape's M = 1 entry (and OUT/tma_entries.json), and the default path timed again."""
     copy_tbs, header = _run_header()
+    out.mkdir(parents=True, exist_ok=True)  # tma_entries.json is written before the first table
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = {name: FLASH_LINEARS[name] for name in names if FLASH_LINEARS[name][3] == "fp8"}
     names = sorted(shapes, key=lambda name: -math.prod(shapes[name][:3]))  # the largest (the target) first
@@ -412,14 +413,12 @@ def tma_table(out: Path, names: list[str], table_path: Path) -> None:
     stream_floor(1 << 20)  # its kernels compiled before the first timing
     table = configs.load(table_path)
     rows, entries = [], {}
+    kind = "fp8"
     for name in names:
-        n, k, groups, kind = FLASH_LINEARS[name]
-        weight, scale = make_weight(n, k, groups, kind)
-        ours = linear.prepare_linear(kind, weight, scale, groups)
+        n, k, groups, weight, scale, ours, wbytes = _fp8_shape(name)
         ref = ref_linear.prepare_linear(kind, weight, scale, groups)
         x = torch.randn(1, groups * k, device="cuda", dtype=torch.bfloat16)
-        args = (x, ours, ref_linear.linear(x, ref, torch.bfloat16).float(),
-                stream_floor(weight_bytes(ours.weight, ours.scale)), copy_tbs)
+        args = (x, ours, ref_linear.linear(x, ref, torch.bfloat16).float(), stream_floor(wbytes), copy_tbs)
         before = _tma_row("before", None, *args)
         timed = [(_tma_row("tma", cfg, *args), cfg) for cfg in tries[name]]
         best, cfg = min(timed, key=lambda rc: rc[0]["us"])
@@ -437,6 +436,7 @@ def tma_table(out: Path, names: list[str], table_path: Path) -> None:
         del weight, scale, ours, ref, args
         torch.cuda.empty_cache()
         write(out, "linear_tma", rows, header)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()

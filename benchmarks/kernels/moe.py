@@ -227,12 +227,6 @@ def probe(roof: dict[str, float], dims: dict[str, int]) -> None:
                   f"{ms * 1e3:6.1f} us {tbs:.2f} TB/s = {pct:.0f}% of copy", flush=True)
 
 
-def _shared_bk(layout: str) -> int | None:
-    """N of a layout's `-kN` suffix (module docstring), else None."""
-    found = [int(f[1:]) for f in layout.split("-")[1:] if f[0] == "k" and f[1:].isdigit()]
-    return found[0] if found else None
-
-
 def _fixed(cfg: TileConfig, *_: object) -> TileConfig:
     return cfg
 
