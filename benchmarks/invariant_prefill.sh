@@ -24,8 +24,11 @@ timeout -s INT 170 python3 -m pytest -q -rf -m gpu -p no:cacheprovider "$tests/t
     "$tests/test_moe_invariance_cuda.py" "$tests/test_mhc_cuda.py" -k "invariant or bitwise or keep" \
     2>&1 | tail -30
 step "whole-model cost"
+# the whole log kept: a warning there (a failed graph capture: eager from then on) explains a ratio
 timeout -s INT "$(( $(left) - 130 ))" python3 benchmarks/batch_invariance.py --cost --layers 2 --experts 64 \
-    --batch 1 8 64 --json "$out/cost.json" 2>&1 | grep -v -i warn | tail -20
+    --batch 1 8 64 --json "$out/cost.json" > "$out/cost.log" 2>&1
+grep "CUDA graphs:" "$out/cost.log" | head -5
+grep -v -i warn "$out/cost.log" | tail -20
 step "per-kernel variants"
 (cd benchmarks/kernels && timeout -s INT "$(( $(left) - 40 ))" python3 invariant_prefill.py --out "$out" \
     --tokens 4096 ${base:+--baseline "$base"} 2>&1 | grep -E "^\{|kernels at|^ +[0-9.]+ us|Error" | cut -c1-220)
