@@ -17,7 +17,10 @@ batch_invariant=True)).
 
 `--cost`: what the invariant mode costs instead, per mode: decode ms/step at each `--batch` size (CUDA
 graphs, after a batched prefill of `--context` tokens per sequence) and prefill tok/s of one
-`--prefill`-token sequence; then the invariant / default ratios. `probe_bitwise`: whether slot 1 (the
+`--prefill`-token sequence; then the invariant / default ratios. Both modes' runtimes are built on the
+same weights and timed in turn, `--rounds` times (medians), so neither pays alone for drift in clocks,
+allocator or host load (timed one after the other, the second mode ran up to ~0.5 ms/step slower at
+batch 1 than its GPU time explains). `probe_bitwise`: whether slot 1 (the
 same prompt in every batch, prefilled and decoded beside the others) gets the first batch size's
 logits bitwise; `probe_finite`: whether they are finite (not so on the 64-expert slice in session 6:
 garbage token rows after layer 0's MoE; benchmarks/op_determinism.py names the op).
@@ -31,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -169,59 +174,87 @@ def survey(runtime: DeepseekV41Runtime, rec: Recorder, batches: list[int | str])
     return report
 
 
-def _timed(fn: Callable[[], Any], repeat: int) -> float:
-    """Seconds per call of `fn` (synchronised), after one untimed call (compiles, captures graphs)."""
+def _interleaved(calls: dict[str, Callable[[], Any]], repeat: int, rounds: int) -> dict[str, float]:
+    """Median seconds per call of each of `calls` (synchronised), over `rounds` rounds that each time
+    every function `repeat` times in turn, after one untimed call each (compiles, captures graphs): the
+    modes share the process's drift (clocks, allocator, host load), which timing them one after the
+    other charged to the second."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
-    fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(repeat):
+    for fn in calls.values():
         fn()
-    sync()
-    return (time.perf_counter() - start) / repeat
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            sync()
+            start = time.perf_counter()
+            for _ in range(repeat):
+                fn()
+            sync()
+            times[name].append((time.perf_counter() - start) / repeat)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def cost(runtime: DeepseekV41Runtime, batches: list[int], context: int, prefill: int, steps: int) -> dict:
-    """Decode ms/step per batch size and prefill tok/s of one sequence (module docstring); also whether
-    the first decode step's logits of slot 1 (the same prompt in every batch) are bitwise those of the
-    first batch size."""
-    block = runtime.cache_layout().block_size
-    per_seq = -(-(max(context + 2 * steps + 2, prefill)) // block)
+def _decoder(runtime: DeepseekV41Runtime, batch: int, tables: dict[int, list[int]], context: int,
+             keep_first: Callable[[torch.Tensor], None]) -> Callable[[], None]:
+    """One decode step of slots 1..batch per call, from position `context` on; the first step's slot-1
+    logits go to `keep_first`."""
+    pos = context
+
+    def decode() -> None:
+        nonlocal pos
+        segs = [SequenceSegment(s, tables[s], pos, [7 + s]) for s in range(1, batch + 1)]
+        logits = runtime.forward(ForwardBatch(segs)).logits
+        if pos == context:
+            keep_first(logits[0].clone())
+        pos += 1
+
+    return decode
+
+
+def cost(runtimes: dict[str, DeepseekV41Runtime], batches: list[int], context: int, prefill: int,
+         steps: int, rounds: int) -> dict:
+    """Per mode, decode ms/step per batch size and prefill tok/s of one sequence (module docstring), the
+    modes timed in turn; also whether the first decode step's logits of slot 1 (the same prompt in every
+    batch) are bitwise those of the first batch size."""
+    some = next(iter(runtimes.values()))
+    block = some.cache_layout().block_size
+    per_seq = -(-(max(context + 2 * steps * rounds + 2, prefill)) // block)
     most = max(batches)
-    runtime.allocate_cache(1 + most * per_seq, most + 1)
+    for runtime in runtimes.values():
+        runtime.allocate_cache(1 + most * per_seq, most + 1)
     tables = {s: list(range(1 + (s - 1) * per_seq, 1 + s * per_seq)) for s in range(1, most + 1)}
     gen = torch.Generator().manual_seed(0)
-    probe = torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist()
-    result: dict = {"decode_ms": {}, "probe_bitwise": {}, "probe_finite": {}}
-    first: dict[int, torch.Tensor] = {}
+    probe = torch.randint(3, some.vocab_size, (context,), generator=gen).tolist()
+    result: dict = {mode: {"decode_ms": {}, "probe_bitwise": {}, "probe_finite": {}} for mode in runtimes}
+    first: dict[tuple[str, int], torch.Tensor] = {}
     for batch in batches:
         slots = range(1, batch + 1)
-        prompts = [probe] + [torch.randint(3, runtime.vocab_size, (context,), generator=gen).tolist()
+        prompts = [probe] + [torch.randint(3, some.vocab_size, (context,), generator=gen).tolist()
                              for _ in slots[1:]]
-        for s in slots:
-            runtime.reset_slot(s)
-        runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, p) for s, p in zip(slots, prompts)]))
-        pos = [context]
+        decodes = {}
+        for mode, runtime in runtimes.items():
+            for s in slots:
+                runtime.reset_slot(s)
+            runtime.forward(ForwardBatch([SequenceSegment(s, tables[s], 0, p)
+                                          for s, p in zip(slots, prompts, strict=True)]))
+            keep = partial(first.__setitem__, (mode, batch))
+            decodes[mode] = _decoder(runtime, batch, tables, context, keep)
+        for mode, seconds in _interleaved(decodes, steps, rounds).items():
+            out = result[mode]
+            out["decode_ms"][batch] = 1e3 * seconds
+            out["probe_bitwise"][batch] = bool(torch.equal(first[mode, batch], first[mode, batches[0]]))
+            out["probe_finite"][batch] = bool(first[mode, batch].isfinite().all())
+            print(f"{mode} batch {batch}: decode {out['decode_ms'][batch]:.2f} ms/step, probe bitwise "
+                  f"{out['probe_bitwise'][batch]}, finite {out['probe_finite'][batch]}", flush=True)
+    tokens = torch.randint(3, some.vocab_size, (prefill,), generator=gen).tolist()
 
-        def decode(slots: range = slots, pos: list[int] = pos, batch: int = batch) -> None:
-            segs = [SequenceSegment(s, tables[s], pos[0], [7 + s]) for s in slots]
-            logits = runtime.forward(ForwardBatch(segs)).logits
-            if pos[0] == context:
-                first[batch] = logits[0].clone()
-            pos[0] += 1
-
-        result["decode_ms"][batch] = 1e3 * _timed(decode, steps)
-        result["probe_bitwise"][batch] = bool(torch.equal(first[batch], first[batches[0]]))
-        result["probe_finite"][batch] = bool(first[batch].isfinite().all())
-        print(f"batch {batch}: decode {result['decode_ms'][batch]:.2f} ms/step, probe bitwise "
-              f"{result['probe_bitwise'][batch]}, finite {result['probe_finite'][batch]}", flush=True)
-    tokens = torch.randint(3, runtime.vocab_size, (prefill,), generator=gen).tolist()
-
-    def prefill_once() -> None:
+    def prefill_once(runtime: DeepseekV41Runtime) -> None:
         runtime.reset_slot(1)
         runtime.forward(ForwardBatch([SequenceSegment(1, tables[1], 0, tokens)]))
 
-    result["prefill_tok_s"] = prefill / _timed(prefill_once, 2)
+    prefills = {mode: partial(prefill_once, runtime) for mode, runtime in runtimes.items()}
+    for mode, seconds in _interleaved(prefills, 1, rounds).items():
+        result[mode]["prefill_tok_s"] = prefill / seconds
     return result
 
 
@@ -256,7 +289,10 @@ def main() -> None:
     p.add_argument("--cost", action="store_true", help="time both modes instead of surveying")
     p.add_argument("--context", type=int, default=512, help="--cost: tokens per sequence before decoding")
     p.add_argument("--prefill", type=int, default=4096, help="--cost: tokens of the timed prefill")
-    p.add_argument("--steps", type=int, default=32, help="--cost: timed decode steps per batch size")
+    p.add_argument("--steps", type=int, default=16,
+                   help="--cost: timed decode steps per round and batch size")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="--cost: rounds, each timing every mode in turn (medians reported)")
     args = p.parse_args()
     device = torch.device(args.device)
     if args.config == "flash-slice":
@@ -270,29 +306,31 @@ def main() -> None:
     batches = [b if b == "mixed" else int(b) for b in args.batch or default]
     tensors = random_weights(config, device)
     report: dict = {}
-    for mode in args.modes:
+    options = RuntimeOptions(cache_precision="release")
+    if args.cost:
+        runtimes = {}
+        for mode in args.modes:
+            invariant = mode == "invariant"
+            runtimes[mode] = build_runtime(config, dict(tensors), dtype=dtype,
+                                           ops=get_ops(args.backend, device, batch_invariant=invariant),
+                                           engram_token_map=dummy_token_map(config),
+                                           options=replace(options, batch_invariant=invariant))
+        report = cost(runtimes, [int(b) for b in batches], args.context, args.prefill, args.steps,
+                      args.rounds)
+        print(report, flush=True)
+    for mode in args.modes if not args.cost else ():
         print(f"== {mode}", flush=True)
-        invariant = mode == "invariant"
-        options = RuntimeOptions(cache_precision="release")
-        if args.cost:
-            ops = get_ops(args.backend, device, batch_invariant=invariant)
-            runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=ops,
-                                    engram_token_map=dummy_token_map(config),
-                                    options=replace(options, batch_invariant=invariant))
-            report[mode] = cost(runtime, [int(b) for b in batches], args.context, args.prefill, args.steps)
-            print(report[mode], flush=True)
-        else:
-            rec = Recorder()
-            ops = survey_ops(args.backend, device, invariant)
-            table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
-            recorded = Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
-            runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=recorded,
-                                    engram_token_map=dummy_token_map(config), options=options)
-            report[mode] = survey(runtime, rec, batches)
+        rec = Recorder()
+        ops = survey_ops(args.backend, device, mode == "invariant")
+        table = {n: rec.wrap(n, getattr(ops, n)) for n in ops.names}
+        recorded = Ops(ops.backend_name, table, ops.fallbacks, ops.plan, ops.batch_invariant)
+        runtime = build_runtime(config, dict(tensors), dtype=dtype, ops=recorded,
+                                engram_token_map=dummy_token_map(config), options=options)
+        report[mode] = survey(runtime, rec, batches)
         del runtime
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
     if args.cost and len(report) == 2:
         base, inv = report["default"], report["invariant"]
         ratios = {f"decode_b{b}": inv["decode_ms"][b] / base["decode_ms"][b] for b in base["decode_ms"]}
